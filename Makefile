@@ -1,0 +1,43 @@
+# whichgpu developer entry points. `make demo` and `make test` work on a fresh machine.
+#
+# TORCH_SPEC is what `install` asks pip for before the package itself. The default is the CPU
+# build these project machines provide; GPU users keep their own build, e.g.
+#   TORCH_SPEC="torch" make install        (newest CUDA build from PyPI)
+#   TORCH_SPEC= make install               (keep whatever torch the environment already has)
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint format clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(if $(strip $(TORCH_SPEC)),$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)")
+	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/whichgpu gpus --min-memory 24 --sort memory_bandwidth_gbps
+	$(BIN)/whichgpu compare 2080ti 3090 4090 5090
+	$(BIN)/whichgpu show h100-sxm
+
+lint: install
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff check --fix src tests
+	$(BIN)/ruff format src tests
+
+test: install lint
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,98 @@
+"""GPU name resolution: from what people type (``3090``, ``NVIDIA A100-SXM4-80GB``) to a record.
+
+Names are compared after ``normalize`` (lower case, brand words and punctuation dropped), so
+``RTX 3090``, ``rtx3090`` and ``NVIDIA GeForce RTX 3090`` meet. Each record answers to its id, its
+name, its aliases and the short form of its name (``3090`` for ``RTX 3090``). A key owned by
+several records (``A100``) is ambiguous on purpose and raises ``AmbiguousGpu`` with the
+candidates, unless the caller narrows it (e.g. by the memory size a device reports). An unknown
+name raises ``UnknownGpu`` with close suggestions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+
+from whichgpu.errors import AmbiguousGpu, UnknownGpu
+from whichgpu.schema import GpuSpec
+
+_BRAND_WORDS = frozenset({"nvidia", "geforce", "amd", "intel", "google", "apple", "tesla"})
+_TOKEN = re.compile(r"[a-z0-9]+")
+MEMORY_MATCH_TOLERANCE = 0.1
+"""Relative tolerance when a reported memory size narrows an ambiguous name."""
+
+
+def normalize(name: str) -> str:
+    """Lower-case, drop brand words and punctuation: ``NVIDIA GeForce RTX 3090`` -> ``rtx3090``."""
+    tokens = [t for t in _TOKEN.findall(name.lower()) if t not in _BRAND_WORDS]
+    return "".join(tokens)
+
+
+def _short_form(name: str) -> str | None:
+    """``RTX 3090`` -> ``3090``, ``GTX 1080 Ti`` -> ``1080ti``; None when there is no short form."""
+    tokens = [t for t in _TOKEN.findall(name.lower()) if t not in _BRAND_WORDS]
+    if len(tokens) >= 2 and tokens[0] in ("rtx", "gtx") and tokens[1][0].isdigit():
+        return "".join(tokens[1:])
+    return None
+
+
+def alias_keys(spec: GpuSpec) -> set[str]:
+    """Every normalised key that names this record."""
+    keys = {normalize(spec.id), normalize(spec.name)}
+    keys.update(normalize(a) for a in spec.aliases)
+    short = _short_form(spec.name)
+    if short:
+        keys.add(short)
+    keys.discard("")
+    return keys
+
+
+class NameIndex:
+    """Maps normalised names to the records they name."""
+
+    def __init__(self, gpus: Iterable[GpuSpec]) -> None:
+        self._by_id: dict[str, GpuSpec] = {}
+        owners: dict[str, list[str]] = {}
+        for spec in gpus:
+            self._by_id[spec.id] = spec
+            for key in sorted(alias_keys(spec)):
+                owners.setdefault(key, []).append(spec.id)
+        self._owners: Mapping[str, tuple[str, ...]] = MappingProxyType(
+            {k: tuple(v) for k, v in owners.items()}
+        )
+
+    def resolve(self, query: str, *, memory_gb: float | None = None) -> GpuSpec:
+        """The one record ``query`` names; ``memory_gb`` narrows a family name to a variant."""
+        query = query.strip()
+        if query in self._by_id:
+            return self._by_id[query]
+        ids = self._owners.get(normalize(query), ())
+        if not ids:
+            raise UnknownGpu(query, self.suggest(query))
+        if len(ids) > 1 and memory_gb is not None:
+            narrowed = tuple(
+                i
+                for i in ids
+                if (mem := self._by_id[i].memory_gb) is not None
+                and abs(mem - memory_gb) <= MEMORY_MATCH_TOLERANCE * mem
+            )
+            ids = narrowed or ids
+        if len(ids) > 1:
+            raise AmbiguousGpu(query, [(i, self._by_id[i].name) for i in ids])
+        return self._by_id[ids[0]]
+
+    def suggest(self, query: str, limit: int = 5) -> list[str]:
+        """Close matches for an unknown name, as ``id (name)`` strings, best first."""
+        key = normalize(query)
+        if not key:
+            return []
+        found: list[str] = []
+        close = difflib.get_close_matches(key, list(self._owners), n=limit * 3, cutoff=0.6)
+        contains = [k for k in self._owners if key in k or (len(k) >= 3 and k in key)]
+        for k in [*close, *sorted(contains, key=len)]:
+            for gpu_id in self._owners[k]:
+                if gpu_id not in found:
+                    found.append(gpu_id)
+        return [f"{i} ({self._by_id[i].name})" for i in found[:limit]]

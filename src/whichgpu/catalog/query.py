@@ -1,0 +1,124 @@
+"""The catalog as a queryable object: GPUs, names, sources and prices (with user overrides).
+
+A ``Catalog`` is built once from validated data (``loader``) and answers questions; it never
+reads files itself. User prices replace shipped prices with the same (GPU, kind, provider,
+region) and add the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from whichgpu.catalog.loader import CatalogData
+from whichgpu.catalog.names import NameIndex, normalize
+from whichgpu.errors import UsageError
+from whichgpu.schema import GpuSpec, Price, PriceKind, Segment, Source, Vendor
+
+_BUY_PREFERENCE: tuple[PriceKind, ...] = ("new", "used", "launch")
+
+
+def _price_key(price: Price) -> tuple[str, str, str | None, str | None]:
+    return (price.gpu_id, price.kind, price.provider, price.region)
+
+
+def merge_prices(shipped: Iterable[Price], user: Iterable[Price]) -> tuple[Price, ...]:
+    """Shipped prices with user prices laid over them (same key replaces, new key adds)."""
+    user = tuple(user)
+    replaced = {_price_key(p) for p in user}
+    kept = [p for p in shipped if _price_key(p) not in replaced]
+    return (*kept, *user)
+
+
+class Catalog:
+    """GPU records, their sources and their prices, with name resolution."""
+
+    def __init__(self, data: CatalogData, version: str, user_prices: Sequence[Price] = ()) -> None:
+        self.version = version
+        """Data folder version (``v1``)."""
+        self.sources: dict[str, Source] = dict(data.sources)
+        """Source key -> document."""
+        self._gpus = data.gpus
+        self._by_id = {g.id: g for g in data.gpus}
+        self._names = NameIndex(data.gpus)
+        self._prices = merge_prices(data.prices, user_prices)
+
+    def __len__(self) -> int:
+        return len(self._gpus)
+
+    def all(self) -> tuple[GpuSpec, ...]:
+        """Every record, in data-file order."""
+        return self._gpus
+
+    def get(self, gpu_id: str) -> GpuSpec:
+        """The record with this exact id (``KeyError`` if none)."""
+        return self._by_id[gpu_id]
+
+    def resolve(self, name: str, *, memory_gb: float | None = None) -> GpuSpec:
+        """The record a user's name means (see ``names``); raises Unknown/AmbiguousGpu."""
+        return self._names.resolve(name, memory_gb=memory_gb)
+
+    def aliases(self, gpu_id: str) -> tuple[str, ...]:
+        """The names a record answers to, as written in the data."""
+        return self._by_id[gpu_id].aliases
+
+    def search(
+        self,
+        query: str | None = None,
+        *,
+        vendor: Vendor | None = None,
+        segment: Segment | None = None,
+        architecture: str | None = None,
+        min_memory_gb: float | None = None,
+    ) -> list[GpuSpec]:
+        """Records matching every given filter; ``query`` matches any part of a name or alias."""
+        key = normalize(query) if query else ""
+        found: list[GpuSpec] = []
+        for spec in self._gpus:
+            if vendor is not None and spec.vendor is not vendor:
+                continue
+            if segment is not None and spec.segment is not segment:
+                continue
+            if architecture and (spec.architecture or "").lower() != architecture.lower():
+                continue
+            if min_memory_gb is not None and (spec.memory_gb or 0.0) < min_memory_gb:
+                continue
+            if key and not any(key in normalize(n) for n in (spec.id, spec.name, *spec.aliases)):
+                continue
+            found.append(spec)
+        return found
+
+    def prices(self, gpu_id: str, kind: PriceKind | None = None) -> list[Price]:
+        """All prices of one GPU (optionally of one kind), newest first."""
+        rows = [p for p in self._prices if p.gpu_id == gpu_id and (kind is None or p.kind == kind)]
+        return sorted(rows, key=lambda p: (p.as_of, -p.usd), reverse=True)
+
+    def purchase_price(self, gpu_id: str) -> Price | None:
+        """The price a buyer would pay today: newest ``new``, else ``used``, else ``launch``."""
+        for kind in _BUY_PREFERENCE:
+            rows = self.prices(gpu_id, kind)
+            if rows:
+                return rows[0]
+        return None
+
+    def cheapest_cloud_price(self, gpu_id: str, *, spot: bool = False) -> Price | None:
+        """The lowest on-demand (or spot) rate per GPU-hour among the providers."""
+        rows = self.prices(gpu_id, "cloud-spot" if spot else "cloud-on-demand")
+        return min(rows, key=lambda p: p.usd) if rows else None
+
+
+SORTABLE_TEXT_FIELDS = ("id", "name", "vendor", "segment", "architecture")
+
+
+def sort_gpus(gpus: Iterable[GpuSpec], field: str) -> list[GpuSpec]:
+    """Sort by a spec field: numbers and dates largest/newest first, text A-Z, unknowns last."""
+    gpus = list(gpus)
+    if field not in GpuSpec.model_fields or field in ("provenance", "aliases", "notes"):
+        raise UsageError(
+            f"Cannot sort by '{field}'. Use a spec field such as memory_gb, "
+            "memory_bandwidth_gbps, fp16_tensor_tflops, tdp_w, launch_date or name."
+        )
+    if field in SORTABLE_TEXT_FIELDS:
+        return sorted(gpus, key=lambda g: str(getattr(g, field) or "").lower())
+    present = [g for g in gpus if getattr(g, field) is not None]
+    missing = [g for g in gpus if getattr(g, field) is None]
+    return sorted(present, key=lambda g: getattr(g, field), reverse=True) + missing

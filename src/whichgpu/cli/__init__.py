@@ -1,0 +1,96 @@
+"""The ``whichgpu`` command line: parse, call one library function, render.
+
+Each command lives in its own module. ``main`` runs the app and turns failures into a
+one-paragraph message on stderr with exit code 1 (a runtime failure) or 2 (bad usage or an
+unknown GPU), never a traceback unless ``--debug`` (or ``WHICHGPU_DEBUG=1``) is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Annotated
+
+import typer
+
+from whichgpu import __version__
+from whichgpu.cli.compare import compare
+from whichgpu.cli.gpus import gpus
+from whichgpu.cli.output import emit_error
+from whichgpu.cli.show import show
+from whichgpu.errors import GpuLookupError, PriceFileError, UsageError, WhichGpuError
+from whichgpu.settings import debug_enabled
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+app = typer.Typer(
+    name="whichgpu",
+    help=(
+        "Which GPU should you buy or rent for your model, and what will it give you?\n\n"
+        "Start with `whichgpu gpus` (the catalog), `whichgpu show 4090` (one GPU with sources) "
+        "and `whichgpu compare 3090 4090 5090`. Every command takes --json."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+app.command("gpus")(gpus)
+app.command("show")(show)
+app.command("compare")(compare)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"whichgpu {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
+    ] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+) -> None:
+    """Root options (handled in ``main``)."""
+
+
+def _is_parser_error(exc: Exception) -> bool:
+    """A usage error of the argument parser (click's, or the copy newer typer versions carry)."""
+    return callable(getattr(exc, "show", None)) and hasattr(exc, "exit_code")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args or debug_enabled()
+    try:
+        result = app(args=args, prog_name="whichgpu", standalone_mode=False)
+    except typer.Abort:
+        emit_error("Interrupted.")
+        return 130
+    except (GpuLookupError, UsageError, PriceFileError) as exc:
+        if debug:
+            raise
+        emit_error(str(exc))
+        return EXIT_USAGE
+    except WhichGpuError as exc:
+        if debug:
+            raise
+        emit_error(str(exc))
+        return EXIT_FAILURE
+    except Exception as exc:
+        if _is_parser_error(exc):
+            exc.show()  # type: ignore[attr-defined]
+            return int(getattr(exc, "exit_code", EXIT_USAGE))
+        if debug:
+            raise
+        emit_error(
+            f"Internal error ({type(exc).__name__}: {exc}). This is a bug in whichgpu; "
+            "rerun with --debug for the traceback and report it."
+        )
+        return EXIT_FAILURE
+    return result if isinstance(result, int) else 0

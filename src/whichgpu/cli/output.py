@@ -1,0 +1,31 @@
+"""How the CLI writes: JSON documents to stdout, tables to the terminal, errors to stderr."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from whichgpu.report.json_doc import dumps
+
+
+def emit_json(data: Any) -> None:
+    """Write one JSON document to stdout, and nothing else."""
+    sys.stdout.write(dumps(data) + "\n")
+
+
+PIPE_WIDTH = 160
+"""Columns used when stdout is a pipe or file and $COLUMNS is unset (rich would use 80)."""
+
+
+def emit(renderable: RenderableType) -> None:
+    """Render to the terminal (plain text, and wide, when stdout is not a terminal)."""
+    width = None if sys.stdout.isatty() or os.environ.get("COLUMNS") else PIPE_WIDTH
+    Console(soft_wrap=False, width=width).print(renderable)
+
+
+def emit_error(message: str) -> None:
+    """One paragraph on stderr, prefixed so it reads as an error in any log."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")

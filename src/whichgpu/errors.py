@@ -1,0 +1,75 @@
+"""The exceptions whichgpu raises, one class per thing a user can do something about.
+
+::
+
+    WhichGpuError                 base; every message says what was wrong and what to do
+     ├── CatalogError             a catalog data file is invalid (names file, record, field)
+     │    └── PriceFileError      a user price file is invalid (names file, line, field)
+     ├── GpuLookupError           a GPU name did not resolve to one catalog record
+     │    ├── UnknownGpu          no record matches; carries close suggestions
+     │    └── AmbiguousGpu        several records match; carries the candidates
+     └── UsageError               arguments that cannot work together
+
+The CLI turns a ``WhichGpuError`` into a one-paragraph message on stderr and exit code 1 (2 for
+``UsageError`` and lookup errors, which are bad input), never a traceback.
+"""
+
+from __future__ import annotations
+
+
+class WhichGpuError(Exception):
+    """Base class: a failure with a message written for the user."""
+
+
+class CatalogError(WhichGpuError):
+    """A catalog data file failed validation."""
+
+
+class PriceFileError(CatalogError):
+    """A user-supplied price file failed validation."""
+
+    def __init__(self, path: str, line: int | None, field: str | None, problem: str) -> None:
+        self.path = path
+        self.line = line
+        self.field = field
+        self.problem = problem
+        where = path if line is None else f"{path}, line {line}"
+        if field is not None:
+            where += f", field '{field}'"
+        super().__init__(
+            f"{where}: {problem}. Fix the file (format: see `whichgpu show --help` or "
+            f"docs/prices.md) or leave it out."
+        )
+
+
+class GpuLookupError(WhichGpuError):
+    """A GPU name did not resolve to exactly one catalog record."""
+
+
+class UnknownGpu(GpuLookupError):
+    """No catalog record matches the name."""
+
+    def __init__(self, query: str, suggestions: list[str]) -> None:
+        self.query = query
+        self.suggestions = suggestions
+        msg = f"Unknown GPU '{query}'."
+        if suggestions:
+            msg += " Did you mean: " + ", ".join(suggestions) + "?"
+        msg += " Run `whichgpu gpus` to list the catalog."
+        super().__init__(msg)
+
+
+class AmbiguousGpu(GpuLookupError):
+    """Several catalog records match the name."""
+
+    def __init__(self, query: str, candidates: list[tuple[str, str]]) -> None:
+        self.query = query
+        self.candidates = candidates
+        listed = "; ".join(f"{gpu_id} ({name})" for gpu_id, name in candidates)
+        super().__init__(
+            f"'{query}' matches {len(candidates)} GPUs: {listed}. Name one of them by its id."
+        )
+
+
+class UsageError(WhichGpuError):
+    """Arguments that cannot work together."""

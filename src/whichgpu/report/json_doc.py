@@ -1,0 +1,95 @@
+"""JSON documents of whichgpu results (what ``--json`` prints; stable keys, documented in README).
+
+Each function returns plain JSON-ready data; ``dumps`` writes it. Keys carry units in their
+names; unknown values are ``null``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from whichgpu.schema import SCHEMA_VERSION, SPEC_FIELDS, Comparison, GpuSpec, Price, Source
+
+GPU_ROW_FIELDS = (
+    "id",
+    "name",
+    "vendor",
+    "segment",
+    "architecture",
+    "launch_date",
+    "memory_gb",
+    "memory_type",
+    "memory_bandwidth_gbps",
+    "fp32_tflops",
+    "fp16_tensor_tflops",
+    "bf16_tensor_tflops",
+    "tf32_tensor_tflops",
+    "fp8_tensor_tflops",
+    "tdp_w",
+    "launch_price_usd",
+)
+"""Keys of one row of ``whichgpu gpus --json``."""
+
+
+def dumps(data: Any) -> str:
+    """Serialise to indented JSON (UTF-8 text, stable key order)."""
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def _plain(spec: GpuSpec) -> dict[str, Any]:
+    dumped: dict[str, Any] = spec.model_dump(mode="json")
+    return dumped
+
+
+def gpu_row(spec: GpuSpec) -> dict[str, Any]:
+    """The summary of one GPU used by ``gpus --json``."""
+    dumped = _plain(spec)
+    return {key: dumped.get(key) for key in GPU_ROW_FIELDS}
+
+
+def gpu_rows(specs: Iterable[GpuSpec]) -> list[dict[str, Any]]:
+    """``gpus --json``: a list of summaries."""
+    return [gpu_row(s) for s in specs]
+
+
+def price_doc(price: Price, sources: Mapping[str, Source]) -> dict[str, Any]:
+    """One price, with its source's title and URL when it is a catalog source."""
+    doc: dict[str, Any] = price.model_dump(mode="json")
+    doc.pop("gpu_id")
+    src = sources.get(price.source)
+    doc["source_url"] = src.url if src else None
+    return doc
+
+
+def gpu_sheet(
+    spec: GpuSpec, prices: Iterable[Price], sources: Mapping[str, Source], catalog_version: str
+) -> dict[str, Any]:
+    """``show --json``: every field, its provenance (with source title and URL), aliases, prices."""
+    dumped = _plain(spec)
+    provenance = {}
+    for field, prov in spec.provenance.items():
+        src = sources[prov.source]
+        provenance[field] = {
+            **prov.model_dump(mode="json"),
+            "source_title": src.title,
+            "source_url": src.url,
+        }
+    doc = {key: dumped[key] for key in ("id", "name", "vendor", "segment")}
+    doc.update({key: dumped[key] for key in SPEC_FIELDS})
+    doc["notes"] = spec.notes
+    doc["aliases"] = list(spec.aliases)
+    doc["provenance"] = provenance
+    doc["prices"] = [price_doc(p, sources) for p in prices]
+    doc["catalog_version"] = catalog_version
+    doc["schema_version"] = SCHEMA_VERSION
+    return doc
+
+
+def comparison_doc(comparison: Comparison) -> dict[str, Any]:
+    """``compare --json``: the GPUs, the rows (values and ratios to the first) and price notes."""
+    doc: dict[str, Any] = comparison.model_dump(mode="json")
+    doc["baseline"] = comparison.gpu_ids[0]
+    doc["schema_version"] = SCHEMA_VERSION
+    return doc

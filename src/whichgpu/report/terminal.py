@@ -1,0 +1,172 @@
+"""Terminal renderings (rich) of catalog listings, spec sheets and comparisons."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from whichgpu.schema import SPEC_FIELDS, Comparison, GpuSpec, Price, Source
+
+_FIELD_LABELS = {
+    "memory_gb": ("Memory", "GB"),
+    "memory_usable_mib": ("Usable memory (driver)", "MiB"),
+    "memory_bus_width_bits": ("Memory bus", "bit"),
+    "memory_data_rate_gbps": ("Memory data rate", "Gbit/s/pin"),
+    "memory_bandwidth_gbps": ("Memory bandwidth", "GB/s"),
+    "sm_count": ("SMs / CUs", ""),
+    "boost_clock_mhz": ("Boost clock", "MHz"),
+    "l2_cache_mib": ("L2 cache", "MiB"),
+    "shared_memory_per_sm_kib": ("Shared memory per SM", "KiB"),
+    "fp64_tflops": ("FP64 vector", "TFLOPS"),
+    "fp32_tflops": ("FP32 vector", "TFLOPS"),
+    "fp16_tflops": ("FP16 vector", "TFLOPS"),
+    "tf32_tensor_tflops": ("TF32 tensor", "TFLOPS"),
+    "fp16_tensor_tflops": ("FP16 tensor, FP32 acc. (AMP)", "TFLOPS"),
+    "fp16_acc16_tensor_tflops": ("FP16 tensor, FP16 acc.", "TFLOPS"),
+    "bf16_tensor_tflops": ("BF16 tensor", "TFLOPS"),
+    "fp8_tensor_tflops": ("FP8 tensor", "TFLOPS"),
+    "fp4_tensor_tflops": ("FP4 tensor", "TFLOPS"),
+    "int8_tensor_tops": ("INT8 tensor", "TOPS"),
+    "sparse_fp16_tensor_tflops": ("FP16 tensor with sparsity", "TFLOPS"),
+    "tdp_w": ("Board power", "W"),
+    "interconnect_bandwidth_gbps": ("GPU link bandwidth", "GB/s"),
+    "launch_price_usd": ("Launch price", "USD"),
+}
+
+
+def _label(field: str) -> tuple[str, str]:
+    return _FIELD_LABELS.get(field, (field.replace("_", " ").capitalize(), ""))
+
+
+def fmt(value: Any) -> str:
+    """A value as a short, readable string ('—' for unknown)."""
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value >= 100:
+            return f"{value:,.0f}"
+        if value >= 10:
+            return f"{value:.1f}".rstrip("0").rstrip(".")
+        return f"{value:.3g}"
+    if hasattr(value, "value"):
+        return str(value.value)
+    return str(value)
+
+
+def gpu_table(specs: Iterable[GpuSpec], title: str) -> Table:
+    """The buyer's scan table of ``whichgpu gpus``."""
+    table = Table(title=title, title_justify="left", header_style="bold")
+    table.add_column("id", style="cyan", no_wrap=True)
+    table.add_column("name")
+    table.add_column("arch")
+    table.add_column("launch", justify="right")
+    table.add_column("memory\nGB", justify="right")
+    table.add_column("bandwidth\nGB/s", justify="right")
+    table.add_column("AMP tensor\nTFLOPS", justify="right")
+    table.add_column("FP8\nTFLOPS", justify="right")
+    table.add_column("FP32\nTFLOPS", justify="right")
+    table.add_column("power\nW", justify="right")
+    table.add_column("launch\nUSD", justify="right")
+    for s in specs:
+        table.add_row(
+            s.id,
+            s.name,
+            s.architecture or "—",
+            str(s.launch_date.year) if s.launch_date else "—",
+            fmt(s.memory_gb),
+            fmt(s.memory_bandwidth_gbps),
+            fmt(s.amp_tensor_tflops),
+            fmt(s.fp8_tensor_tflops),
+            fmt(s.fp32_tflops),
+            fmt(s.tdp_w),
+            fmt(s.launch_price_usd),
+        )
+    return table
+
+
+def gpu_sheet(
+    spec: GpuSpec, prices: Iterable[Price], sources: Mapping[str, Source]
+) -> RenderableType:
+    """``whichgpu show``: every field with its source, then aliases, prices and notes."""
+    head = Text.assemble(
+        (spec.name, "bold"), f"  ({spec.id}, {spec.vendor.value}, {spec.segment.value})"
+    )
+    specs = Table(header_style="bold", show_lines=False)
+    specs.add_column("field")
+    specs.add_column("value", justify="right")
+    specs.add_column("unit")
+    specs.add_column("confidence")
+    specs.add_column("source")
+    cited: dict[str, Source] = {}
+    for field in SPEC_FIELDS:
+        value = getattr(spec, field)
+        if value is None:
+            continue
+        prov = spec.provenance[field]
+        cited[prov.source] = sources[prov.source]
+        label, unit = _label(field)
+        detail = prov.source
+        if prov.method:
+            detail += f" — {prov.method}"
+        if prov.note:
+            detail += f" — {prov.note}"
+        specs.add_row(label, fmt(value), unit, prov.confidence.value, detail)
+    price_table = Table(title="Prices", title_justify="left", header_style="bold")
+    for col in ("kind", "USD", "per", "provider", "region", "as of", "source / note"):
+        price_table.add_column(col, justify="right" if col == "USD" else "left")
+    for p in prices:
+        detail = p.source + (f" — {p.note}" if p.note else "") + (" (your file)" if p.user else "")
+        price_table.add_row(
+            p.kind, f"{p.usd:,.2f}", p.per, p.provider or "—", p.region or "—", str(p.as_of), detail
+        )
+        if p.source in sources:
+            cited[p.source] = sources[p.source]
+    src_table = Table(title="Sources", title_justify="left", header_style="bold")
+    src_table.add_column("key", style="cyan")
+    src_table.add_column("document")
+    for key, src in sorted(cited.items()):
+        src_table.add_row(key, f"{src.title} ({src.publisher}, {src.kind.value})\n{src.url}")
+    parts: list[RenderableType] = [head, specs]
+    if spec.aliases:
+        parts.append(Text("Also answers to: " + ", ".join(spec.aliases)))
+    if spec.notes:
+        parts.append(Text("Notes: " + spec.notes))
+    parts.append(price_table if price_table.row_count else Text("Prices: none in the catalog."))
+    parts.append(src_table)
+    return Group(*parts)
+
+
+def comparison_table(comparison: Comparison) -> RenderableType:
+    """``whichgpu compare``: values, with ratios to the first GPU in brackets."""
+    table = Table(
+        title=f"Relative to {comparison.names[0]} (ratio in brackets)",
+        title_justify="left",
+        header_style="bold",
+    )
+    table.add_column("")
+    table.add_column("unit")
+    for name in comparison.names:
+        table.add_column(name, justify="right")
+    for row in comparison.rows:
+        cells = []
+        for i, (v, r) in enumerate(zip(row.values, row.ratios, strict=True)):
+            cell = fmt(v)
+            if i > 0 and r is not None:
+                better = (r > 1) == row.higher_is_better and abs(r - 1) > 0.005
+                style = "green" if better else ("red" if abs(r - 1) > 0.005 else "")
+                cell += f" [{style}]({r:.2f}x)[/{style}]" if style else f" ({r:.2f}x)"
+            cells.append(cell)
+        table.add_row(row.label, row.unit, *cells)
+    notes = Text(
+        "Prices used: "
+        + "; ".join(
+            f"{n}: {p}" for n, p in zip(comparison.names, comparison.price_notes, strict=True)
+        )
+    )
+    return Group(table, notes)

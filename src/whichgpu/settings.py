@@ -1,0 +1,39 @@
+"""Where whichgpu keeps the user's files, and the environment variables that move them.
+
+One place for paths and variable names, so no other module reads the environment. Nothing is
+created or read at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_PRICES = "WHICHGPU_PRICES"
+"""Path of the user's price override file (default: ``<config dir>/prices.csv``)."""
+ENV_CONFIG_DIR = "WHICHGPU_CONFIG_DIR"
+"""Overrides the whole config directory."""
+ENV_DEBUG = "WHICHGPU_DEBUG"
+"""Any non-empty value makes the CLI show tracebacks."""
+
+
+def config_dir() -> Path:
+    """``$WHICHGPU_CONFIG_DIR``, else ``$XDG_CONFIG_HOME/whichgpu``, else ``~/.config/whichgpu``."""
+    explicit = os.environ.get(ENV_CONFIG_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base).expanduser() / "whichgpu"
+
+
+def user_prices_path() -> Path:
+    """The user's price override file (may not exist)."""
+    explicit = os.environ.get(ENV_PRICES)
+    if explicit:
+        return Path(explicit).expanduser()
+    return config_dir() / "prices.csv"
+
+
+def debug_enabled() -> bool:
+    """Whether the user asked for tracebacks through the environment."""
+    return bool(os.environ.get(ENV_DEBUG))

@@ -1,0 +1,58 @@
+"""Shared fixtures, and the automatic skipping of hardware tests.
+
+Tests marked ``gpu`` need a CUDA device and ``multigpu`` two of them; they are skipped, with
+the reason shown, where the hardware (or torch) is missing. They are never selected by ``-k``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+
+def _cuda_device_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    needs_gpu = [i for i in items if "gpu" in i.keywords or "multigpu" in i.keywords]
+    if not needs_gpu:
+        return
+    count = _cuda_device_count()
+    for item in needs_gpu:
+        if "multigpu" in item.keywords and count < 2:
+            item.add_marker(pytest.mark.skip(reason=f"needs 2+ CUDA GPUs, found {count}"))
+        elif "gpu" in item.keywords and count < 1:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU, found none"))
+
+
+@pytest.fixture(autouse=True)
+def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Never read or write the real user's config: point it at an empty temp folder."""
+    config = tmp_path / "config"
+    monkeypatch.setenv("WHICHGPU_CONFIG_DIR", str(config))
+    monkeypatch.delenv("WHICHGPU_PRICES", raising=False)
+    monkeypatch.delenv("WHICHGPU_DEBUG", raising=False)
+    yield config
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m whichgpu ARGS`` in a child process, as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "whichgpu", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        check=False,
+        timeout=120,
+    )

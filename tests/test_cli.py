@@ -1,0 +1,145 @@
+"""End-to-end runs of the command line, in a child process, as a user would type them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import run_cli
+
+
+def test_gpus_json_is_the_only_stdout() -> None:
+    result = run_cli("gpus", "--json")
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)
+    assert len(rows) >= 70
+    required = {
+        "id",
+        "name",
+        "vendor",
+        "segment",
+        "architecture",
+        "memory_gb",
+        "memory_bandwidth_gbps",
+        "fp32_tflops",
+        "fp16_tensor_tflops",
+        "bf16_tensor_tflops",
+        "tf32_tensor_tflops",
+        "fp8_tensor_tflops",
+        "tdp_w",
+        "launch_price_usd",
+    }
+    assert all(required <= set(row) for row in rows)
+
+
+def test_gpus_filters_and_sorts() -> None:
+    result = run_cli(
+        "gpus",
+        "--min-memory",
+        "80",
+        "--vendor",
+        "nvidia",
+        "--sort",
+        "memory_bandwidth_gbps",
+        "--json",
+    )
+    rows = json.loads(result.stdout)
+    assert rows and all(r["memory_gb"] >= 80 and r["vendor"] == "nvidia" for r in rows)
+    bandwidths = [r["memory_bandwidth_gbps"] for r in rows]
+    assert bandwidths == sorted(bandwidths, reverse=True)
+
+
+def test_gpus_table_for_people() -> None:
+    result = run_cli("gpus", "4090")
+    assert result.returncode == 0
+    assert "rtx-4090" in result.stdout and "sorted by" in result.stdout
+
+
+def test_show_json_has_provenance_aliases_prices() -> None:
+    result = run_cli("show", "3090", "--json")
+    assert result.returncode == 0, result.stderr
+    sheet = json.loads(result.stdout)
+    assert sheet["id"] == "rtx-3090"
+    assert sheet["provenance"]["memory_bandwidth_gbps"]["source_url"].startswith("https://")
+    assert "NVIDIA GeForce RTX 3090" in sheet["aliases"]
+    kinds = {p["kind"] for p in sheet["prices"]}
+    assert "launch" in kinds
+    for price in sheet["prices"]:
+        assert {"kind", "usd", "per", "provider", "region", "as_of", "source"} <= set(price)
+
+
+def test_show_table_names_sources() -> None:
+    result = run_cli("show", "h100-sxm")
+    assert result.returncode == 0, result.stderr
+    assert "Sources" in result.stdout and "https://" in result.stdout
+
+
+def test_compare_ratios_against_first() -> None:
+    result = run_cli("compare", "3090", "4090", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpu_ids"] == ["rtx-3090", "rtx-4090"]
+    bandwidth = next(r for r in doc["rows"] if r["field"] == "memory_bandwidth_gbps")
+    assert bandwidth["ratios"][0] == 1.0
+    assert bandwidth["ratios"][1] > 1.0
+
+
+def test_unknown_gpu_is_a_clear_usage_error() -> None:
+    result = run_cli("show", "rtx 3900")
+    assert result.returncode == 2
+    assert "Unknown GPU 'rtx 3900'" in result.stderr and "rtx-3090" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_ambiguous_gpu_lists_candidates() -> None:
+    result = run_cli("show", "A100", "--json")
+    assert result.returncode == 2
+    assert "a100-sxm4-80gb" in result.stderr and result.stdout == ""
+
+
+def test_compare_needs_two() -> None:
+    result = run_cli("compare", "3090")
+    assert result.returncode == 2
+    assert "at least two" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_bad_option_value_exits_2() -> None:
+    result = run_cli("gpus", "--sort", "colour")
+    assert result.returncode == 2 and "Cannot sort by 'colour'" in result.stderr
+    result = run_cli("gpus", "--vendor", "nvidiaa")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+
+
+def test_bad_price_file_names_line_and_field(tmp_path: Path) -> None:
+    bad = tmp_path / "prices.csv"
+    bad.write_text(
+        "gpu_id,kind,usd,per,provider,region,as_of,source,note\n"
+        "rtx-3090,used,lots,unit,ebay,US,2026-01-01,me,\n"
+    )
+    result = run_cli("show", "3090", "--prices", str(bad))
+    assert result.returncode == 2
+    assert f"{bad}, line 2, field 'usd'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_user_price_file_shows_up(tmp_path: Path) -> None:
+    mine = tmp_path / "prices.csv"
+    mine.write_text(
+        "gpu_id,kind,usd,per,provider,region,as_of,source,note\n"
+        "rtx-3090,used,650,unit,local-market,DE,2026-11-01,my notes,3 listings\n"
+    )
+    result = run_cli("show", "3090", "--json", env={"WHICHGPU_PRICES": str(mine)})
+    prices = json.loads(result.stdout)["prices"]
+    assert any(p["usd"] == 650 and p["user"] for p in prices)
+
+
+def test_help_teaches_with_examples() -> None:
+    for command in ("gpus", "show", "compare"):
+        result = run_cli(command, "--help")
+        assert result.returncode == 0
+        assert "Examples" in result.stdout
+
+
+def test_version_and_module_entry() -> None:
+    result = run_cli("--version")
+    assert result.returncode == 0 and result.stdout.startswith("whichgpu ")

@@ -1,0 +1,60 @@
+"""``import whichgpu`` and every non-torch module work without torch (it is blocked here)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+NON_TORCH_MODULES = [
+    "whichgpu",
+    "whichgpu.units",
+    "whichgpu.errors",
+    "whichgpu.schema",
+    "whichgpu.settings",
+    "whichgpu.catalog",
+    "whichgpu.catalog.audit",
+    "whichgpu.catalog.compare",
+    "whichgpu.report.json_doc",
+    "whichgpu.report.terminal",
+    "whichgpu.cli",
+]
+
+PROGRAM = """
+import sys
+sys.modules["torch"] = None  # any `import torch` now raises ImportError
+import importlib
+for name in {modules!r}:
+    importlib.import_module(name)
+from whichgpu.cli import main
+code = main(["gpus", "--json"])
+assert code == 0, code
+assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
+"""
+
+
+def test_non_torch_modules_import_and_run_without_torch() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", PROGRAM.format(modules=NON_TORCH_MODULES)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_import_is_light() -> None:
+    """Importing the package reads no data and pulls in neither torch nor numpy."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, whichgpu; "
+            "print(sorted(m for m in ('torch', 'numpy', 'yaml') if m in sys.modules))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    assert result.stdout.strip() == "[]"
