@@ -99,7 +99,7 @@ SEED_AND_MARKET_NAMES = [
     ("H100-SXM", "h100-sxm"),
     ("NVIDIA H100 80GB HBM3", "h100-sxm"),
     ("H100 NVL", "h100-nvl"),
-    ("H200 NVL", "h200-nvl"),
+    ("H200 NVL", "h200-nvl"), ("NVIDIA H200", "h200-sxm"), ("NVIDIA H200 NVL", "h200-nvl"),
     ("B200", "b200"),
     ("GB200", "gb200"),
     ("B300", "b300"),
@@ -139,7 +139,9 @@ def test_family_names_ask_which_variant(name: str, some_candidates: set[str]) ->
 
 
 def test_memory_picks_the_variant_a_device_reports() -> None:
-    assert CATALOG.resolve("A100", memory_gb=80).id in {"a100-sxm4-80gb", "a100-pcie-80gb"}
+    assert CATALOG.resolve("4060 Ti", memory_gb=16).id == "rtx-4060-ti-16gb"
+    with pytest.raises(AmbiguousGpu):  # 80 GB A100s exist as SXM4 and PCIe
+        CATALOG.resolve("A100", memory_gb=80)
 
 
 def test_geforce_amp_rate_is_half_the_headline() -> None:

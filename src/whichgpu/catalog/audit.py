@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from whichgpu.catalog.loader import CatalogData, read_data_dir
 from whichgpu.catalog.names import alias_keys, normalize
+from whichgpu.errors import CatalogError
 from whichgpu.schema import SPEC_FIELDS, GpuSpec, Segment, Vendor
 
 BANDWIDTH_TOLERANCE = 0.02
@@ -133,7 +134,11 @@ def _audit_names(gpus: Iterable[GpuSpec]) -> list[str]:
 
 def main() -> int:
     """Print the problems of the shipped data; exit 1 if there are any."""
-    data = read_data_dir()
+    try:
+        data = read_data_dir()
+    except CatalogError as exc:
+        print(exc)
+        return 1
     problems = audit(data)
     for line in problems:
         print(line)

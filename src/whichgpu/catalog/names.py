@@ -24,6 +24,11 @@ MEMORY_MATCH_TOLERANCE = 0.1
 """Relative tolerance when a reported memory size narrows an ambiguous name."""
 
 
+def exact_key(name: str) -> str:
+    """Lower-case letters and digits only, brand words kept: how full names are matched first."""
+    return "".join(_TOKEN.findall(name.lower()))
+
+
 def normalize(name: str) -> str:
     """Lower-case, drop brand words and punctuation: ``NVIDIA GeForce RTX 3090`` -> ``rtx3090``."""
     tokens = [t for t in _TOKEN.findall(name.lower()) if t not in _BRAND_WORDS]
@@ -50,17 +55,30 @@ def alias_keys(spec: GpuSpec) -> set[str]:
 
 
 class NameIndex:
-    """Maps normalised names to the records they name."""
+    """Maps names to the records they name.
+
+    A name is looked up first exactly as written in the data (case and punctuation aside:
+    ``NVIDIA H200`` is the NVML name of the SXM part), then in normalised form (brand words
+    dropped: ``H200`` is the family name of both H200 variants).
+    """
 
     def __init__(self, gpus: Iterable[GpuSpec]) -> None:
         self._by_id: dict[str, GpuSpec] = {}
         owners: dict[str, list[str]] = {}
+        exact: dict[str, list[str]] = {}
         for spec in gpus:
             self._by_id[spec.id] = spec
             for key in sorted(alias_keys(spec)):
                 owners.setdefault(key, []).append(spec.id)
+            for name in sorted({spec.name, *spec.aliases}):
+                ids = exact.setdefault(exact_key(name), [])
+                if spec.id not in ids:
+                    ids.append(spec.id)
         self._owners: Mapping[str, tuple[str, ...]] = MappingProxyType(
             {k: tuple(v) for k, v in owners.items()}
+        )
+        self._exact: Mapping[str, tuple[str, ...]] = MappingProxyType(
+            {k: tuple(v) for k, v in exact.items()}
         )
 
     def resolve(self, query: str, *, memory_gb: float | None = None) -> GpuSpec:
@@ -68,6 +86,9 @@ class NameIndex:
         query = query.strip()
         if query in self._by_id:
             return self._by_id[query]
+        exact = self._exact.get(exact_key(query), ())
+        if len(exact) == 1:
+            return self._by_id[exact[0]]
         ids = self._owners.get(normalize(query), ())
         if not ids:
             raise UnknownGpu(query, self.suggest(query))
