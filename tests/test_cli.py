@@ -143,3 +143,41 @@ def test_help_teaches_with_examples() -> None:
 def test_version_and_module_entry() -> None:
     result = run_cli("--version")
     assert result.returncode == 0 and result.stdout.startswith("whichgpu ")
+
+
+def test_workloads_json() -> None:
+    result = run_cli("workloads", "--json")
+    assert result.returncode == 0, result.stderr
+    names = {w["name"] for w in json.loads(result.stdout)}
+    assert {"resnet50", "llama-3.1-8b", "bert-base"} <= names
+
+
+def test_profile_json_of_a_user_config() -> None:
+    config = Path(__file__).parent / "fixtures" / "tiny-llama.json"
+    result = run_cli(
+        "profile", "--config", str(config), "--batch-size", "2", "--seq-len", "32", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    for key in (
+        "params_total",
+        "params_trainable",
+        "flops_per_step",
+        "flops_per_sample",
+        "bytes_per_step",
+        "op_mix",
+        "batch_size",
+        "seq_len",
+    ):
+        assert key in doc
+    assert doc["batch_size"] == 2 and doc["seq_len"] == 32
+    assert result.stderr == ""
+
+
+def test_profile_bad_input_is_exit_2() -> None:
+    result = run_cli("profile", "resnet5")
+    assert result.returncode == 2 and "Did you mean: resnet50" in result.stderr
+    result = run_cli("profile", "resnet50", "--seq-len", "10")
+    assert result.returncode == 2 and "does not apply" in result.stderr
+    result = run_cli("profile")
+    assert result.returncode == 2 and "Name one workload" in result.stderr

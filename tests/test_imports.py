@@ -14,6 +14,8 @@ NON_TORCH_MODULES = [
     "whichgpu.catalog",
     "whichgpu.catalog.audit",
     "whichgpu.catalog.compare",
+    "whichgpu.workloads",
+    "whichgpu.estimate.profile_summary",
     "whichgpu.report.json_doc",
     "whichgpu.report.terminal",
     "whichgpu.cli",

@@ -8,6 +8,9 @@
      ├── GpuLookupError           a GPU name did not resolve to one catalog record
      │    ├── UnknownGpu          no record matches; carries close suggestions
      │    └── AmbiguousGpu        several records match; carries the candidates
+     ├── WorkloadError            a workload cannot be found or run as asked
+     │    ├── UnknownWorkload     no registered workload has that name; carries suggestions
+     │    └── UnsupportedWorkload the run configuration cannot work for it (says why)
      └── UsageError               arguments that cannot work together
 
 The CLI turns a ``WhichGpuError`` into a one-paragraph message on stderr and exit code 1 (2 for
@@ -73,3 +76,24 @@ class AmbiguousGpu(GpuLookupError):
 
 class UsageError(WhichGpuError):
     """Arguments that cannot work together."""
+
+
+class WorkloadError(WhichGpuError):
+    """A workload cannot be found or run as asked."""
+
+
+class UnknownWorkload(WorkloadError):
+    """No registered workload has that name."""
+
+    def __init__(self, query: str, suggestions: list[str]) -> None:
+        self.query = query
+        self.suggestions = suggestions
+        msg = f"Unknown workload '{query}'."
+        if suggestions:
+            msg += " Did you mean: " + ", ".join(suggestions) + "?"
+        msg += " Run `whichgpu workloads` to list them, or pass --config / --model for your own."
+        super().__init__(msg)
+
+
+class UnsupportedWorkload(WorkloadError):
+    """The run configuration cannot work for this workload; the message says why."""

@@ -350,3 +350,214 @@ class Comparison(_Frozen):
     """The quantities compared."""
     price_notes: tuple[str, ...]
     """For each GPU, which price the price rows use (kind, provider, date)."""
+
+
+# --- Workloads and run configurations -------------------------------------------------------
+
+Mode = Literal["train", "inference"]
+Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
+Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd"]
+Method = Literal["full", "lora", "qlora"]
+ThroughputUnit = Literal["images", "tokens", "sequences", "samples"]
+
+
+class RunConfig(_Frozen):
+    """What is done with a workload: mode, precision, sizes, optimizer, fine-tuning method.
+
+    Construct through ``whichgpu.workloads.run_config`` (or validate with
+    ``RunConfig.model_validate``), which checks that the options make sense together.
+    """
+
+    mode: Mode = "train"
+    """``train`` (forward, loss, backward, optimizer step) or ``inference``."""
+    precision: Precision = "bf16"
+    """``fp32`` (TF32 off), ``tf32``, ``fp16``/``bf16`` (AMP, fp32 master weights), ``bf16-pure``
+    (weights, grads and optimizer state in bf16), ``fp8``."""
+    batch_size: int | None = None
+    """Samples per step; None = the workload's default (or, for fit, the search variable)."""
+    seq_len: int | None = None
+    """Tokens per sequence for sequence models; None = the workload's default."""
+    optimizer: Optimizer = "adamw"
+    """Optimizer for training."""
+    checkpointing: bool = False
+    """Gradient (activation) checkpointing."""
+    method: Method = "full"
+    """``full`` fine-tuning / training, ``lora``, or ``qlora`` (4-bit NF4 base weights)."""
+    lora_rank: int = 16
+    """LoRA rank (``lora``/``qlora``)."""
+    lora_targets: tuple[str, ...] = ()
+    """Module names LoRA adapts; empty = the workload's default (attention and MLP projections)."""
+    context: int | None = None
+    """Inference: prompt (context) length in tokens."""
+    new_tokens: int | None = None
+    """Inference: tokens generated per sequence."""
+    concurrency: int = 1
+    """Inference: sequences served at once."""
+
+
+class WorkloadInfo(_Frozen):
+    """A named workload: what model, what input, what unit its throughput is counted in."""
+
+    name: str
+    """Registry slug (``resnet50``, ``llama-3.1-8b``)."""
+    family: str
+    """Family module (``vision``, ``llm``, ``seed_translation`` …)."""
+    task: str
+    """What it does (``image classification``, ``causal language modelling`` …)."""
+    description: str
+    """Architecture and input in one or two sentences."""
+    input_desc: str
+    """The input of one sample (``3x224x224 image``, ``sequence of 2048 tokens``)."""
+    throughput_unit: ThroughputUnit
+    """What one unit of throughput counts."""
+    default_batch_size: int
+    """Batch size used when none is given."""
+    default_seq_len: int | None = None
+    """Sequence length used when none is given (sequence models)."""
+    is_sequence_model: bool = False
+    """Whether ``seq_len`` applies."""
+    params_published: int | None = None
+    """Published parameter count, for checking the built model."""
+    params_source: str | None = None
+    """Where ``params_published`` comes from (paper, model card, repository)."""
+    reference: str | None = None
+    """The architecture's paper or reference implementation."""
+
+
+# --- Step profiles ---------------------------------------------------------------------------
+
+Phase = Literal["setup", "forward", "backward", "optimizer"]
+OpKind = Literal[
+    "gemm",
+    "conv",
+    "attention",
+    "elementwise",
+    "norm",
+    "reduction",
+    "embedding",
+    "optimizer",
+    "copy",
+    "communication",
+    "other",
+]
+TensorCategory = Literal[
+    "parameter", "buffer", "input", "gradient", "optimizer", "activation", "temporary"
+]
+
+
+class OpRecord(_Frozen):
+    """One operator call of the traced step."""
+
+    name: str
+    """ATen operator (``aten.mm``)."""
+    kind: OpKind
+    """What kind of work it is (decides the engine and the roofline in prediction)."""
+    phase: Phase
+    """Where in the step it ran."""
+    flops: int
+    """Floating-point operations (multiply-add = 2), where a formula exists; else 0."""
+    bytes_read: int
+    """Bytes of its tensor inputs."""
+    bytes_written: int
+    """Bytes of its tensor outputs."""
+    dtype: str
+    """Dtype of its first tensor input (``bfloat16``)."""
+    gemm_bmnk: tuple[int, int, int, int] | None = None
+    """For matrix multiplies: (batch, M, N, K)."""
+    conv: tuple[int, ...] | None = None
+    """For convolutions: (N, C_in, H, W, C_out, kH, kW, stride, groups) of the forward."""
+
+
+class AllocEvent(_Frozen):
+    """A storage allocated or freed during the trace, in order."""
+
+    op_index: int
+    """Index of the operator that allocated/freed it (-1: before the first op)."""
+    storage: int
+    """Identifier of the storage, unique within the trace."""
+    size_bytes: int
+    """Exact bytes of the storage (allocator rounding is applied later, when replayed)."""
+    alloc: bool
+    """True for an allocation, False for a free."""
+    category: TensorCategory
+    """What the storage held (decided after the trace: see ``trace`` docs)."""
+    step: int
+    """Which traced step (0 or 1; step 1 is the steady state with optimizer state present)."""
+
+
+class StepProfile(_Frozen):
+    """One training (or inference) step of a workload, traced on the CPU with fake tensors."""
+
+    workload: str
+    """Workload name (or the user's config / model path)."""
+    run: RunConfig
+    """The run configuration traced (batch size and sequence length resolved)."""
+    batch_size: int
+    """Samples per step."""
+    seq_len: int | None
+    """Sequence length, for sequence models."""
+    units_per_step: int
+    """Throughput units per step (samples x units per sample)."""
+    throughput_unit: ThroughputUnit
+    """What the units are."""
+    params_total: int
+    """All parameters."""
+    params_trainable: int
+    """Parameters with ``requires_grad``."""
+    ops: tuple[OpRecord, ...]
+    """Operators of the steady-state step (the second one), in order."""
+    events: tuple[AllocEvent, ...]
+    """Every allocation and free of both traced steps, in order, parameters first."""
+    choices: dict[str, str]
+    """Device-dependent kernel choices in effect (attention backend, optimizer implementation)."""
+    trace_seconds: float
+    """Wall time of the trace."""
+    torch_version: str
+    """torch version that traced it."""
+
+    @property
+    def flops_per_step(self) -> int:
+        """FLOPs of one step."""
+        return sum(op.flops for op in self.ops)
+
+    @property
+    def bytes_per_step(self) -> int:
+        """Bytes read and written by the operators of one step (no cache reuse assumed)."""
+        return sum(op.bytes_read + op.bytes_written for op in self.ops)
+
+
+class ProfileSummary(_Frozen):
+    """What ``whichgpu profile`` reports about a traced step."""
+
+    workload: str
+    """Workload traced."""
+    batch_size: int
+    """Samples per step."""
+    seq_len: int | None
+    """Sequence length (sequence models)."""
+    params_total: int
+    """All parameters."""
+    params_trainable: int
+    """Trainable parameters."""
+    flops_per_step: int
+    """FLOPs of one step (forward, backward and optimizer for training)."""
+    flops_per_sample: float
+    """``flops_per_step / batch_size``."""
+    forward_flops_per_sample: float
+    """FLOPs of the forward pass per sample."""
+    bytes_per_step: int
+    """Bytes read and written by the step's operators (no cache reuse assumed)."""
+    units_per_step: int
+    """Throughput units per step."""
+    throughput_unit: ThroughputUnit
+    """Unit of ``units_per_step``."""
+    op_mix: dict[str, dict[str, float]]
+    """Per operator kind: ``flops_share``, ``bytes_share`` and ``count``."""
+    peak_live_bytes: int
+    """Peak of live tensor bytes (exact storage sizes, before allocator rounding)."""
+    peak_live_by_category: dict[str, int]
+    """Live bytes per category at that peak."""
+    choices: dict[str, str]
+    """Kernel choices in effect while tracing."""
+    trace_seconds: float
+    """Wall time of the trace."""

@@ -17,8 +17,16 @@ from whichgpu import __version__
 from whichgpu.cli.compare import compare
 from whichgpu.cli.gpus import gpus
 from whichgpu.cli.output import emit_error
+from whichgpu.cli.profile import profile
 from whichgpu.cli.show import show
-from whichgpu.errors import GpuLookupError, PriceFileError, UsageError, WhichGpuError
+from whichgpu.cli.workloads import workloads
+from whichgpu.errors import (
+    GpuLookupError,
+    PriceFileError,
+    UsageError,
+    WhichGpuError,
+    WorkloadError,
+)
 from whichgpu.settings import debug_enabled
 
 EXIT_FAILURE = 1
@@ -40,6 +48,8 @@ app = typer.Typer(
 app.command("gpus")(gpus)
 app.command("show")(show)
 app.command("compare")(compare)
+app.command("workloads")(workloads)
+app.command("profile")(profile)
 
 
 def _version(value: bool) -> None:
@@ -72,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except typer.Abort:
         emit_error("Interrupted.")
         return 130
-    except (GpuLookupError, UsageError, PriceFileError) as exc:
+    except (GpuLookupError, UsageError, PriceFileError, WorkloadError) as exc:
         if debug:
             raise
         emit_error(str(exc))

@@ -24,3 +24,85 @@ PricesOption = Annotated[
         metavar="FILE",
     ),
 ]
+
+
+_RUN = "Run options"
+
+ModeOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--mode", help="train (forward, backward, optimizer) or inference.", rich_help_panel=_RUN
+    ),
+]
+PrecisionOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--precision",
+        help="fp32 (TF32 off), tf32, fp16 / bf16 (AMP with fp32 master weights), bf16-pure "
+        "(weights, grads, optimizer state in bf16), fp8. Default bf16.",
+        rich_help_panel=_RUN,
+    ),
+]
+BatchOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--batch-size", help="Samples per step (default: the workload's).", rich_help_panel=_RUN
+    ),
+]
+SeqOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--seq-len", help="Tokens per sequence (sequence models).", rich_help_panel=_RUN),
+]
+OptimizerOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--optimizer", help="adamw (default), adamw-8bit, adafactor, sgd.", rich_help_panel=_RUN
+    ),
+]
+CheckpointingOption = Annotated[
+    bool, typer.Option("--checkpointing", help="Gradient checkpointing.", rich_help_panel=_RUN)
+]
+MethodOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--method",
+        help="full (default), lora, qlora (4-bit NF4 base weights).",
+        rich_help_panel=_RUN,
+    ),
+]
+LoraRankOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--lora-rank", help="LoRA rank (default 16).", rich_help_panel=_RUN),
+]
+LoraTargetsOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--lora-targets", help="Comma-separated module names LoRA adapts.", rich_help_panel=_RUN
+    ),
+]
+ContextOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--context", help="Inference: prompt tokens.", rich_help_panel=_RUN),
+]
+NewTokensOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--new-tokens", help="Inference: generated tokens.", rich_help_panel=_RUN),
+]
+ConcurrencyOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--concurrency", help="Inference: sequences served at once.", rich_help_panel=_RUN
+    ),
+]
+ConfigOption = Annotated[
+    Optional[Path],  # noqa: UP045
+    typer.Option(
+        "--config",
+        help="Your model: a Hugging Face config.json (no weights needed).",
+        metavar="FILE",
+    ),
+]
+TaskOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option("--task", help="With --config: causal-lm, seq-cls or masked-lm."),
+]

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console, RenderableType
@@ -29,3 +31,14 @@ def emit(renderable: RenderableType) -> None:
 def emit_error(message: str) -> None:
     """One paragraph on stderr, prefixed so it reads as an error in any log."""
     Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+
+
+@contextlib.contextmanager
+def progress_note(message: str) -> Iterator[None]:
+    """A spinner on stderr while a long step runs (silent when stderr is not a terminal)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(message + " …"):
+        yield

@@ -10,7 +10,16 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from whichgpu.schema import SCHEMA_VERSION, SPEC_FIELDS, Comparison, GpuSpec, Price, Source
+from whichgpu.schema import (
+    SCHEMA_VERSION,
+    SPEC_FIELDS,
+    Comparison,
+    GpuSpec,
+    Price,
+    ProfileSummary,
+    Source,
+    WorkloadInfo,
+)
 
 GPU_ROW_FIELDS = (
     "id",
@@ -91,5 +100,17 @@ def comparison_doc(comparison: Comparison) -> dict[str, Any]:
     """``compare --json``: the GPUs, the rows (values and ratios to the first) and price notes."""
     doc: dict[str, Any] = comparison.model_dump(mode="json")
     doc["baseline"] = comparison.gpu_ids[0]
+    doc["schema_version"] = SCHEMA_VERSION
+    return doc
+
+
+def workload_rows(infos: Iterable[WorkloadInfo]) -> list[dict[str, Any]]:
+    """``workloads --json``: one object per named workload."""
+    return [info.model_dump(mode="json") for info in infos]
+
+
+def profile_doc(summary: ProfileSummary) -> dict[str, Any]:
+    """``profile --json``: the summary of a traced step."""
+    doc: dict[str, Any] = summary.model_dump(mode="json")
     doc["schema_version"] = SCHEMA_VERSION
     return doc

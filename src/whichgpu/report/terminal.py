@@ -9,7 +9,15 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from whichgpu.schema import SPEC_FIELDS, Comparison, GpuSpec, Price, Source
+from whichgpu.schema import (
+    SPEC_FIELDS,
+    Comparison,
+    GpuSpec,
+    Price,
+    ProfileSummary,
+    Source,
+    WorkloadInfo,
+)
 
 _FIELD_LABELS = {
     "memory_gb": ("Memory", "GB"),
@@ -170,3 +178,67 @@ def comparison_table(comparison: Comparison) -> RenderableType:
         )
     )
     return Group(table, notes)
+
+
+def _count(n: float) -> str:
+    """A large count with an SI suffix (1.24 G)."""
+    for factor, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g} {suffix}"
+    return f"{n:.3g}"
+
+
+def workload_table(infos: Iterable[WorkloadInfo]) -> Table:
+    """``whichgpu workloads``."""
+    table = Table(title="Named workloads", title_justify="left", header_style="bold")
+    for col in ("name", "family", "task", "params", "default input", "unit"):
+        table.add_column(col, justify="right" if col == "params" else "left")
+    for info in infos:
+        default = f"batch {info.default_batch_size}"
+        if info.default_seq_len:
+            default += f" x {info.default_seq_len} tokens"
+        else:
+            default += f" x {info.input_desc}"
+        params = _count(info.params_published) if info.params_published else "—"
+        table.add_row(info.name, info.family, info.task, params, default, info.throughput_unit)
+    return table
+
+
+def profile_view(summary: ProfileSummary) -> RenderableType:
+    """``whichgpu profile``."""
+    seq = f", seq {summary.seq_len}" if summary.seq_len else ""
+    head = Text.assemble((summary.workload, "bold"), f"  batch {summary.batch_size}{seq}")
+    facts = Table(show_header=False, box=None)
+    facts.add_column(style="bold")
+    facts.add_column(justify="right")
+    facts.add_row(
+        "parameters", f"{summary.params_total:,} ({summary.params_trainable:,} trainable)"
+    )
+    facts.add_row("FLOPs per step", _count(summary.flops_per_step))
+    facts.add_row(
+        "FLOPs per sample",
+        f"{_count(summary.flops_per_sample)} (forward {_count(summary.forward_flops_per_sample)})",
+    )
+    facts.add_row("bytes moved per step", _count(summary.bytes_per_step) + "B")
+    facts.add_row(f"{summary.throughput_unit} per step", f"{summary.units_per_step:,}")
+    facts.add_row("peak live tensors", f"{summary.peak_live_bytes / 2**30:.2f} GiB")
+    facts.add_row("trace time", f"{summary.trace_seconds:.1f} s")
+    mix = Table(title="Operator mix", title_justify="left", header_style="bold")
+    for col in ("kind", "ops", "FLOPs share", "bytes share"):
+        mix.add_column(col, justify="left" if col == "kind" else "right")
+    for kind, row in summary.op_mix.items():
+        mix.add_row(
+            kind, f"{row['count']:.0f}", f"{row['flops_share']:.1%}", f"{row['bytes_share']:.1%}"
+        )
+    live = Table(
+        title="Live tensors at the peak",
+        caption="exact sizes, before allocator rounding",
+        title_justify="left",
+        header_style="bold",
+    )
+    live.add_column("category")
+    live.add_column("GiB", justify="right")
+    for category, size in sorted(summary.peak_live_by_category.items(), key=lambda kv: -kv[1]):
+        live.add_row(category, f"{size / 2**30:.3f}")
+    choices = Text("Kernel choices: " + "; ".join(f"{k}: {v}" for k, v in summary.choices.items()))
+    return Group(head, facts, mix, live, choices)

@@ -1,0 +1,77 @@
+"""``whichgpu profile``: trace one step of a workload and summarise it."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_json, progress_note
+from whichgpu.report import json_doc, terminal
+
+
+def profile(
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
+    ] = None,
+    config: o.ConfigOption = None,
+    task: o.TaskOption = None,
+    mode: o.ModeOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
+    json: o.JsonOption = False,
+) -> None:
+    """Trace one step of a model on the CPU with fake tensors and summarise it.
+
+    Nothing is downloaded and no GPU is needed: the model is built from its config with
+    random weights that take no memory. Reports parameters, FLOPs per step and per sample,
+    bytes moved, the operator mix, and the peak of live tensor bytes by category (weights,
+    gradients, optimizer state, activations, temporaries) — the raw material of `fit` and
+    `predict`.
+
+    Examples:
+
+      whichgpu profile resnet50 --batch-size 64
+
+      whichgpu profile llama-3.1-8b --seq-len 2048 --precision bf16 --json
+
+      whichgpu profile --config my-model/config.json --batch-size 4 --seq-len 1024
+    """
+    from whichgpu.estimate.profile_summary import summarize
+    from whichgpu.workloads import check_for_workload, run_config, select_workload
+
+    chosen = select_workload(workload, config, task)  # type: ignore[arg-type]
+    run = run_config(
+        mode=mode,
+        precision=precision,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        optimizer=optimizer,
+        checkpointing=checkpointing or None,
+        method=method,
+        lora_rank=lora_rank,
+        lora_targets=lora_targets,
+        context=context,
+        new_tokens=new_tokens,
+        concurrency=concurrency,
+    )
+    check_for_workload(run, chosen.info)
+    with progress_note(f"Tracing one {run.mode} step of {chosen.info.name} on the CPU"):
+        from whichgpu.trace import trace_step
+
+        summary = summarize(trace_step(chosen, run))
+    if json:
+        emit_json(json_doc.profile_doc(summary))
+        return
+    emit(terminal.profile_view(summary))

@@ -1,0 +1,1 @@
+"""Estimates computed from step profiles and the catalog: pure Python, never torch."""

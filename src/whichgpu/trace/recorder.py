@@ -1,0 +1,318 @@
+"""A dispatch-level recorder: every ATen operator and every storage allocated or freed.
+
+``Recorder`` is a ``TorchDispatchMode``. It works the same on fake tensors (no memory, no data)
+and on real ones, which is how a test checks the fake trace against a real CPU run byte for
+byte. Sizes are exact storage sizes; allocator rounding and caching are modelled later, when
+the events are replayed. Category hints (parameter, input, gradient, optimizer state) are set
+by the step runner; activation vs temporary is decided from lifetimes in ``finish``.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry
+
+from whichgpu.schema import AllocEvent, OpKind, OpRecord, Phase, TensorCategory
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm"}
+_CONV = {
+    "convolution",
+    "convolution_backward",
+    "_convolution",
+    "cudnn_convolution",
+    "mkldnn_convolution",
+    "_slow_conv2d_forward",
+    "_slow_conv2d_backward",
+}
+_NORM = {
+    "native_layer_norm",
+    "native_layer_norm_backward",
+    "native_batch_norm",
+    "native_batch_norm_backward",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_no_training",
+    "_native_batch_norm_legit_functional",
+    "native_group_norm",
+    "native_group_norm_backward",
+    "_fused_rms_norm",
+    "_fused_rms_norm_backward",
+    "rms_norm",
+}
+_REDUCTION = {
+    "sum",
+    "mean",
+    "amax",
+    "amin",
+    "max",
+    "min",
+    "_softmax",
+    "_log_softmax",
+    "_softmax_backward_data",
+    "_log_softmax_backward_data",
+    "nll_loss_forward",
+    "nll_loss_backward",
+    "var_mean",
+    "std_mean",
+    "norm",
+    "linalg_vector_norm",
+    "argmax",
+    "cumsum",
+    "topk",
+    "sort",
+    "logsumexp",
+}
+_EMBEDDING = {
+    "embedding",
+    "embedding_dense_backward",
+    "index_select",
+    "gather",
+    "scatter_add",
+    "index_add",
+    "index",
+    "index_put",
+    "_index_put_impl_",
+}
+_COPY = {
+    "_to_copy",
+    "copy_",
+    "clone",
+    "cat",
+    "stack",
+    "constant_pad_nd",
+    "_unsafe_index",
+    "repeat",
+    "contiguous",
+    "new_empty_strided",
+    "empty_strided",
+    "empty",
+    "zeros_like",
+    "zeros",
+    "ones",
+    "full",
+    "fill_",
+    "zero_",
+    "new_zeros",
+    "scalar_tensor",
+    "arange",
+    "randint",
+    "randn",
+    "rand",
+    "ones_like",
+    "empty_like",
+    "full_like",
+    "new_full",
+    "new_ones",
+    "lift_fresh",
+    "_local_scalar_dense",
+}
+
+
+def op_kind(name: str, phase: Phase) -> OpKind:
+    """Classify an ATen operator (``name`` without namespace) by the work it does."""
+    base = name.rstrip("_") if name.endswith("_") and name != "copy_" else name
+    if base in _GEMM:
+        return "gemm"
+    if base in _CONV:
+        return "conv"
+    if "scaled_dot_product" in base or "flash_attention" in base or "efficient_attention" in base:
+        return "attention"
+    if phase == "optimizer":
+        return "optimizer"
+    if base in _NORM:
+        return "norm"
+    if base in _REDUCTION:
+        return "reduction"
+    if base in _EMBEDDING:
+        return "embedding"
+    if name in _COPY or base in _COPY:
+        return "copy"
+    return "elementwise"
+
+
+def _tensor_bytes(t: torch.Tensor) -> int:
+    return int(t.numel()) * t.element_size()
+
+
+def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
+    try:
+        if name == "mm":
+            (m, k), (_, n) = args[0].shape, args[1].shape
+            return (1, m, n, k)
+        if name == "addmm":
+            (m, k), (_, n) = args[1].shape, args[2].shape
+            return (1, m, n, k)
+        if name == "bmm":
+            (b, m, k), (_, _, n) = args[0].shape, args[1].shape
+            return (b, m, n, k)
+        if name == "baddbmm":
+            (b, m, k), (_, _, n) = args[1].shape, args[2].shape
+            return (b, m, n, k)
+    except (AttributeError, IndexError, ValueError):
+        return None
+    return None
+
+
+def _conv_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """(N, C_in, spatial..., C_out, kernel..., stride, groups) of the forward convolution."""
+    try:
+        if name == "convolution":
+            x, w, stride, groups = args[0], args[1], args[3], args[8]
+        elif name == "convolution_backward":
+            x, w, stride, groups = args[1], args[2], args[4], args[9]
+        else:
+            return None
+        return (*x.shape, int(w.shape[0]), *w.shape[2:], int(stride[0]), int(groups))
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
+_VIEW_TAGS = (torch.Tag.view_copy,)
+
+
+@dataclass
+class _Storage:
+    sid: int
+    size: int
+    alloc_index: int
+    step: int
+    hint: TensorCategory | None
+    free_index: int | None = None
+    free_step: int | None = None
+
+
+@dataclass
+class _Raw:
+    op_index: int
+    sid: int
+    alloc: bool
+    step: int
+
+
+class Recorder(TorchDispatchMode):
+    """Records operators and storage lifetimes while active (``with Recorder() as rec:``).
+
+    ``phase`` and ``step`` are set by the step runner as it goes; operators are kept for step
+    ``record_ops_of_step`` only (the steady state), storage events for every step.
+    """
+
+    def __init__(self, record_ops_of_step: int = 1) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.phase: Phase = "setup"
+        self.step = 0
+        self.record_ops_of_step = record_ops_of_step
+        self.ops: list[OpRecord] = []
+        self._op_count = 0
+        self._storages: dict[int, _Storage] = {}
+        self._live: dict[int, tuple[int, weakref.ref[Any]]] = {}
+        self._raw: list[_Raw] = []
+        self._forward_end: dict[int, int] = {}
+
+    # --- storage tracking ---------------------------------------------------------------
+    def track(self, tensor: torch.Tensor, hint: TensorCategory | None = None) -> None:
+        """Start tracking the storage behind ``tensor`` (no-op if already tracked)."""
+        storage = tensor.untyped_storage()
+        key = id(storage)
+        if key in self._live:
+            if hint is not None:
+                self._storages[self._live[key][0]].hint = hint
+            return
+        sid = len(self._storages)
+        self._storages[sid] = _Storage(
+            sid, int(storage.nbytes()), self._op_count - 1, self.step, hint
+        )
+        ref = weakref.ref(storage, functools.partial(self._on_free, key, sid))
+        self._live[key] = (sid, ref)
+        self._raw.append(_Raw(self._op_count - 1, sid, True, self.step))
+
+    def mark(self, tensor: torch.Tensor, hint: TensorCategory) -> None:
+        """Set the category of an already tracked storage (grads, optimizer state)."""
+        self.track(tensor, hint)
+
+    def _on_free(self, key: int, sid: int, _ref: object = None) -> None:
+        if self._live.get(key, (None,))[0] != sid:
+            return
+        del self._live[key]
+        info = self._storages[sid]
+        info.free_index, info.free_step = self._op_count - 1, self.step
+        self._raw.append(_Raw(self._op_count - 1, sid, False, self.step))
+
+    def end_forward(self) -> None:
+        """Mark the end of the forward pass of the current step."""
+        self._forward_end[self.step] = self._op_count
+
+    # --- operators ----------------------------------------------------------------------
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        name = func._overloadpacket.__name__
+        if self.step == self.record_ops_of_step:
+            self.ops.append(self._op_record(func, name, args, kwargs, out))
+        self._op_count += 1
+        for leaf in tree_flatten(out)[0]:
+            if isinstance(leaf, torch.Tensor):
+                self.track(leaf)
+        return out
+
+    def _op_record(
+        self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any
+    ) -> OpRecord:
+        inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
+        outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
+        is_view = bool(func.is_view) if hasattr(func, "is_view") else False
+        formula = flop_registry.get(func._overloadpacket)
+        flops = 0
+        if formula is not None:
+            try:
+                flops = int(formula(*args, **kwargs, out_val=out))
+            except Exception:
+                flops = 0
+        return OpRecord(
+            name=f"aten.{name}",
+            kind=op_kind(name, self.phase),
+            phase=self.phase,
+            flops=flops,
+            bytes_read=0 if is_view else sum(_tensor_bytes(t) for t in inputs),
+            bytes_written=0 if is_view else sum(_tensor_bytes(t) for t in outputs),
+            dtype=str(inputs[0].dtype).removeprefix("torch.") if inputs else "none",
+            gemm_bmnk=_gemm_shape(name, args),
+            conv=_conv_shape(name, args),
+        )
+
+    # --- result -------------------------------------------------------------------------
+    def _category(self, info: _Storage) -> TensorCategory:
+        if info.hint is not None:
+            return info.hint
+        fwd_end = self._forward_end.get(info.step)
+        if fwd_end is None or info.alloc_index >= fwd_end:
+            return "temporary"
+        survives = (
+            info.free_index is None or info.free_step != info.step or info.free_index >= fwd_end
+        )
+        return "activation" if survives else "temporary"
+
+    def events(self) -> list[AllocEvent]:
+        """Allocation and free events so far, in order, with final categories."""
+        return [
+            AllocEvent(
+                op_index=r.op_index,
+                storage=r.sid,
+                size_bytes=self._storages[r.sid].size,
+                alloc=r.alloc,
+                category=self._category(self._storages[r.sid]),
+                step=r.step,
+            )
+            for r in self._raw
+        ]

@@ -1,0 +1,48 @@
+"""The workload protocol: a named model, how to build it, make a batch and compute its loss.
+
+A ``Workload`` couples a documented ``WorkloadInfo`` with a ``build`` function. ``build`` runs
+only when a real (or fake-tensor) model is needed and is the only place torch is imported;
+listing and describing workloads never imports torch. ``BuiltWorkload`` is what the tracer
+and the benchmark run: ``loss(model, make_batch(batch_size, seq_len))`` is one forward pass
+with its loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from whichgpu.schema import RunConfig, WorkloadInfo
+
+if TYPE_CHECKING:
+    import torch
+
+Batch = Mapping[str, Any]
+"""Keyword inputs of one step (tensors, or nested structures of tensors)."""
+
+
+@dataclass(frozen=True)
+class BuiltWorkload:
+    """A model instance with the functions that feed it and score it."""
+
+    model: torch.nn.Module
+    """The model, with random weights, on the device and dtype it was built for."""
+    make_batch: Callable[[int, int | None], Batch]
+    """``(batch_size, seq_len) -> batch`` of synthetic data on the model's device."""
+    loss: Callable[[torch.nn.Module, Batch], torch.Tensor]
+    """Forward pass and a scalar training loss."""
+    units_per_sample: Callable[[int | None], int]
+    """Throughput units per sample (``seq_len`` tokens for a language model, 1 for an image)."""
+    lora_targets: tuple[str, ...] = ()
+    """Default module names that LoRA adapts in this model."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A registered workload."""
+
+    info: WorkloadInfo
+    """What it is."""
+    build: Callable[[RunConfig], BuiltWorkload]
+    """Builds the model for a run configuration (imports torch)."""
