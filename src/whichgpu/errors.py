@@ -45,6 +45,14 @@ class PriceFileError(CatalogError):
         )
 
 
+def unknown_name_message(what: str, query: str, suggestions: list[str], listing: str) -> str:
+    """``Unknown <what> '<query>'. Did you mean: …? <listing>`` (the shared wording)."""
+    msg = f"Unknown {what} '{query}'."
+    if suggestions:
+        msg += " Did you mean: " + ", ".join(suggestions) + "?"
+    return f"{msg} {listing}"
+
+
 class GpuLookupError(WhichGpuError):
     """A GPU name did not resolve to exactly one catalog record."""
 
@@ -55,11 +63,11 @@ class UnknownGpu(GpuLookupError):
     def __init__(self, query: str, suggestions: list[str]) -> None:
         self.query = query
         self.suggestions = suggestions
-        msg = f"Unknown GPU '{query}'."
-        if suggestions:
-            msg += " Did you mean: " + ", ".join(suggestions) + "?"
-        msg += " Run `whichgpu gpus` to list the catalog."
-        super().__init__(msg)
+        super().__init__(
+            unknown_name_message(
+                "GPU", query, suggestions, "Run `whichgpu gpus` to list the catalog."
+            )
+        )
 
 
 class AmbiguousGpu(GpuLookupError):
@@ -88,11 +96,14 @@ class UnknownWorkload(WorkloadError):
     def __init__(self, query: str, suggestions: list[str]) -> None:
         self.query = query
         self.suggestions = suggestions
-        msg = f"Unknown workload '{query}'."
-        if suggestions:
-            msg += " Did you mean: " + ", ".join(suggestions) + "?"
-        msg += " Run `whichgpu workloads` to list them, or pass --config / --model for your own."
-        super().__init__(msg)
+        super().__init__(
+            unknown_name_message(
+                "workload",
+                query,
+                suggestions,
+                "Run `whichgpu workloads` to list them, or pass --config for your own model.",
+            )
+        )
 
 
 class UnsupportedWorkload(WorkloadError):
