@@ -73,3 +73,35 @@ def test_inference_traces_without_gradients() -> None:
 def test_unsupported_methods_say_why() -> None:
     with pytest.raises(UnsupportedWorkload, match="LoRA"):
         trace_step(get_workload("gpt2"), RunConfig(method="lora"))
+
+
+def test_attention_flops_are_counted() -> None:
+    # Llama attention at seq 512: forward QK^T and PV are 2 x (2 x B x H x S x S x D) FLOPs
+    # per layer (torch.utils.flop_counter.sdpa_flop_count); the fused CPU kernel must count them.
+    profile = trace_step(get_workload("llama-3.2-1b"), RunConfig(batch_size=1, seq_len=512))
+    attention = [op for op in profile.ops if op.kind == "attention"]
+    assert attention and all(op.flops > 0 for op in attention)
+    heads, head_dim, layers, seq = 32, 64, 16, 512
+    forward = sum(op.flops for op in attention if op.phase == "forward")
+    assert forward == 4 * heads * seq * seq * head_dim * layers
+
+
+def test_depthwise_convolution_backward_is_not_overcounted() -> None:
+    # A depthwise 3x3 conv over C channels: forward = 2 x N x C x H x W x 9 FLOPs; the input and
+    # weight gradients cost the same each, so backward = 2 x forward (torch 2.13's own formula
+    # ignores groups and would give ~C times more for the weight gradient).
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from whichgpu.trace.recorder import Recorder
+
+    n, c, hw = 2, 64, 16
+    with FakeTensorMode():
+        conv = torch.nn.Conv2d(c, c, 3, padding=1, groups=c, bias=False)
+        x = torch.randn(n, c, hw, hw, requires_grad=True)
+        with Recorder(record_ops_of_step=0) as rec:
+            conv(x).sum().backward()
+    forward = 2 * n * c * hw * hw * 9
+    by_name = {op.name: op.flops for op in rec.ops}
+    assert by_name["aten.convolution"] == forward
+    assert by_name["aten.convolution_backward"] == 2 * forward

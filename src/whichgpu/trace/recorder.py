@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
 
 from whichgpu.schema import AllocEvent, OpKind, OpRecord, Phase, TensorCategory
 
@@ -134,6 +134,43 @@ def op_kind(name: str, phase: Phase) -> OpKind:
     if name in _COPY or base in _COPY:
         return "copy"
     return "elementwise"
+
+
+def _cpu_sdpa_flops(name: str, args: tuple[Any, ...]) -> int | None:
+    """FLOPs of the CPU fused attention kernels, which torch's FLOP table leaves out.
+
+    Tracing runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_
+    for_cpu``; on a GPU the same call is a flash/efficient kernel with the same FLOPs. The
+    formulas are torch's own for SDPA (two matmuls forward, four backward).
+    """
+    try:
+        if name == "_scaled_dot_product_flash_attention_for_cpu":
+            q, k, v = args[0], args[1], args[2]
+            return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+        if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
+            grad_out, q, k, v = args[0], args[1], args[2], args[3]
+            return int(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+    except (AttributeError, IndexError, TypeError):
+        return None
+    return None
+
+
+def _conv_backward_flops(name: str, args: tuple[Any, ...]) -> int | None:
+    """FLOPs of ``convolution_backward``, counting grouped convolutions right.
+
+    torch 2.13's formula ignores ``groups`` in the weight gradient, so a depthwise convolution's
+    backward is over-counted about C times. Each requested gradient (input, weight) costs what
+    the forward costs: 2 x N x C_out x output pixels x (C_in / groups) x kernel size, and the
+    weight's shape already holds C_in / groups.
+    """
+    if name != "convolution_backward":
+        return None
+    try:
+        grad_out, weight, output_mask = args[0], args[2], args[10]
+        forward = 2 * grad_out.numel() * weight[0].numel()
+        return int(forward * (int(bool(output_mask[0])) + int(bool(output_mask[1]))))
+    except (AttributeError, IndexError, TypeError):
+        return None
 
 
 def _tensor_bytes(t: torch.Tensor) -> int:
@@ -273,8 +310,11 @@ class Recorder(TorchDispatchMode):
         outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         is_view = bool(func.is_view) if hasattr(func, "is_view") else False
         formula = flop_registry.get(func._overloadpacket)
-        flops = 0
-        if formula is not None:
+        own = _cpu_sdpa_flops(name, args)
+        if own is None:
+            own = _conv_backward_flops(name, args)
+        flops = own or 0
+        if formula is not None and own is None:
             try:
                 flops = int(formula(*args, **kwargs, out_val=out))
             except Exception:
