@@ -146,10 +146,13 @@ def _cpu_sdpa_flops(name: str, args: tuple[Any, ...]) -> int | None:
     try:
         if name == "_scaled_dot_product_flash_attention_for_cpu":
             q, k, v = args[0], args[1], args[2]
-            return int(sdpa_flop_count(q.shape, k.shape, v.shape))
+            return int(sdpa_flop_count(q.shape, k.shape, v.shape))  # type: ignore[no-untyped-call]
         if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
             grad_out, q, k, v = args[0], args[1], args[2], args[3]
-            return int(sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape))
+            flops = sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
+                grad_out.shape, q.shape, k.shape, v.shape
+            )
+            return int(flops)
     except (AttributeError, IndexError, TypeError):
         return None
     return None
