@@ -49,4 +49,13 @@ def _load_families() -> None:
     if _FAMILIES_LOADED:
         return
     _FAMILIES_LOADED = True
-    from whichgpu.workloads import encoders, llm, vision  # noqa: F401
+    from whichgpu.workloads import (  # noqa: F401
+        diffusion,
+        encoders,
+        llm,
+        seed_detection,
+        seed_gan,
+        seed_nasnet,
+        seed_translation,
+        vision,
+    )
