@@ -15,6 +15,7 @@ from whichgpu.catalog.loader import CatalogData, read_data_dir
 from whichgpu.catalog.names import alias_keys, normalize
 from whichgpu.errors import CatalogError
 from whichgpu.schema import SPEC_FIELDS, GpuSpec, Segment, Vendor
+from whichgpu.units import MIB, gb_to_bytes
 
 BANDWIDTH_TOLERANCE = 0.02
 RATE_TOLERANCE = 0.015
@@ -79,7 +80,7 @@ def audit_gpu(spec: GpuSpec, today: dt.date | None = None) -> list[str]:
     if spec.launch_date and not EARLIEST_LAUNCH <= spec.launch_date <= today:
         problems.append(f"{p} launch date {spec.launch_date} outside {EARLIEST_LAUNCH}..{today}")
     if spec.memory_usable_mib and spec.memory_gb:
-        sold_mib = spec.memory_gb * 1e9 / 2**20
+        sold_mib = gb_to_bytes(spec.memory_gb) / MIB
         if not 0.80 * sold_mib <= spec.memory_usable_mib <= 1.10 * sold_mib:
             problems.append(
                 f"{p} usable {spec.memory_usable_mib} MiB implausible for {spec.memory_gb} GB"

@@ -57,10 +57,6 @@ class Catalog:
         """The record a user's name means (see ``names``); raises Unknown/AmbiguousGpu."""
         return self._names.resolve(name, memory_gb=memory_gb)
 
-    def aliases(self, gpu_id: str) -> tuple[str, ...]:
-        """The names a record answers to, as written in the data."""
-        return self._by_id[gpu_id].aliases
-
     def search(
         self,
         query: str | None = None,

@@ -18,6 +18,7 @@ from whichgpu.schema import (
     Source,
     WorkloadInfo,
 )
+from whichgpu.units import bytes_to_gib
 
 _FIELD_LABELS = {
     "memory_gb": ("Memory", "GB"),
@@ -221,7 +222,7 @@ def profile_view(summary: ProfileSummary) -> RenderableType:
     )
     facts.add_row("bytes moved per step", _count(summary.bytes_per_step) + "B")
     facts.add_row(f"{summary.throughput_unit} per step", f"{summary.units_per_step:,}")
-    facts.add_row("peak live tensors", f"{summary.peak_live_bytes / 2**30:.2f} GiB")
+    facts.add_row("peak live tensors", f"{bytes_to_gib(summary.peak_live_bytes):.2f} GiB")
     facts.add_row("trace time", f"{summary.trace_seconds:.1f} s")
     mix = Table(title="Operator mix", title_justify="left", header_style="bold")
     for col in ("kind", "ops", "FLOPs share", "bytes share"):
@@ -239,6 +240,6 @@ def profile_view(summary: ProfileSummary) -> RenderableType:
     live.add_column("category")
     live.add_column("GiB", justify="right")
     for category, size in sorted(summary.peak_live_by_category.items(), key=lambda kv: -kv[1]):
-        live.add_row(category, f"{size / 2**30:.3f}")
+        live.add_row(category, f"{bytes_to_gib(size):.3f}")
     choices = Text("Kernel choices: " + "; ".join(f"{k}: {v}" for k, v in summary.choices.items()))
     return Group(head, facts, mix, live, choices)

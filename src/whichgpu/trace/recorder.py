@@ -213,9 +213,6 @@ def _conv_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
         return None
 
 
-_VIEW_TAGS = (torch.Tag.view_copy,)
-
-
 @dataclass
 class _Storage:
     sid: int

@@ -135,9 +135,8 @@ def trace_built(
     started = time.perf_counter()
     rec = Recorder()
     with rec:
-        for name, p in built.model.named_parameters():
+        for p in built.model.parameters():
             rec.mark(p, "parameter")
-            del name
         for b in built.model.buffers():
             rec.mark(b, "buffer")
         if run.mode == "train":
