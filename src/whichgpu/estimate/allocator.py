@@ -1,0 +1,342 @@
+"""A model of PyTorch's CUDA caching allocator, to replay a traced step's allocations.
+
+PyTorch never hands tensor memory back to the driver between steps: it rounds every request,
+carves it out of cached *segments* (``cudaMalloc`` calls) and keeps freed blocks for reuse. What
+a GPU must hold is therefore the peak of *reserved* segment bytes, not the peak of tensor bytes.
+This module replays an ordered stream of allocations and frees through the rules of
+``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, read at commit
+001074d25084fdb87a799823e395a50f5ec044d3; the constants below are named as there):
+
+- every request is rounded up to a multiple of 512 B (``kMinBlockSize``);
+- requests up to 1 MiB (``kSmallSize``) come from the small pool, whose segments are 2 MiB
+  (``kSmallBuffer``); larger requests come from the large pool;
+- a large-pool request below 10 MiB (``kMinLargeAlloc``) that finds no cached block allocates a
+  20 MiB segment (``kLargeBuffer``); from 10 MiB up, a segment of the request rounded up to
+  2 MiB (``kRoundLarge``);
+- a cached block is chosen best-fit (smallest size, then lowest address) among the free blocks of
+  the pool; it is split when the remainder is at least 512 B (small pool) or more than 1 MiB
+  (large pool) — otherwise the whole block is handed out, and the unsplit tail is counted as
+  allocated (PyTorch's ``allocated_bytes`` counts block sizes);
+- a freed block merges with free neighbours of the same segment;
+- when a new segment would not fit on the device, the allocator frees every cached segment that
+  has no allocated block in it (``release_cached_blocks``) and retries; only then is it an OOM.
+
+With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) each pool
+is one virtual segment that grows by mapping pages (2 MiB in the small pool, 20 MiB in the
+large): a request that fits no free block extends the segment's tail, and freed pages at the
+tail can be unmapped under memory pressure. That mode is modelled at page granularity.
+
+One stream is modelled (training and inference on the default stream); the allocator's
+``max_split_size_mb``, ``roundup_power2_divisions`` and garbage-collection options are left at
+their defaults, under which they do nothing.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from whichgpu.units import MIB
+
+MIN_BLOCK_BYTES = 512
+"""``kMinBlockSize``: every request is rounded up to a multiple of this."""
+SMALL_REQUEST_BYTES = 1 * MIB
+"""``kSmallSize``: requests up to this size use the small pool."""
+SMALL_SEGMENT_BYTES = 2 * MIB
+"""``kSmallBuffer``: the size of every small-pool segment."""
+LARGE_SEGMENT_BYTES = 20 * MIB
+"""``kLargeBuffer``: the segment allocated for large-pool requests below 10 MiB."""
+MIN_LARGE_ALLOC_BYTES = 10 * MIB
+"""``kMinLargeAlloc``: from this size up, a segment is the request rounded to 2 MiB."""
+ROUND_LARGE_BYTES = 2 * MIB
+"""``kRoundLarge``: rounding of segments for requests of 10 MiB and more."""
+
+
+def round_request(size_bytes: int) -> int:
+    """The block size the allocator hands out for a request (``round_size``)."""
+    if size_bytes < MIN_BLOCK_BYTES:
+        return MIN_BLOCK_BYTES
+    return -(-size_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+
+
+def segment_size(block_bytes: int) -> int:
+    """The ``cudaMalloc`` size when no cached block fits (``get_allocation_size``)."""
+    if block_bytes <= SMALL_REQUEST_BYTES:
+        return SMALL_SEGMENT_BYTES
+    if block_bytes < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_SEGMENT_BYTES
+    return -(-block_bytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+
+
+class OutOfMemory(Exception):
+    """The replay needed more device memory than the capacity it was given."""
+
+
+@dataclass(eq=False)
+class _Block:
+    segment: int
+    offset: int
+    size: int
+    small: bool
+    allocated: bool = False
+    prev: _Block | None = None
+    next: _Block | None = None
+
+    def key(self) -> tuple[int, int, int]:
+        return (self.size, self.segment, self.offset)
+
+
+@dataclass
+class _Pool:
+    small: bool
+    free: list[tuple[int, int, int]] = field(default_factory=list)
+    """Sorted (size, segment, offset) of the free blocks: best fit is a bisection."""
+    blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
+    """Free blocks by (segment, offset)."""
+
+    def insert(self, block: _Block) -> None:
+        bisect.insort(self.free, block.key())
+        self.blocks[(block.segment, block.offset)] = block
+
+    def remove(self, block: _Block) -> None:
+        key = block.key()
+        index = bisect.bisect_left(self.free, key)
+        del self.free[index]
+        del self.blocks[(block.segment, block.offset)]
+
+    def best_fit(self, size: int) -> _Block | None:
+        index = bisect.bisect_left(self.free, (size, -1, -1))
+        if index == len(self.free):
+            return None
+        _, segment, offset = self.free[index]
+        return self.blocks[(segment, offset)]
+
+
+@dataclass(frozen=True)
+class AllocatorStats:
+    """What the caching allocator's counters would read after a replay."""
+
+    peak_allocated_bytes: int
+    """``torch.cuda.max_memory_allocated``: peak of handed-out block bytes (after rounding)."""
+    peak_reserved_bytes: int
+    """``torch.cuda.max_memory_reserved``: peak of segment bytes held from the driver."""
+    peak_requested_bytes: int
+    """Peak of the exact requested bytes (the live-tensor peak)."""
+    final_reserved_bytes: int
+    """Segment bytes still held at the end (what the next step starts from)."""
+    segments_allocated: int
+    """``cudaMalloc`` calls made."""
+    cache_flushes: int
+    """Times the cached segments were released to make room (``num_alloc_retries``)."""
+
+
+class CachingAllocator:
+    """Replays allocations and frees as PyTorch's CUDA caching allocator would serve them.
+
+    ``capacity_bytes`` is what the allocator may reserve in total (device memory minus what
+    lives outside the allocator); ``None`` means unlimited. ``malloc`` raises ``OutOfMemory``
+    when a request cannot be served even after releasing the cache.
+    """
+
+    def __init__(self, capacity_bytes: int | None = None, *, expandable: bool = False) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.expandable = expandable
+        self._pools = {True: _Pool(small=True), False: _Pool(small=False)}
+        self._live: dict[int, _Block] = {}
+        self._segments: dict[int, int] = {}
+        self._next_segment = 0
+        self._tails: dict[bool, _Block | None] = {True: None, False: None}
+        self.allocated_bytes = 0
+        self.reserved_bytes = 0
+        self.requested_bytes = 0
+        self._requested: dict[int, int] = {}
+        self.peak_allocated_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.peak_requested_bytes = 0
+        self.segments_allocated = 0
+        self.cache_flushes = 0
+
+    # --- public ------------------------------------------------------------------------------
+
+    def malloc(self, handle: int, size_bytes: int) -> None:
+        """Serve a request of ``size_bytes`` for the tensor storage ``handle``."""
+        size = round_request(size_bytes)
+        small = size <= SMALL_REQUEST_BYTES
+        pool = self._pools[small]
+        block = pool.best_fit(size)
+        if block is not None:
+            pool.remove(block)
+        else:
+            block = self._grow(pool, size)
+        block = self._split(pool, block, size)
+        block.allocated = True
+        self._live[handle] = block
+        self._requested[handle] = size_bytes
+        self.allocated_bytes += block.size
+        self.requested_bytes += size_bytes
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+
+    def free(self, handle: int) -> None:
+        """Return the block of ``handle`` to its pool, merging with free neighbours."""
+        block = self._live.pop(handle)
+        self.allocated_bytes -= block.size
+        self.requested_bytes -= self._requested.pop(handle)
+        block.allocated = False
+        pool = self._pools[block.small]
+        for neighbour in (block.prev, block.next):
+            if neighbour is not None and not neighbour.allocated:
+                pool.remove(neighbour)
+                block = self._merge(block, neighbour)
+        pool.insert(block)
+
+    def stats(self) -> AllocatorStats:
+        """The counters so far."""
+        return AllocatorStats(
+            peak_allocated_bytes=self.peak_allocated_bytes,
+            peak_reserved_bytes=self.peak_reserved_bytes,
+            peak_requested_bytes=self.peak_requested_bytes,
+            final_reserved_bytes=self.reserved_bytes,
+            segments_allocated=self.segments_allocated,
+            cache_flushes=self.cache_flushes,
+        )
+
+    # --- segments ----------------------------------------------------------------------------
+
+    def _grow(self, pool: _Pool, size: int) -> _Block:
+        if self.expandable:
+            return self._expand(pool, size)
+        nbytes = segment_size(size)
+        if not self._fits(nbytes):
+            self._release_cache()
+            if not self._fits(nbytes):
+                raise OutOfMemory(nbytes)
+        segment = self._next_segment
+        self._next_segment += 1
+        self._segments[segment] = nbytes
+        self._reserve(nbytes)
+        return _Block(segment=segment, offset=0, size=nbytes, small=pool.small)
+
+    def _expand(self, pool: _Pool, size: int) -> _Block:
+        """Expandable segments: extend the pool's single segment at its tail."""
+        page = SMALL_SEGMENT_BYTES if pool.small else LARGE_SEGMENT_BYTES
+        tail = self._tails[pool.small]
+        reuse = tail is not None and not tail.allocated
+        have = tail.size if reuse and tail is not None else 0
+        extra = -(-(size - have) // page) * page
+        if not self._fits(extra):
+            self._release_cache()
+            tail = self._tails[pool.small]
+            reuse = tail is not None and not tail.allocated
+            have = tail.size if reuse and tail is not None else 0
+            extra = -(-(size - have) // page) * page
+            if not self._fits(extra):
+                raise OutOfMemory(extra)
+        self._reserve(extra)
+        segment = 0 if pool.small else 1
+        if reuse and tail is not None:
+            pool.remove(tail)
+            tail.size += extra
+            return tail
+        offset = 0 if tail is None else tail.offset + tail.size
+        block = _Block(segment=segment, offset=offset, size=extra, small=pool.small, prev=tail)
+        if tail is not None:
+            tail.next = block
+        self._tails[pool.small] = block
+        return block
+
+    def _fits(self, nbytes: int) -> bool:
+        return self.capacity_bytes is None or self.reserved_bytes + nbytes <= self.capacity_bytes
+
+    def _reserve(self, nbytes: int) -> None:
+        self.reserved_bytes += nbytes
+        self.segments_allocated += 1
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+
+    def _release_cache(self) -> None:
+        """``release_cached_blocks``: give back every segment with nothing allocated in it."""
+        self.cache_flushes += 1
+        for pool in self._pools.values():
+            if self.expandable:
+                self._unmap_tail(pool)
+                continue
+            whole = [b for b in pool.blocks.values() if b.prev is None and b.next is None]
+            for block in whole:
+                pool.remove(block)
+                self.reserved_bytes -= self._segments.pop(block.segment)
+
+    def _unmap_tail(self, pool: _Pool) -> None:
+        page = SMALL_SEGMENT_BYTES if pool.small else LARGE_SEGMENT_BYTES
+        tail = self._tails[pool.small]
+        if tail is None or tail.allocated:
+            return
+        start = -(-tail.offset // page) * page
+        end = tail.offset + tail.size
+        unmapped = max(0, (end - start) // page * page)
+        if unmapped == 0:
+            return
+        pool.remove(tail)
+        tail.size -= unmapped
+        self.reserved_bytes -= unmapped
+        if tail.size == 0:
+            self._tails[pool.small] = tail.prev
+            if tail.prev is not None:
+                tail.prev.next = None
+        else:
+            pool.insert(tail)
+
+    # --- blocks ------------------------------------------------------------------------------
+
+    def _split(self, pool: _Pool, block: _Block, size: int) -> _Block:
+        remaining = block.size - size
+        threshold_ok = (
+            remaining >= MIN_BLOCK_BYTES
+            if (pool.small or self.expandable)
+            else remaining > SMALL_REQUEST_BYTES
+        )
+        if not threshold_ok:
+            return block
+        rest = _Block(
+            segment=block.segment,
+            offset=block.offset + size,
+            size=remaining,
+            small=block.small,
+            prev=block,
+            next=block.next,
+        )
+        if block.next is not None:
+            block.next.prev = rest
+        elif self._tails[block.small] is block:
+            self._tails[block.small] = rest
+        block.next = rest
+        block.size = size
+        pool.insert(rest)
+        return block
+
+    def _merge(self, block: _Block, neighbour: _Block) -> _Block:
+        """Merge two adjacent blocks of a segment; the lower one survives."""
+        low, high = (neighbour, block) if neighbour.offset < block.offset else (block, neighbour)
+        low.size += high.size
+        low.next = high.next
+        if high.next is not None:
+            high.next.prev = low
+        if self._tails[low.small] is high:
+            self._tails[low.small] = low
+        return low
+
+
+def replay(
+    events: Iterable[tuple[int, int, bool]],
+    capacity_bytes: int | None = None,
+    *,
+    expandable: bool = False,
+) -> AllocatorStats:
+    """Replay ``(handle, size_bytes, is_alloc)`` events; raises ``OutOfMemory`` past capacity."""
+    allocator = CachingAllocator(capacity_bytes, expandable=expandable)
+    for handle, size_bytes, is_alloc in events:
+        if is_alloc:
+            allocator.malloc(handle, size_bytes)
+        else:
+            allocator.free(handle)
+    return allocator.stats()
