@@ -162,3 +162,37 @@ def test_prices_are_dated_and_sourced() -> None:
     for price in DATA.prices:
         assert price.as_of <= today
         assert price.source in DATA.sources
+
+
+# The GPUs of Lambda's 2020 deep-learning benchmark: the seed workloads' measured GPUs.
+LAMBDA_2020_GPUS = (
+    "rtx-2060",
+    "rtx-2070",
+    "rtx-2080",
+    "gtx-1080-ti",
+    "rtx-2080-ti",
+    "titan-rtx",
+    "quadro-rtx-6000",
+    "quadro-rtx-8000",
+)
+
+
+@pytest.mark.parametrize("gpu_id", LAMBDA_2020_GPUS)
+def test_lambda_2020_gpus_have_a_cuda_total(gpu_id: str) -> None:
+    gpu = CATALOG.get(gpu_id)
+    assert gpu.memory_cuda_total_mib is not None
+    assert gpu.provenance["memory_cuda_total_mib"].source in DATA.sources
+
+
+def test_cuda_total_is_just_below_the_marketed_size() -> None:
+    """GPU memory is sold in binary units ("24 GB" is 24 GiB); CUDA sees a little less of it.
+
+    Below the marketed size, and above 90 % of it (ECC on GDDR takes 1/16, the driver a few
+    hundred MiB).
+    """
+    with_total = [g for g in DATA.gpus if g.memory_cuda_total_mib is not None]
+    assert len(with_total) >= len(LAMBDA_2020_GPUS)
+    for gpu in with_total:
+        assert gpu.memory_gb is not None and gpu.memory_cuda_total_mib is not None
+        marketed_mib = gpu.memory_gb * 1024
+        assert 0.9 * marketed_mib < gpu.memory_cuda_total_mib < marketed_mib, gpu.id
