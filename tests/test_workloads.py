@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,86 @@ def test_user_config(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(UsageError, match="not valid JSON"):
         config_workload(bad)
+
+
+def _bert_params(vocab: int, width: int, layers: int, pooler: bool) -> int:
+    """Parameters of a BERT encoder (Devlin et al. 2019): token, position (512) and segment (2)
+    embeddings with a LayerNorm; per layer Q, K, V, output projections, a 4x MLP and two
+    LayerNorms; the pooler is one dense layer."""
+    embeddings = (vocab + 512 + 2) * width + 2 * width
+    layer = 4 * (width * width + width) + 2 * (4 * width * width) + 4 * width + width + 4 * width
+    return embeddings + layers * layer + (width * width + width if pooler else 0)
+
+
+def test_bert_squad_and_mt_dnn_parameter_counts() -> None:
+    # BERT-Base with a span head (start/end logit per token, 768 -> 2), no pooler.
+    squad = get_workload("bert-squad").info
+    assert squad.params_published == _bert_params(30522, 768, 12, pooler=False) + 768 * 2 + 2
+    assert squad.params_published == 108_893_186
+    assert (squad.default_batch_size, squad.default_seq_len) == (12, 384)
+    # BERT-Large with its pooler and 8 linear GLUE heads: 15 outputs (MNLI 3, STS-B 1, QNLI 1,
+    # five binary classifiers).
+    mt_dnn = get_workload("mt-dnn").info
+    assert mt_dnn.params_published == _bert_params(30522, 1024, 24, pooler=True) + 1024 * 15 + 15
+    assert mt_dnn.params_published == 335_157_263
+    assert (mt_dnn.default_seq_len, mt_dnn.throughput_unit) == (512, "sequences")
+
+
+def test_mt_dnn_step_trains_the_mnli_head_only() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        built = get_workload("mt-dnn").build(RunConfig())
+        batch = built.make_batch(2, 32)
+        built.loss(built.model, batch).backward()  # type: ignore[no-untyped-call]
+        heads = built.model.get_submodule("heads").named_children()
+        trained = [name for name, head in heads if head.get_parameter("weight").grad is not None]
+        assert trained == ["mnli"]
+        embedding = built.model.get_submodule("bert.embeddings.word_embeddings")
+        assert embedding.get_parameter("weight").grad is not None
+        assert batch["labels"].dtype == torch.int64
+
+
+def _tiny_mixtral(tmp_path: Path) -> Path:
+    config = {
+        "model_type": "mixtral",
+        "architectures": ["MixtralForCausalLM"],
+        "vocab_size": 256,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 512,
+    }
+    path = tmp_path / "tiny-mixtral.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16", "bf16-pure"])
+def test_mixtral_experts_trace_under_amp(tmp_path: Path, precision: str) -> None:
+    # transformers' grouped_mm experts: torch._grouped_mm is not on autocast's list and its
+    # fake kernel takes bf16 only; under AMP the trace autocasts it to bf16 (fp32 master weights
+    # and gradients stay fp32), and the profile says so.
+    from whichgpu.trace import trace_step
+
+    workload = config_workload(_tiny_mixtral(tmp_path))
+    run = RunConfig.model_validate({"batch_size": 2, "seq_len": 32, "precision": precision})
+    profile = trace_step(workload, run)
+    grouped = [op for op in profile.ops if op.name == "aten._grouped_mm"]
+    assert grouped and {op.dtype for op in grouped} == {"bfloat16"}
+    assert {op.phase for op in grouped} == {"forward", "backward"}
+    expected = "autocast to bf16" if precision != "bf16-pure" else "grouped_mm"
+    assert expected in profile.choices["moe_experts"]
+    assert "moe_experts" not in trace_step(get_workload("gpt2"), RunConfig(seq_len=16)).choices
+
+
+def test_mixtral_fp32_trace_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from whichgpu.trace import trace_step
+
+    with pytest.raises(UnsupportedWorkload, match=r"_grouped_mm.*bf16 only"):
+        trace_step(config_workload(_tiny_mixtral(tmp_path)), RunConfig(precision="fp32"))

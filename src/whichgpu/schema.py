@@ -149,6 +149,7 @@ SPEC_FIELDS: tuple[str, ...] = (
     "form_factor",
     "memory_gb",
     "memory_usable_mib",
+    "memory_cuda_total_mib",
     "memory_type",
     "memory_bus_width_bits",
     "memory_data_rate_gbps",
@@ -219,6 +220,9 @@ class GpuSpec(_Frozen):
     """Memory as sold, decimal GB (a "24 GB" card is 24)."""
     memory_usable_mib: float | None = None
     """Total memory the driver reports (NVML / ``mem_get_info`` total), MiB, where known."""
+    memory_cuda_total_mib: float | None = None
+    """Device memory CUDA reports as total (``cudaMemGetInfo`` / torch ``total_memory``), MiB;
+    what a process can allocate into, below the marketed size."""
     memory_type: str | None = None
     """GDDR6X, HBM3e, LPDDR5X, …"""
     memory_bus_width_bits: int | None = None
@@ -426,7 +430,11 @@ class WorkloadInfo(_Frozen):
 
 # --- Step profiles ---------------------------------------------------------------------------
 
-Phase = Literal["setup", "forward", "backward", "optimizer"]
+Phase = Literal["setup", "forward", "backward", "optimizer", "prefill", "decode"]
+"""Where in a traced step an operator ran. ``setup``: making the batch (and the KV cache).
+Training: ``forward``, ``backward``, ``optimizer``. Inference of a causal language model:
+``prefill`` (the prompt through the model, filling the KV cache) and ``decode`` (one new token
+per sequence, attending over the cache); inference of any other model: ``forward``."""
 OpKind = Literal[
     "gemm",
     "conv",
@@ -466,6 +474,13 @@ class OpRecord(_Frozen):
     """For matrix multiplies: (batch, M, N, K)."""
     conv: tuple[int, ...] | None = None
     """For convolutions: (N, C_in, H, W, C_out, kH, kW, stride, groups) of the forward."""
+    attention: tuple[int, ...] | None = None
+    """For scaled-dot-product attention (forward and backward): (batch, q_heads, kv_heads,
+    q_len, kv_len, head_dim, causal, masked) as the kernel sees them; ``causal`` is 1 when the
+    kernel applies its own causal mask, ``masked`` is 1 when an explicit ``attn_mask`` is given
+    (which rules out the flash backend on CUDA). transformers folds the query heads of a group
+    into ``q_len`` for single-token decode with grouped-query attention, so a decode op may
+    show ``q_heads == kv_heads`` and ``q_len`` = heads per group."""
 
 
 class AllocEvent(_Frozen):
@@ -561,3 +576,137 @@ class ProfileSummary(_Frozen):
     """Kernel choices in effect while tracing."""
     trace_seconds: float
     """Wall time of the trace."""
+
+
+# --- Memory estimates ------------------------------------------------------------------------
+
+
+class SoftwareStack(_Frozen):
+    """What a process holds on a GPU besides the tensors PyTorch's caching allocator serves."""
+
+    id: str
+    """Stack id (``pytorch2-cuda12``)."""
+    label: str
+    """One line for people."""
+    default: bool = False
+    """Whether estimates use this stack unless told otherwise."""
+    cuda_context_bytes: int
+    """CUDA context with the kernels loaded by a training step, outside the allocator."""
+    cublas_workspace_bytes: int
+    """cuBLAS workspace per (handle, stream), served by the allocator (GPUs other than sm 9.0)."""
+    cublas_workspace_sm90_bytes: int
+    """The same on compute capability 9.0."""
+    cublaslt_workspace_bytes: int
+    """cuBLASLt workspace per (handle, stream), served by the allocator."""
+    cudnn_workspace_bytes: int
+    """Allowance for the convolution workspace of convolutional models."""
+    nccl_bytes_per_gpu: int
+    """NCCL buffers per GPU when more than one GPU trains, outside the allocator."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where each value comes from."""
+
+
+MemoryCategory = Literal[
+    "weights", "gradients", "optimizer", "activations", "temporaries", "overhead"
+]
+
+
+class MemoryEstimate(_Frozen):
+    """Peak GPU memory of a workload step on one GPU, and the largest batch that fits.
+
+    Every byte figure is what one process on one GPU holds. ``device_total_bytes`` is what
+    ``nvidia-smi`` would show for the process at its peak; it must not exceed
+    ``capacity_bytes`` for the step to fit.
+    """
+
+    gpu: str
+    """Catalog id of the GPU."""
+    gpu_name: str
+    """Its name."""
+    workload: str
+    """Workload estimated."""
+    run: RunConfig
+    """Run configuration (batch size and sequence length resolved)."""
+    batch_size: int
+    """Samples per step the figures below are for (the largest that fits, unless given)."""
+    seq_len: int | None
+    """Sequence length (sequence models)."""
+    fits: bool
+    """Whether ``batch_size`` fits."""
+    max_batch_size: int
+    """Largest batch that fits at ``seq_len`` (0: not even one sample)."""
+    max_batch_capped: bool
+    """True when the search stopped at its upper limit: more may fit."""
+    peak_allocated_bytes: int
+    """Predicted ``torch.cuda.max_memory_allocated``."""
+    peak_reserved_bytes: int
+    """Predicted ``torch.cuda.max_memory_reserved`` (allocator segments)."""
+    device_total_bytes: int
+    """Reserved + CUDA context + workspaces outside the allocator + communication buffers."""
+    capacity_bytes: int
+    """Memory CUDA reports for the GPU (below the marketed size)."""
+    capacity_note: str
+    """Where ``capacity_bytes`` comes from (catalog measurement, or how it was derived)."""
+    headroom_bytes: int
+    """``capacity_bytes - device_total_bytes`` (negative: does not fit)."""
+    next_batch_device_total_bytes: int | None
+    """Device total at ``max_batch_size + 1``: the margin to the next size."""
+    breakdown: dict[MemoryCategory, int]
+    """Bytes by category at the peak; sums to ``device_total_bytes``."""
+    overheads: dict[str, int]
+    """The parts of ``overhead`` that are not allocator rounding and caching."""
+    assumptions: tuple[str, ...]
+    """What the estimate assumes, in words."""
+    method: str
+    """``stored profile`` (no torch) or ``traced`` (this machine traced the model)."""
+
+
+# --- Validation ------------------------------------------------------------------------------
+
+Verdict = Literal["exact", "conservative", "too high", "no reference", "skipped"]
+
+
+class MemoryValidationCase(_Frozen):
+    """One measured largest batch against the prediction."""
+
+    reference: str
+    """Where the measurement comes from (``lambda2020``)."""
+    model: str
+    """Model as the reference names it."""
+    workload: str
+    """The whichgpu workload that stands for it."""
+    gpu: str
+    """Catalog id of the GPU."""
+    unit: str
+    """What the batch counts (images, sequences, tokens)."""
+    measured_max_batch: int
+    """The reference's largest batch (0: did not fit at all)."""
+    predicted_max_batch: int
+    """whichgpu's largest batch, in the reference's unit."""
+    predicted_on_grid: int
+    """The prediction rounded down to the sizes the reference tried."""
+    steps: int
+    """Grid steps from the measurement to the prediction (negative: conservative)."""
+    verdict: Verdict
+    """``exact``, ``conservative`` (below the measurement) or ``too high``."""
+    note: str = ""
+    """Why a case was skipped, or what is special about it."""
+
+
+class MemoryValidation(_Frozen):
+    """``whichgpu validate memory``: every case and the summary."""
+
+    cases: tuple[MemoryValidationCase, ...]
+    """Each compared (model, GPU)."""
+    assumptions: tuple[str, ...]
+    """What the comparison assumes about the references."""
+    compared: int
+    """Cases with a verdict."""
+    exact: int
+    """Cases predicted exactly (on the grid)."""
+    conservative_by_one: int
+    """Cases one grid step below the measurement."""
+    conservative_more: int
+    """Cases more than one step below."""
+    too_high: int
+    """Cases above the measurement — the failure that matters most."""

@@ -102,6 +102,15 @@ ConfigOption = Annotated[
         metavar="FILE",
     ),
 ]
+ModelOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--model",
+        help="Your PyTorch model: FILE.py:FUNCTION or package.module:FUNCTION, a function that "
+        "builds it and returns (model, make_batch[, loss]); see docs/workloads.md.",
+        metavar="FILE.py:FUNCTION",
+    ),
+]
 TaskOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--task", help="With --config: causal-lm, seq-cls or masked-lm."),

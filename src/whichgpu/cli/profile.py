@@ -17,6 +17,7 @@ def profile(
         typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
     ] = None,
     config: o.ConfigOption = None,
+    model: o.ModelOption = None,
     task: o.TaskOption = None,
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
@@ -47,11 +48,13 @@ def profile(
       whichgpu profile llama-3.1-8b --seq-len 2048 --precision bf16 --json
 
       whichgpu profile --config my-model/config.json --batch-size 4 --seq-len 1024
+
+      whichgpu profile --model examples/my_model.py:build --batch-size 32
     """
     from whichgpu.estimate.profile_summary import summarize
     from whichgpu.workloads import check_for_workload, run_config, select_workload
 
-    chosen = select_workload(workload, config, task)  # type: ignore[arg-type]
+    chosen = select_workload(workload, config, task, model=model)  # type: ignore[arg-type]
     run = run_config(
         mode=mode,
         precision=precision,

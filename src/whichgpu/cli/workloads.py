@@ -12,7 +12,8 @@ def workloads(json: JsonOption = False) -> None:
     """List the named workloads: family, task, parameters, default input, throughput unit.
 
     Any of them can be given to `profile` (and, as they are built, to fit, predict and bench);
-    your own model is `--config path/to/config.json`.
+    your own model is `--config path/to/config.json` (a Hugging Face config) or
+    `--model path/to/file.py:function` (any PyTorch model; see docs/workloads.md).
 
     Examples:
 

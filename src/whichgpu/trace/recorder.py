@@ -21,7 +21,7 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 from whichgpu.schema import AllocEvent, OpKind, OpRecord, Phase, TensorCategory
 
-_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm"}
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "_grouped_mm"}
 _CONV = {
     "convolution",
     "convolution_backward",
@@ -176,8 +176,58 @@ def _conv_backward_flops(name: str, args: tuple[Any, ...]) -> int | None:
         return None
 
 
+def _grouped_mm_flops(name: str, args: tuple[Any, ...], out: Any) -> int | None:
+    """FLOPs of ``_grouped_mm`` (mixture-of-experts GEMMs), which torch's table leaves out.
+
+    (M, K) x (G, K, N) with group offsets and (G, M, K) x (G, K, N) make ``out`` from K-long
+    dot products: 2 x out elements x K. (K, M) x (M, N) with offsets (the weight gradient)
+    splits the contraction over groups: 2 x K x M x N in all.
+    """
+    if name != "_grouped_mm":
+        return None
+    try:
+        a, b = args[0], args[1]
+        if a.dim() == 2 and b.dim() == 2:
+            return int(2 * a.shape[0] * a.shape[1] * b.shape[1])
+        return int(2 * out.numel() * a.shape[-1])
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
 def _tensor_bytes(t: torch.Tensor) -> int:
     return int(t.numel()) * t.element_size()
+
+
+_VIEW_LIKE = {"_unsafe_view"}
+"""Operators that return a view of their input although their schema does not mark them so."""
+_INDEXED_WRITE_SOURCE = {"index_copy_": 3, "index_put_": 2, "_index_put_impl_": 2}
+"""In-place indexed writes, with the position of the argument holding the written values."""
+
+
+def _bytes_moved(
+    name: str,
+    args: tuple[Any, ...],
+    inputs: list[torch.Tensor],
+    outputs: list[torch.Tensor],
+    is_view: bool,
+) -> tuple[int, int]:
+    """(bytes read, bytes written) of one operator: its tensor inputs and outputs, except
+
+    - views move nothing;
+    - an in-place indexed write (a KV cache update) reads its values and indices and writes
+      the values, not the whole tensor it writes into;
+    - an embedding lookup reads the rows it gathers (as many bytes as it writes), not the table.
+    """
+    if is_view or name in _VIEW_LIKE:
+        return 0, 0
+    source = _INDEXED_WRITE_SOURCE.get(name)
+    if source is not None and len(args) > source and isinstance(args[source], torch.Tensor):
+        written = _tensor_bytes(args[source])
+        return sum(_tensor_bytes(t) for t in inputs[1:]), written
+    written = sum(_tensor_bytes(t) for t in outputs)
+    if name == "embedding" and len(inputs) >= 2:
+        return _tensor_bytes(inputs[1]) + written, written
+    return sum(_tensor_bytes(t) for t in inputs), written
 
 
 def _gemm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, int, int, int] | None:
@@ -211,6 +261,34 @@ def _conv_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
         return (*x.shape, int(w.shape[0]), *w.shape[2:], int(stride[0]), int(groups))
     except (AttributeError, IndexError, TypeError):
         return None
+
+
+def _attention_shape(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[int, ...] | None:
+    """(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, masked) of an SDPA kernel.
+
+    Arguments are found by their schema names, which every ``aten._scaled_dot_product_*``
+    kernel and its backward share (``query``, ``key``, ``is_causal``, ``attn_mask`` or
+    ``attn_bias``), so the CPU kernel traced here and the CUDA ones read the same way.
+    """
+    try:
+        names = [argument.name for argument in func._schema.arguments]
+    except AttributeError:
+        return None
+    bound = dict(zip(names, args, strict=False))  # trailing arguments may be defaults
+    bound.update(kwargs)
+    query, key = bound.get("query"), bound.get("key")
+    if not isinstance(query, torch.Tensor) or not isinstance(key, torch.Tensor):
+        return None
+    if query.dim() != 4 or key.dim() != 4:
+        return None
+    batch, q_heads, q_len, head_dim = (int(n) for n in query.shape)
+    kv_heads, kv_len = int(key.shape[1]), int(key.shape[2])
+    causal = int(bool(bound.get("is_causal", False)))
+    mask = bound.get("attn_mask", bound.get("attn_bias"))
+    masked = int(isinstance(mask, torch.Tensor))
+    return (batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, masked)
 
 
 @dataclass
@@ -294,6 +372,10 @@ class Recorder(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if getattr(func, "namespace", None) == "prim":
+            # metadata queries (``prim.device``, which fake tensors dispatch for ``.to()``):
+            # no work, no memory, and absent from a real run
+            return out
         name = func._overloadpacket.__name__
         if self.step == self.record_ops_of_step:
             self.ops.append(self._op_record(func, name, args, kwargs, out))
@@ -309,26 +391,31 @@ class Recorder(TorchDispatchMode):
         inputs = [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]
         outputs = [x for x in tree_flatten(out)[0] if isinstance(x, torch.Tensor)]
         is_view = bool(func.is_view) if hasattr(func, "is_view") else False
+        bytes_read, bytes_written = _bytes_moved(name, args, inputs, outputs, is_view)
         formula = flop_registry.get(func._overloadpacket)
         own = _cpu_sdpa_flops(name, args)
         if own is None:
             own = _conv_backward_flops(name, args)
+        if own is None:
+            own = _grouped_mm_flops(name, args, out)
         flops = own or 0
         if formula is not None and own is None:
             try:
                 flops = int(formula(*args, **kwargs, out_val=out))
             except Exception:
                 flops = 0
+        kind = op_kind(name, self.phase)
         return OpRecord(
             name=f"aten.{name}",
-            kind=op_kind(name, self.phase),
+            kind=kind,
             phase=self.phase,
             flops=flops,
-            bytes_read=0 if is_view else sum(_tensor_bytes(t) for t in inputs),
-            bytes_written=0 if is_view else sum(_tensor_bytes(t) for t in outputs),
+            bytes_read=bytes_read,
+            bytes_written=bytes_written,
             dtype=str(inputs[0].dtype).removeprefix("torch.") if inputs else "none",
             gemm_bmnk=_gemm_shape(name, args),
             conv=_conv_shape(name, args),
+            attention=_attention_shape(func, args, kwargs) if kind == "attention" else None,
         )
 
     # --- result -------------------------------------------------------------------------

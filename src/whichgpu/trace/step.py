@@ -13,40 +13,41 @@ differ), and autocast follows the CPU autocast rules with the target dtype.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from whichgpu.errors import UnsupportedWorkload
+from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.schema import RunConfig, StepProfile, WorkloadInfo
+from whichgpu.trace.optim8bit import IMPLEMENTATION as ADAMW_8BIT_IMPLEMENTATION
+from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
 from whichgpu.workloads.base import BuiltWorkload, Workload
+from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
+from whichgpu.workloads.hf import experts_choice
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def check_supported(run: RunConfig) -> None:
     """Raise ``UnsupportedWorkload`` for configurations the tracer cannot run (yet), with why."""
-    if run.method in ("lora", "qlora"):
-        raise UnsupportedWorkload(
-            f"Tracing --method {run.method} is not built yet (it needs the LoRA wrappers); "
-            "trace --method full for now."
-        )
-    if run.optimizer == "adamw-8bit":
-        raise UnsupportedWorkload(
-            "Tracing --optimizer adamw-8bit needs bitsandbytes' 8-bit optimizer, which is not "
-            "supported yet; use adamw, adafactor or sgd."
-        )
     if run.precision == "fp8":
         raise UnsupportedWorkload("Tracing --precision fp8 is not supported yet.")
 
 
 def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer of a run, with the implementation CUDA would use by default."""
+    """The optimizer of a run, with the implementation CUDA would use by default.
+
+    ``adamw-8bit`` is bitsandbytes' ``AdamW8bit`` rebuilt in plain PyTorch (``optim8bit``).
+    """
     if run.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+    if run.optimizer == "adamw-8bit":
+        return AdamW8bit(params, lr=1e-4)
     if run.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
     if run.optimizer == "adafactor":
@@ -102,27 +103,204 @@ def _train_steps(
         optimizer.zero_grad(set_to_none=True)
 
 
+DEFAULT_NEW_TOKENS = 128
+"""Tokens generated per sequence when an inference run of a language model gives none."""
+
+
+@dataclass(frozen=True)
+class ServingSizes:
+    """The sizes of a causal language model's inference trace (from ``RunConfig``).
+
+    The batch is the ``concurrency`` sequences served at once: every sequence is prefilled
+    together, then each decode step produces one token per sequence, so a decode step yields
+    ``sequences`` tokens. ``--batch-size`` is accepted as another name for it.
+    """
+
+    sequences: int
+    """Sequences served at once: the batch of the prefill and of every decode step."""
+    context_tokens: int
+    """Prompt tokens per sequence: the prefill length."""
+    new_tokens: int
+    """Tokens generated per sequence; the KV cache holds ``context_tokens + new_tokens``."""
+
+
+def generates_with_kv_cache(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a decoder-only transformers model that generates with a KV cache.
+
+    transformers' own test: ``can_generate()`` is true for the ``*ForCausalLM`` classes (and
+    GPT-2's ``LMHeadModel``) and false for encoders (BERT, ViT) and plain PyTorch models;
+    encoder-decoder models generate too but need encoder outputs, so they are left out.
+    """
+    can_generate = getattr(model, "can_generate", None)
+    config = getattr(model, "config", None)
+    if not callable(can_generate) or config is None:
+        return False
+    return bool(can_generate()) and not getattr(config, "is_encoder_decoder", False)
+
+
+def serving_sizes(
+    workload: WorkloadInfo, built: BuiltWorkload, run: RunConfig
+) -> ServingSizes | None:
+    """The prefill and decode sizes of an inference run of a causal LM; None for other runs.
+
+    ``context`` defaults to ``seq_len`` if given, else to the workload's default sequence
+    length, shortened so that context plus ``new_tokens`` (default ``DEFAULT_NEW_TOKENS``) fits
+    the model's ``max_position_embeddings``; a given context that does not fit is refused.
+    """
+    if run.mode != "inference":
+        return None
+    if not generates_with_kv_cache(built.model):
+        if run.context is not None or run.new_tokens is not None:
+            raise UnsupportedWorkload(
+                f"{workload.name} does not generate tokens with a KV cache; --context and "
+                "--new-tokens apply to causal language models only."
+            )
+        return None
+    if run.batch_size is not None and run.concurrency not in (1, run.batch_size):
+        raise UsageError(
+            "For language-model inference the batch is the --concurrency sequences served at "
+            f"once; --batch-size {run.batch_size} disagrees with --concurrency "
+            f"{run.concurrency}. Give one of them."
+        )
+    if run.context is not None and run.seq_len is not None and run.context != run.seq_len:
+        raise UsageError(
+            "--seq-len is the context of an inference run; give --context or --seq-len, not both."
+        )
+    sequences = run.concurrency if run.concurrency != 1 else (run.batch_size or 1)
+    new_tokens = run.new_tokens or DEFAULT_NEW_TOKENS
+    config: Any = built.model.config
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    max_positions: int | None = getattr(text_config, "max_position_embeddings", None)
+    context = run.context or run.seq_len
+    if context is None:
+        context = workload.default_seq_len or 2048
+        if max_positions is not None:
+            context = min(context, max_positions - new_tokens)
+    if max_positions is not None and (context < 1 or context + new_tokens > max_positions):
+        raise UnsupportedWorkload(
+            f"{workload.name} has {max_positions} positions; a context of {context} tokens "
+            f"plus {new_tokens} new tokens does not fit. Shorten --context or --new-tokens."
+        )
+    return ServingSizes(sequences=sequences, context_tokens=context, new_tokens=new_tokens)
+
+
 def _inference_steps(
-    rec: Recorder, built: BuiltWorkload, run: RunConfig, batch_size: int, seq_len: int | None
-) -> None:
+    rec: Recorder,
+    built: BuiltWorkload,
+    run: RunConfig,
+    batch_size: int,
+    seq_len: int | None,
+    serving: ServingSizes | None = None,
+) -> dict[str, str]:
+    """Inference, twice (step 1 is kept): a causal LM serves (``_serve``), any other model
+    runs one forward pass without gradients. Returns the kernel choices it made."""
     model = built.model
     model.eval()
+    choices: dict[str, str] = {}
     for step in (0, 1):
         rec.step = step
+        if serving is not None:
+            choices = _serve(rec, model, run, serving)
+            continue
         rec.phase = "setup"
         batch = built.make_batch(batch_size, seq_len)
+        for leaf in torch.utils._pytree.tree_flatten(dict(batch))[0]:
+            if isinstance(leaf, torch.Tensor):
+                rec.mark(leaf, "input")
         rec.phase = "forward"
         with torch.no_grad(), _autocast(run):
             out = model(**{k: v for k, v in batch.items() if k != "labels"})
         rec.end_forward()
         del out, batch
+    return choices
+
+
+def _serve(
+    rec: Recorder, model: torch.nn.Module, run: RunConfig, serving: ServingSizes
+) -> dict[str, str]:
+    """One request batch as a server runs it: prefill, then one decode step.
+
+    The KV cache is transformers' ``StaticCache``, allocated whole for ``context + new``
+    tokens when the prefill first writes to it, as a serving engine reserves it up front. For
+    memory this means the trace holds the request's full cache from the prefill on: the
+    memory a server must have for it. (A ``DynamicCache`` would grow by concatenation, token by
+    token, reaching that size only at the last token, with a second copy of a layer's keys
+    or values during each concatenation; its decode step would attend over the tokens so far.)
+    The prefill runs ``context`` tokens of every sequence and samples the first new token
+    (greedy); the decode step feeds that token and samples the next, attending over all
+    ``context + new`` slots of the cache with a mask, as a static cache does (a paged engine
+    reads only the filled slots: about ``context + new / 2`` on average over a generation).
+    Only the last position's logits are computed (``logits_to_keep=1``, as ``generate`` does).
+    """
+    from transformers import StaticCache
+
+    config: Any = model.config
+    vocab_size = int(config.get_text_config().vocab_size)
+    device = next(model.parameters()).device
+    last_logits = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+    rec.phase = "setup"
+    ids = torch.randint(0, vocab_size, (serving.sequences, serving.context_tokens), device=device)
+    rec.mark(ids, "input")
+    cache = StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
+    with torch.no_grad(), _autocast(run):
+        rec.phase = "prefill"
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last_logits)
+        token = out.logits[:, -1:].argmax(dim=-1)
+        del out
+        choices = _kv_cache_choice(rec, cache, serving)
+        rec.phase = "decode"
+        out = model(input_ids=token, past_key_values=cache, use_cache=True, **last_logits)
+        token = out.logits[:, -1:].argmax(dim=-1)
+        del out, token
+    rec.end_forward()  # what outlives the request's steps: the KV cache (and the prompt)
+    del ids, cache
+    return choices
+
+
+def _takes(model: torch.nn.Module, argument: str) -> bool:
+    """Whether ``model.forward`` has a parameter named ``argument``."""
+    return argument in inspect.signature(model.forward).parameters
+
+
+def _kv_cache_choice(rec: Recorder, cache: Any, serving: ServingSizes) -> dict[str, str]:
+    """Mark the cache's key and value tensors (category ``activation``: they live across the
+    steps of a request) and describe the cache policy and its size."""
+    tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+    for tensor in tensors:
+        rec.mark(tensor, "activation")
+    total_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    shapes = {tuple(t.shape) for t in tensors}
+    if len(shapes) == 1:
+        sequences, kv_heads, slots, head_dim = next(iter(shapes))
+        size = (
+            f"2 x {len(cache.layers)} layers x {kv_heads} kv heads x {slots} tokens "
+            f"(context {serving.context_tokens} + new {serving.new_tokens}) x {head_dim} "
+            f"head dim x {tensors[0].element_size()} B x {sequences} sequences"
+        )
+    else:  # sliding-window layers hold fewer slots
+        size = f"{len(tensors)} key/value tensors of {len(cache.layers)} layers"
+    return {
+        "kv_cache": f"static, allocated whole at prefill: {size} = {total_bytes} B",
+        "decode": (
+            f"one step of {serving.sequences} sequences x 1 token over all "
+            f"{serving.context_tokens + serving.new_tokens} cache slots (masked); "
+            "units_per_step counts its new tokens"
+        ),
+    }
 
 
 def _attention_choice(rec: Recorder) -> str:
-    """Which attention kernel the traced model used (on CUDA, SDPA would pick by GPU)."""
+    """Which attention kernel the traced model used. The fused CPU kernel stands for SDPA; on
+    CUDA, SDPA picks flash, memory-efficient, cuDNN or math per GPU, dtype and call, from the
+    shapes recorded in ``OpRecord.attention`` (``whichgpu.estimate.attention``). Without it
+    (eager attention, or SDPA with dropout, which the CPU kernel lacks) the scores are
+    materialised by the traced matmul and softmax themselves."""
     names = sorted({op.name for op in rec.ops if op.kind == "attention"})
     if names:
-        return f"sdpa ({', '.join(names)}; traced on the CPU)"
+        return (
+            f"sdpa ({', '.join(names)}; traced on the CPU; the CUDA backend depends on the "
+            "GPU: whichgpu.estimate.attention)"
+        )
     return "none or eager (matmul + softmax)"
 
 
@@ -132,7 +310,11 @@ def trace_built(
     """Trace steps of an already built workload (``fake``: under the active fake mode)."""
     batch_size = run.batch_size or workload.default_batch_size
     seq_len = (run.seq_len or workload.default_seq_len) if workload.is_sequence_model else None
+    serving = serving_sizes(workload, built, run)
+    if serving is not None:
+        batch_size, seq_len = serving.sequences, serving.context_tokens
     started = time.perf_counter()
+    inference_choices: dict[str, str] = {}
     rec = Recorder()
     with rec:
         for p in built.model.parameters():
@@ -142,25 +324,40 @@ def trace_built(
         if run.mode == "train":
             _train_steps(rec, built, run, batch_size, seq_len)
         else:
-            _inference_steps(rec, built, run, batch_size, seq_len)
-    params = list(built.model.parameters())
+            inference_choices = _inference_steps(rec, built, run, batch_size, seq_len, serving)
+    params_total, params_trainable = count_parameters(built.model)
     resolved = run.model_copy(update={"batch_size": batch_size, "seq_len": seq_len})
+    units_per_step = batch_size * built.units_per_sample(seq_len)
+    if serving is not None:  # a decode step makes one token per sequence
+        resolved = resolved.model_copy(
+            update={"context": serving.context_tokens, "new_tokens": serving.new_tokens}
+        )
+        units_per_step = serving.sequences
     return StepProfile(
         workload=workload.name,
         run=resolved,
         batch_size=batch_size,
         seq_len=seq_len,
-        units_per_step=batch_size * built.units_per_sample(seq_len),
+        units_per_step=units_per_step,
         throughput_unit=workload.throughput_unit,
-        params_total=sum(p.numel() for p in params),
-        params_trainable=sum(p.numel() for p in params if p.requires_grad),
+        params_total=params_total,
+        params_trainable=params_trainable,
         ops=tuple(rec.ops),
         events=tuple(rec.events()),
         choices={
-            "optimizer_impl": "foreach" if run.mode == "train" else "none",
+            "optimizer_impl": (
+                "none"
+                if run.mode != "train"
+                else ADAMW_8BIT_IMPLEMENTATION
+                if run.optimizer == "adamw-8bit"
+                else "foreach"
+            ),
             "autocast": f"cpu rules, {run.precision}" if run.precision in _AMP_DTYPES else "off",
             "attention": _attention_choice(rec),
             "tensors": "fake" if fake else "real (cpu)",
+            **method_choices(run, built.model),
+            **experts_choice((op.name for op in rec.ops), run.precision),
+            **inference_choices,
         },
         trace_seconds=time.perf_counter() - started,
         torch_version=torch.__version__,
@@ -178,5 +375,5 @@ def trace_step(workload: Workload, run: RunConfig, *, fake: bool = True) -> Step
     else:
         context = contextlib.nullcontext()
     with context:
-        built = workload.build(run)
+        built = apply_method(workload.build(run), run)
         return trace_built(workload.info, built, run, fake=fake)

@@ -11,24 +11,43 @@ from whichgpu.errors import UsageError
 from whichgpu.workloads.base import BuiltWorkload, Workload
 from whichgpu.workloads.registry import all_workloads, get_workload
 from whichgpu.workloads.run_config import check_for_workload, run_config
-from whichgpu.workloads.user import Task, config_workload
+from whichgpu.workloads.user import (
+    Task,
+    UserModel,
+    UserModelError,
+    config_workload,
+    model_defaults,
+    model_workload,
+)
 
 __all__ = [
     "BuiltWorkload",
+    "UserModel",
+    "UserModelError",
     "Workload",
     "all_workloads",
     "check_for_workload",
     "get_workload",
+    "model_defaults",
     "run_config",
     "select_workload",
 ]
 
 
-def select_workload(name: str | None, config: Path | None, task: Task | None = None) -> Workload:
-    """The workload a command names: a registered one, or the user's ``--config``."""
-    if (name is None) == (config is None):
-        raise UsageError("Name one workload (e.g. `resnet50`) or give --config FILE, not both.")
+def select_workload(
+    name: str | None, config: Path | None, task: Task | None = None, *, model: str | None = None
+) -> Workload:
+    """The workload a command names: a registered one, the user's ``--config`` or ``--model``."""
+    if sum(given is not None for given in (name, config, model)) != 1:
+        raise UsageError(
+            "Name one workload (e.g. `resnet50`), or give --config FILE or --model "
+            "FILE.py:FUNCTION: exactly one of them."
+        )
+    if task is not None and config is None:
+        raise UsageError("--task applies to --config only.")
     if config is not None:
         return config_workload(config, task)
+    if model is not None:
+        return model_workload(model)
     assert name is not None
     return get_workload(name)

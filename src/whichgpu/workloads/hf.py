@@ -8,7 +8,8 @@ torch and transformers are imported inside the functions, never at module import
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,10 +31,17 @@ def read_config(name: str) -> dict[str, Any]:
 
 def weight_dtype(run: RunConfig) -> torch.dtype:
     """The dtype weights are created in: bf16 for ``bf16-pure``, fp32 otherwise (AMP keeps
-    fp32 master weights)."""
+    fp32 master weights) — except in inference, where nothing is trained and so no fp32
+    master copy exists: fp16/bf16 inference holds its weights in fp16/bf16, as a server loads
+    them (fp32 weights under autocast would also keep a cached half copy of every weight, and
+    give a language model an fp32 KV cache)."""
     import torch
 
-    return torch.bfloat16 if run.precision == "bf16-pure" else torch.float32
+    if run.precision == "bf16-pure" or (run.mode == "inference" and run.precision == "bf16"):
+        return torch.bfloat16
+    if run.mode == "inference" and run.precision == "fp16":
+        return torch.float16
+    return torch.float32
 
 
 @contextmanager
@@ -67,12 +75,61 @@ def build_hf_model(config: Mapping[str, Any], run: RunConfig) -> torch.nn.Module
     hf_config = transformers.AutoConfig.for_model(**fields)
     if getattr(model_cls, "_supports_sdpa", False):
         hf_config._attn_implementation = "sdpa"
-    with default_dtype(weight_dtype(run)), _skip_init_when_fake(), _quiet_transformers():
+    with default_dtype(weight_dtype(run)), skip_init_when_fake(), _quiet_transformers():
         model: torch.nn.Module = model_cls(hf_config)
     tie = getattr(model, "tie_weights", None)
     if tie is not None:  # skipping initialisation also skips tying shared embeddings
         tie()
+    if getattr(model.config, "_experts_implementation", None) == "grouped_mm":
+        grouped_experts_precision(architectures[0], run)
     return model
+
+
+def experts_choice(op_names: Iterable[str], precision: str) -> dict[str, str]:
+    """The ``moe_experts`` entry of a profile's kernel choices, when grouped experts ran."""
+    if "aten._grouped_mm" not in set(op_names):
+        return {}
+    if precision in ("bf16", "fp16"):
+        return {
+            "moe_experts": "grouped_mm, operands autocast to bf16 (as sharded mixed-precision "
+            "training runs them; plain autocast over fp32 weights would run fp32 GEMMs)"
+        }
+    return {"moe_experts": "grouped_mm"}
+
+
+_grouped_mm_autocast_registered = False
+
+
+def grouped_experts_precision(architecture: str, run: RunConfig) -> None:
+    """Make a mixture-of-experts model's expert GEMMs traceable at the run's precision.
+
+    transformers 5 runs MoE experts with ``torch._grouped_mm`` (its default ``grouped_mm``
+    experts backend on GPUs). That op is not on autocast's list (pytorch/pytorch#174763), so
+    under AMP transformers casts the bf16 activations up to the fp32 master weights, and a
+    single GPU would run fp32 grouped GEMMs (torch's non-bf16 fallback, a loop of fp32 ``mm``
+    per expert). A model this size is trained sharded (FSDP ``MixedPrecision``, DeepSpeed
+    bf16), which hands the experts bf16 weights, so its GEMMs run in bf16 on the fast path.
+    Under AMP the trace does the same: CPU autocast casts ``_grouped_mm``'s operands to bf16,
+    as it casts ``linear``'s (also the only dtype torch's tracing kernel of the op accepts,
+    so fp16 AMP gets bf16 expert GEMMs too). fp32 and tf32 cannot be traced for that reason.
+    """
+    global _grouped_mm_autocast_registered
+    import torch
+    from torch._guards import active_fake_mode
+
+    if run.precision in ("fp32", "tf32") and active_fake_mode() is not None:
+        raise UnsupportedWorkload(
+            f"{architecture} runs its experts with torch._grouped_mm, which fake tensors "
+            f"(torch {torch.__version__}) accept in bf16 only, so --precision {run.precision} "
+            "cannot be traced; use --precision bf16 (AMP) or bf16-pure."
+        )
+    if run.precision not in ("bf16", "fp16") or _grouped_mm_autocast_registered:
+        return
+
+    with warnings.catch_warnings():  # torch notes that the rule replaces a fallthrough kernel
+        warnings.simplefilter("ignore")
+        torch.library.register_autocast("aten::_grouped_mm", "cpu", torch.bfloat16)
+    _grouped_mm_autocast_registered = True
 
 
 @contextmanager
@@ -89,7 +146,7 @@ def _quiet_transformers() -> Iterator[None]:
 
 
 @contextmanager
-def _skip_init_when_fake() -> Iterator[None]:
+def skip_init_when_fake() -> Iterator[None]:
     """Skip weight initialisation under fake tensors: values do not exist there, and some
     initialisers (truncated normal) depend on them. Real builds initialise as usual."""
     from torch._guards import active_fake_mode

@@ -46,6 +46,11 @@ def run_config(**options: Any) -> RunConfig:
 def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
     """Reject options that do not apply to this workload."""
     if run.seq_len is not None and not info.is_sequence_model:
+        if info.family == "user":
+            raise UnsupportedWorkload(
+                f"{info.name} declares no sequence length, so --seq-len does not apply; mark "
+                "the function with @model_defaults(seq_len=N) (from whichgpu.workloads)."
+            )
         raise UnsupportedWorkload(
             f"{info.name} takes fixed-size {info.input_desc} inputs; --seq-len does not apply."
         )

@@ -1,15 +1,69 @@
-"""The user's own model, from a Hugging Face ``config.json`` (random weights, no download)."""
+"""The user's own model: a Hugging Face ``config.json`` (``--config FILE``) or a Python function
+that builds a PyTorch model (``--model FILE.py:FUNCTION`` or ``--model package.module:FUNCTION``).
+
+The ``--model`` protocol. The function takes the run configuration (a ``RunConfig``: precision,
+mode, batch size …) or nothing, builds the model, and returns one of
+
+* ``(model, make_batch)``: an ``nn.Module`` and ``make_batch(batch_size, seq_len) -> dict``, the
+  keyword inputs of one step (``seq_len`` is None unless the model takes sequences, below);
+  the loss is then the model's output if it is a single number, else its ``loss`` (attribute
+  or key, as ``transformers`` outputs have), else the sum of its floating-point outputs;
+* ``(model, make_batch, loss)``: with ``loss(model, batch) -> scalar tensor`` (forward + loss);
+* a ``BuiltWorkload``, for full control (throughput units, LoRA targets).
+
+whichgpu calls the function inside ``FakeTensorMode``, so the weights take no memory: the
+function must build the model itself (not return one built at import), and the step must not
+depend on tensor values (``.item()``, ``nonzero``). Weights are created in the run's weight
+dtype (bf16 for ``--precision bf16-pure``), and so are ``make_batch``'s floating-point inputs.
+The decorator ``model_defaults`` declares the default batch size and, for models that take
+sequences, the default sequence length (which makes ``--seq-len`` apply) and throughput unit.
+
+::
+
+    import torch
+    from torch import nn
+
+    def build():
+        model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
+
+        def make_batch(batch_size, seq_len):
+            return {"input": torch.randn(batch_size, 784)}
+
+        return model, make_batch
+"""
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import importlib.util
+import inspect
 import json
+import os
+import re
+import sys
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
-from whichgpu.errors import UnsupportedWorkload, UsageError
-from whichgpu.schema import RunConfig, WorkloadInfo
-from whichgpu.workloads.base import BuiltWorkload, Workload
-from whichgpu.workloads.hf import build_hf_model, loss_from_output, model_device, token_batch
+from whichgpu.errors import UnsupportedWorkload, UsageError, WhichGpuError, WorkloadError
+from whichgpu.schema import RunConfig, ThroughputUnit, WorkloadInfo
+from whichgpu.workloads.base import Batch, BuiltWorkload, Workload
+from whichgpu.workloads.hf import (
+    build_hf_model,
+    default_dtype,
+    loss_from_output,
+    model_device,
+    skip_init_when_fake,
+    token_batch,
+    weight_dtype,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 Task = Literal["causal-lm", "seq-cls", "masked-lm"]
 TASK_CLASS_SUFFIX: dict[str, str] = {
@@ -96,3 +150,364 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         is_sequence_model=True,
     )
     return Workload(info=info, build=build)
+
+
+# --- --model FILE.py:FUNCTION / package.module:FUNCTION ------------------------------------
+
+
+class UserModelError(WorkloadError):
+    """The ``--model`` function could not be loaded, called or run; the message says which."""
+
+
+class MakeBatch(Protocol):
+    """``make_batch(batch_size, seq_len) -> dict``: the keyword inputs of one step."""
+
+    def __call__(self, batch_size: int, seq_len: int | None) -> Mapping[str, Any]: ...
+
+
+class LossFn(Protocol):
+    """``loss(model, batch) -> scalar tensor``: one forward pass and its training loss."""
+
+    def __call__(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor: ...
+
+
+UserModel = (
+    tuple["torch.nn.Module", MakeBatch]
+    | tuple["torch.nn.Module", MakeBatch, LossFn]
+    | BuiltWorkload
+)
+"""What a ``--model`` function returns."""
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """What ``model_defaults`` declares about a ``--model`` function."""
+
+    batch_size: int = 1
+    """Samples per step when no --batch-size is given."""
+    seq_len: int | None = None
+    """Default sequence length; set for models that take sequences (then --seq-len applies)."""
+    unit: ThroughputUnit | None = None
+    """Throughput unit; default ``tokens`` (``seq_len`` per sample) with ``seq_len``, else
+    ``samples``."""
+
+
+_DEFAULTS_ATTRIBUTE = "__whichgpu_defaults__"
+_PACKAGE_DIR = str(Path(__file__).resolve().parents[1])
+"""whichgpu's own source, left out when an error names the line of the user's code."""
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def model_defaults(
+    *, batch_size: int = 1, seq_len: int | None = None, unit: ThroughputUnit | None = None
+) -> Callable[[_F], _F]:
+    """Declare a ``--model`` function's default batch size, sequence length and unit::
+
+    @model_defaults(batch_size=8, seq_len=512)
+    def build(run): ...
+    """
+    if batch_size < 1 or (seq_len is not None and seq_len < 1):
+        raise ValueError("model_defaults: batch_size and seq_len must be at least 1")
+    declared = ModelDefaults(batch_size=batch_size, seq_len=seq_len, unit=unit)
+
+    def mark(function: _F) -> _F:
+        setattr(function, _DEFAULTS_ATTRIBUTE, declared)
+        return function
+
+    return mark
+
+
+def model_workload(spec: str) -> Workload:
+    """The workload of ``--model FILE.py:FUNCTION`` or ``--model package.module:FUNCTION``.
+
+    Imports the file or module now (errors surface before any tracing); calls the function
+    only in ``build``, under the caller's fake-tensor mode.
+    """
+    target, _, name = spec.rpartition(":")
+    if not target or not name.isidentifier():
+        raise UsageError(
+            f"--model {spec}: expected FILE.py:FUNCTION or package.module:FUNCTION, e.g. "
+            "--model my_model.py:build."
+        )
+    is_file = target.endswith(".py") or "/" in target or os.sep in target
+    module, directory = _import_file(spec, Path(target)) if is_file else _import_module(spec)
+    where = target if is_file else f"module {target}"
+    function = _find_function(spec, module, name, where)
+    takes_run = _takes_run(spec, function)
+    declared = getattr(function, _DEFAULTS_ATTRIBUTE, None)
+    defaults = declared if isinstance(declared, ModelDefaults) else ModelDefaults()
+    unit: ThroughputUnit = defaults.unit or ("tokens" if defaults.seq_len else "samples")
+
+    def build(run: RunConfig) -> BuiltWorkload:
+        with _on_path(directory), default_dtype(weight_dtype(run)), skip_init_when_fake():
+            try:
+                result = function(run) if takes_run else function()
+            except WhichGpuError:
+                raise
+            except Exception as exc:
+                raise UserModelError(f"--model {spec} raised {_describe(exc)}") from exc
+        return _built(spec, result, run, unit, defaults)
+
+    info = WorkloadInfo(
+        name=spec,
+        family="user",
+        task="your model (--model)",
+        description=f"{name}() from {target}",
+        input_desc="make_batch",
+        throughput_unit=unit,
+        default_batch_size=defaults.batch_size,
+        default_seq_len=defaults.seq_len,
+        is_sequence_model=defaults.seq_len is not None,
+    )
+    return Workload(info=info, build=build)
+
+
+@contextlib.contextmanager
+def _on_path(directory: Path) -> Iterator[None]:
+    """``directory`` first on ``sys.path`` while the user's code runs, so that it can import
+    its sibling modules; removed afterwards (unless it was there already)."""
+    entry = str(directory)
+    if entry in sys.path:
+        yield
+        return
+    sys.path.insert(0, entry)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(entry)
+
+
+def _import_file(spec: str, path: Path) -> tuple[ModuleType, Path]:
+    if not path.is_file():
+        raise UsageError(f"--model {spec}: no such file '{path}'.")
+    module_name = "whichgpu_user_model_" + re.sub(r"\W", "_", path.stem)
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UsageError(f"--model {spec}: '{path}' is not a Python file.")
+    module = importlib.util.module_from_spec(loader_spec)
+    directory = path.resolve().parent
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    with _on_path(directory):
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as exc:
+            del sys.modules[module_name]
+            raise UserModelError(
+                f"--model {spec}: importing {path} raised {_describe(exc)}"
+            ) from exc
+    return module, directory
+
+
+def _import_module(spec: str) -> tuple[ModuleType, Path]:
+    target = spec.rpartition(":")[0]
+    directory = Path.cwd()
+    with _on_path(directory):
+        try:
+            return importlib.import_module(target), directory
+        except ModuleNotFoundError as exc:
+            missing = exc.name or ""
+            if target == missing or target.startswith(missing + "."):
+                raise UsageError(
+                    f"--model {spec}: no module named '{missing}' (looked in the current "
+                    "directory and the installed packages); for a file, write path/to/file.py."
+                ) from exc
+            raise UserModelError(
+                f"--model {spec}: importing {target} raised {_describe(exc)}"
+            ) from exc
+        except Exception as exc:
+            raise UserModelError(
+                f"--model {spec}: importing {target} raised {_describe(exc)}"
+            ) from exc
+
+
+def _find_function(spec: str, module: ModuleType, name: str, where: str) -> Callable[..., Any]:
+    function = getattr(module, name, None)
+    if function is None:
+        defined = sorted(
+            n
+            for n, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module.__name__ and not n.startswith("_")
+        )
+        listed = f" Functions there: {', '.join(defined)}." if defined else ""
+        raise UsageError(f"--model {spec}: {where} has no function '{name}'.{listed}")
+    if not callable(function):
+        raise UsageError(
+            f"--model {spec}: '{name}' in {where} is {_kind(function)}, not a function."
+        )
+    return function  # type: ignore[no-any-return]
+
+
+def _takes_run(spec: str, function: Callable[..., Any]) -> bool:
+    """Whether the function takes the ``RunConfig`` (one parameter) or nothing."""
+    try:
+        parameters = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        return True
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(positional) > 1:
+        raise UsageError(
+            f"--model {spec}: the function takes {len(positional)} arguments; it should take "
+            "the run configuration (one argument) or nothing."
+        )
+    return bool(positional) or any(p.kind == p.VAR_POSITIONAL for p in parameters)
+
+
+def _describe(exc: BaseException) -> str:
+    """``Type: message (file:line)``, the line being the innermost frame outside whichgpu and
+    torch, with a hint when fake tensors were the cause."""
+    text = f"{type(exc).__name__}: {exc}".strip().rstrip(".")
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "site-packages" not in f.filename and not f.filename.startswith(_PACKAGE_DIR)
+    ]
+    if frames:
+        text += f" (at {frames[-1].filename}:{frames[-1].lineno})"
+    if "DataDependent" in type(exc).__name__ or "DynamicOutputShape" in type(exc).__name__:
+        text += (
+            ". The model is traced with fake tensors, which have shapes but no values: the step "
+            "cannot depend on tensor values (.item(), nonzero, boolean masks)"
+        )
+    return text + "."
+
+
+def _kind(value: object) -> str:
+    """``a tuple of 2 (Sequential, function)``, ``an int``: what a value is, for messages."""
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} ({', '.join(type(v).__name__ for v in value)})"
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def _built(
+    spec: str, result: object, run: RunConfig, unit: ThroughputUnit, defaults: ModelDefaults
+) -> BuiltWorkload:
+    """Check what the function returned and wrap it with clear errors."""
+    import torch
+
+    expected = "(model, make_batch), (model, make_batch, loss) or a BuiltWorkload"
+    if isinstance(result, BuiltWorkload):
+        built = result
+    elif isinstance(result, tuple) and len(result) in (2, 3):
+        model, make_batch, *rest = result
+        user_loss = rest[0] if rest else None
+        if not isinstance(model, torch.nn.Module):
+            raise UserModelError(
+                f"--model {spec} returned {_kind(result)}; the first item must be the model "
+                f"(a torch.nn.Module), in {expected}."
+            )
+        if not callable(make_batch) or (user_loss is not None and not callable(user_loss)):
+            raise UserModelError(
+                f"--model {spec} returned {_kind(result)}; make_batch and loss must be "
+                f"functions, in {expected}."
+            )
+        built = BuiltWorkload(
+            model=model,
+            make_batch=_checked_batch(spec, make_batch, run),
+            loss=_checked_loss(spec, user_loss),
+            units_per_sample=lambda seq_len: (
+                int(seq_len or defaults.seq_len or 1) if unit == "tokens" else 1
+            ),
+        )
+    else:
+        raise UserModelError(f"--model {spec} returned {_kind(result)}; expected {expected}.")
+    _check_fake(spec, built.model)
+    return built
+
+
+def _check_fake(spec: str, model: torch.nn.Module) -> None:
+    """Under fake tensors, every weight must be fake: one built at import holds real memory."""
+    from torch._guards import active_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if active_fake_mode() is None:
+        return
+    if any(not isinstance(t, FakeTensor) for t in [*model.parameters(), *model.buffers()]):
+        raise UserModelError(
+            f"--model {spec} returned a model whose weights already existed: whichgpu calls the "
+            "function under fake tensors (no memory, no GPU), so the function must create the "
+            "model itself, not return one built at import."
+        )
+
+
+def _checked_batch(spec: str, make_batch: Callable[..., Any], run: RunConfig) -> MakeBatch:
+    def checked(batch_size: int, seq_len: int | None) -> Mapping[str, Any]:
+        with default_dtype(weight_dtype(run)):
+            try:
+                batch = make_batch(batch_size, seq_len)
+            except WhichGpuError:
+                raise
+            except Exception as exc:
+                raise UserModelError(
+                    f"make_batch of --model {spec} raised {_describe(exc)}"
+                ) from exc
+        if not isinstance(batch, Mapping):
+            raise UserModelError(
+                f"make_batch of --model {spec} returned {_kind(batch)}; it must return a dict "
+                "of the model's keyword inputs, e.g. {'x': torch.randn(batch_size, 784)}."
+            )
+        return batch
+
+    return checked
+
+
+def _checked_loss(spec: str, user_loss: Callable[..., Any] | None) -> LossFn:
+    def checked(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        import torch
+
+        try:
+            value = user_loss(model, batch) if user_loss else output_loss(model(**batch))
+        except WhichGpuError:
+            raise
+        except Exception as exc:
+            what = "loss" if user_loss else "the forward pass"
+            raise UserModelError(f"{what} of --model {spec} raised {_describe(exc)}") from exc
+        if not isinstance(value, torch.Tensor) or value.numel() != 1:
+            raise UserModelError(
+                f"the loss of --model {spec} is {_kind(value)} of shape "
+                f"{tuple(getattr(value, 'shape', ()))}; it must be a single number (a scalar "
+                "tensor)."
+            )
+        return value
+
+    return checked
+
+
+def output_loss(output: object) -> torch.Tensor:
+    """The training loss read off a model's output: the output itself if it is one number,
+    its ``loss`` (attribute or key), else the sum of its floating-point tensors."""
+    import torch
+
+    if isinstance(output, torch.Tensor) and output.numel() == 1:
+        return output
+    loss = output.get("loss") if isinstance(output, Mapping) else getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    leaves = [t for t in _tensors(output) if t.is_floating_point()]
+    if not leaves:
+        raise UserModelError(
+            f"The model returned {_kind(output)}, with no floating-point tensor to train on; "
+            "return (model, make_batch, loss) with a loss function."
+        )
+    total = leaves[0].sum()
+    for leaf in leaves[1:]:
+        total = total + leaf.sum()
+    return total
+
+
+def _tensors(value: object) -> Iterator[torch.Tensor]:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _tensors(item)

@@ -1,0 +1,134 @@
+"""``--model FILE.py:FUNCTION`` / ``package.module:FUNCTION``: the user's own PyTorch model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from whichgpu.cli import main
+from whichgpu.errors import UsageError, WorkloadError
+from whichgpu.schema import RunConfig
+from whichgpu.trace import trace_step
+from whichgpu.workloads import select_workload
+from whichgpu.workloads.user import model_workload
+
+ROOT = Path(__file__).parent.parent
+FIXTURE = "tests/fixtures/user_model.py"
+
+
+def test_profile_json_of_a_model_file() -> None:
+    result = run_cli("profile", "--model", f"{FIXTURE}:build", "--batch-size", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["workload"] == f"{FIXTURE}:build"
+    assert doc["batch_size"] == 8 and doc["seq_len"] is None
+    assert doc["params_total"] == (32 * 64 + 64) + (64 * 10 + 10)
+    assert doc["throughput_unit"] == "samples" and doc["units_per_step"] == 8
+    # Two Linear layers, forward 2*m*n*k each and backward twice that, no input gradient for
+    # the first layer's input: 3 x forward minus the first layer's input gradient.
+    forward = 2 * 8 * (32 * 64 + 64 * 10)
+    assert doc["flops_per_step"] >= 2 * forward
+    assert result.stderr == ""
+
+
+def test_module_function_form(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)  # package.module is looked up from the current directory
+    result = run_cli("profile", "--model", "tests.fixtures.user_model:build_sequence", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert (doc["batch_size"], doc["seq_len"]) == (4, 16)  # from @model_defaults
+    assert doc["throughput_unit"] == "tokens" and doc["units_per_step"] == 4 * 16
+
+
+def test_run_config_reaches_the_function_and_seq_len_applies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    workload = select_workload(None, None, model="tests.fixtures.user_model:build_sequence")
+    assert workload.info.is_sequence_model and workload.info.default_seq_len == 16
+    profile = trace_step(workload, RunConfig(batch_size=2, seq_len=8, precision="bf16-pure"))
+    assert profile.units_per_step == 16
+    assert {op.dtype for op in profile.ops if op.kind == "gemm"} == {"bfloat16"}
+
+
+def test_default_loss_and_weights_follow_the_precision() -> None:
+    profile = trace_step(
+        model_workload(f"{FIXTURE}:build"), RunConfig(batch_size=2, precision="bf16-pure")
+    )
+    assert profile.params_total == 2762
+    assert {op.dtype for op in profile.ops if op.kind == "gemm"} == {"bfloat16"}
+
+
+def test_the_example_traces() -> None:
+    profile = trace_step(model_workload("examples/my_model.py:build"), RunConfig(batch_size=4))
+    assert profile.params_total > 2_000_000
+    assert any(op.kind == "conv" for op in profile.ops)
+
+
+@pytest.mark.parametrize(
+    ("spec", "extra", "message"),
+    [
+        (
+            "tests/fixtures/no_such_file.py:build",
+            [],
+            "no such file 'tests/fixtures/no_such_file.py'",
+        ),
+        (f"{FIXTURE}:bild", [], "has no function 'bild'. Functions there: batch_is_a_list, build,"),
+        (
+            f"{FIXTURE}:NOT_A_FUNCTION",
+            [],
+            "'NOT_A_FUNCTION' in tests/fixtures/user_model.py is an int",
+        ),
+        (f"{FIXTURE}:needs_two", [], "takes 2 arguments"),
+        (f"{FIXTURE}:raises", [], "raised ValueError: the config file is missing (at "),
+        (
+            f"{FIXTURE}:returns_the_model_only",
+            [],
+            "returned a Sequential; expected (model, make_batch)",
+        ),
+        (f"{FIXTURE}:prebuilt", [], "must create the model itself"),
+        (f"{FIXTURE}:batch_is_a_list", [], "make_batch of --model"),
+        (f"{FIXTURE}:build", ["--seq-len", "8"], "@model_defaults(seq_len=N)"),
+        (FIXTURE, [], "expected FILE.py:FUNCTION or package.module:FUNCTION"),
+        ("no_such_package.models:build", [], "no module named 'no_such_package'"),
+    ],
+)
+def test_model_errors_are_clear(
+    spec: str,
+    extra: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(ROOT)
+    code = main(["profile", "--model", spec, *extra, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert message in err
+    assert out == "" and "Traceback" not in err and "bug in whichgpu" not in err
+
+
+def test_errors_in_a_child_process_are_one_paragraph() -> None:
+    result = run_cli("profile", "--model", f"{FIXTURE}:raises")
+    assert result.returncode == 2
+    assert "raised ValueError: the config file is missing" in result.stderr
+    assert "user_model.py:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_exactly_one_workload() -> None:
+    with pytest.raises(UsageError, match="exactly one"):
+        select_workload("resnet50", None, model=f"{FIXTURE}:build")
+    with pytest.raises(UsageError, match="--task applies to --config only"):
+        select_workload(None, None, "causal-lm", model=f"{FIXTURE}:build")
+    assert issubclass(type(_error_of(f"{FIXTURE}:raises")), WorkloadError)
+
+
+def _error_of(spec: str) -> Exception:
+    try:
+        trace_step(model_workload(spec), RunConfig())
+    except Exception as exc:
+        return exc
+    raise AssertionError(f"{spec} traced")
