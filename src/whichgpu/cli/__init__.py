@@ -15,10 +15,12 @@ import typer
 
 from whichgpu import __version__
 from whichgpu.cli.compare import compare
+from whichgpu.cli.fit import fit
 from whichgpu.cli.gpus import gpus
 from whichgpu.cli.output import emit_error
 from whichgpu.cli.profile import profile
 from whichgpu.cli.show import show
+from whichgpu.cli.validate import validate_app
 from whichgpu.cli.workloads import workloads
 from whichgpu.errors import (
     GpuLookupError,
@@ -50,6 +52,8 @@ app.command("show")(show)
 app.command("compare")(compare)
 app.command("workloads")(workloads)
 app.command("profile")(profile)
+app.command("fit")(fit)
+app.add_typer(validate_app, name="validate")
 
 
 def _version(value: bool) -> None:

@@ -15,6 +15,8 @@ from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
     GpuSpec,
+    MemoryEstimate,
+    MemoryValidation,
     Price,
     ProfileSummary,
     Source,
@@ -112,5 +114,22 @@ def workload_rows(infos: Iterable[WorkloadInfo]) -> list[dict[str, Any]]:
 def profile_doc(summary: ProfileSummary) -> dict[str, Any]:
     """``profile --json``: the summary of a traced step."""
     doc: dict[str, Any] = summary.model_dump(mode="json")
+    doc["schema_version"] = SCHEMA_VERSION
+    return doc
+
+
+def fit_doc(estimates: Iterable[MemoryEstimate]) -> list[dict[str, Any]]:
+    """``fit --json``: one object per GPU (all byte counts in bytes)."""
+    out = []
+    for estimate in estimates:
+        doc: dict[str, Any] = estimate.model_dump(mode="json")
+        doc["schema_version"] = SCHEMA_VERSION
+        out.append(doc)
+    return out
+
+
+def memory_validation_doc(validation: MemoryValidation) -> dict[str, Any]:
+    """``validate memory --json``: every case and the summary."""
+    doc: dict[str, Any] = validation.model_dump(mode="json")
     doc["schema_version"] = SCHEMA_VERSION
     return doc

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from rich.console import Group, RenderableType
@@ -13,6 +13,8 @@ from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
     GpuSpec,
+    MemoryEstimate,
+    MemoryValidation,
     Price,
     ProfileSummary,
     Source,
@@ -23,6 +25,7 @@ from whichgpu.units import bytes_to_gib
 _FIELD_LABELS = {
     "memory_gb": ("Memory", "GB"),
     "memory_usable_mib": ("Usable memory (driver)", "MiB"),
+    "memory_cuda_total_mib": ("CUDA total memory", "MiB"),
     "memory_bus_width_bits": ("Memory bus", "bit"),
     "memory_data_rate_gbps": ("Memory data rate", "Gbit/s/pin"),
     "memory_bandwidth_gbps": ("Memory bandwidth", "GB/s"),
@@ -243,3 +246,105 @@ def profile_view(summary: ProfileSummary) -> RenderableType:
         live.add_row(category, f"{bytes_to_gib(size):.3f}")
     choices = Text("Kernel choices: " + "; ".join(f"{k}: {v}" for k, v in summary.choices.items()))
     return Group(head, facts, mix, live, choices)
+
+
+def _gib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{bytes_to_gib(nbytes):.2f}"
+
+
+def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
+    """``whichgpu fit``: one row per GPU, then the breakdown and assumptions of the first."""
+    if not estimates:
+        return Text("No GPU to estimate.")
+    first = estimates[0]
+    given = first.run.batch_size is not None and all(
+        e.batch_size == first.batch_size for e in estimates
+    )
+    seq = f", sequence length {first.seq_len}" if first.seq_len else ""
+    head = Text.assemble(
+        (first.workload, "bold"),
+        f"  {first.run.mode}, {first.run.precision}, {first.run.optimizer}{seq}",
+    )
+    table = Table(header_style="bold", title_justify="left")
+    table.add_column("GPU")
+    table.add_column("capacity GiB", justify="right")
+    table.add_column("max batch", justify="right")
+    table.add_column("batch", justify="right")
+    table.add_column("fits", justify="center")
+    table.add_column("device GiB", justify="right")
+    table.add_column("reserved GiB", justify="right")
+    table.add_column("headroom GiB", justify="right")
+    table.add_column("next batch GiB", justify="right")
+    for e in estimates:
+        max_batch = f"{e.max_batch_size}{'+' if e.max_batch_capped else ''}"
+        table.add_row(
+            e.gpu_name,
+            _gib(e.capacity_bytes),
+            max_batch if e.max_batch_size else "[red]0[/red]",
+            str(e.batch_size),
+            "[green]yes[/green]" if e.fits else "[red]no[/red]",
+            _gib(e.device_total_bytes),
+            _gib(e.peak_reserved_bytes),
+            _gib(e.headroom_bytes),
+            _gib(e.next_batch_device_total_bytes),
+        )
+    parts: list[RenderableType] = [head, table]
+    shown = estimates[0]
+    breakdown = Table(
+        title=f"Where the memory goes on {shown.gpu_name} at batch {shown.batch_size}",
+        title_justify="left",
+        header_style="bold",
+    )
+    breakdown.add_column("category")
+    breakdown.add_column("GiB", justify="right")
+    breakdown.add_column("share", justify="right")
+    for category, nbytes in shown.breakdown.items():
+        share = nbytes / shown.device_total_bytes if shown.device_total_bytes else 0.0
+        breakdown.add_row(category, f"{bytes_to_gib(nbytes):.3f}", f"{share:.1%}")
+    parts.append(breakdown)
+    overhead = ", ".join(
+        f"{k.replace('_', ' ')} {bytes_to_gib(v):.2f}" for k, v in shown.overheads.items()
+    )
+    parts.append(Text(f"Overhead (GiB): {overhead}"))
+    notes = [f"method: {shown.method}", *shown.assumptions]
+    if not given:
+        notes.append("batch = the largest that fits; 'next batch' is the device total one above it")
+    parts.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
+    return Group(*parts)
+
+
+_VERDICT_STYLE = {"exact": "green", "conservative": "yellow", "too high": "bold red"}
+
+
+def memory_validation_view(validation: MemoryValidation) -> RenderableType:
+    """``whichgpu validate memory``: a row per case, then the summary."""
+    table = Table(
+        header_style="bold", title="Largest batch: predicted vs measured", title_justify="left"
+    )
+    for col in ("model", "GPU", "unit", "measured", "predicted", "on grid", "steps", "verdict"):
+        table.add_column(
+            col, justify="right" if col in ("measured", "predicted", "on grid", "steps") else "left"
+        )
+    for c in validation.cases:
+        style = _VERDICT_STYLE.get(c.verdict, "dim")
+        table.add_row(
+            c.model,
+            c.gpu,
+            c.unit,
+            str(c.measured_max_batch),
+            str(c.predicted_max_batch) if c.verdict != "skipped" else "-",
+            str(c.predicted_on_grid) if c.verdict != "skipped" else "-",
+            f"{c.steps:+d}" if c.verdict != "skipped" else "-",
+            f"[{style}]{c.verdict}[/{style}]" + (f" ({c.note})" if c.note else ""),
+        )
+    n = validation.compared or 1
+    ok = validation.exact + validation.conservative_by_one
+    summary = Text(
+        f"{validation.compared} cases compared: {validation.exact} exact, "
+        f"{validation.conservative_by_one} one step conservative, "
+        f"{validation.conservative_more} more than one step conservative, "
+        f"{validation.too_high} too high. Exact or one step conservative: {ok / n:.0%}.",
+        style="bold",
+    )
+    notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")
+    return Group(table, summary, notes)

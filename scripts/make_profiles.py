@@ -1,0 +1,65 @@
+"""Trace the named workloads on their size grids and store their scalable profiles.
+
+Run from the repository root with the torch extra installed:
+
+    python scripts/make_profiles.py                 # every workload, every stored run
+    python scripts/make_profiles.py resnet50 gpt2   # some workloads
+
+Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.workloads.stored``)
+and prints each workload's trace time. A test regenerates one profile and compares it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from whichgpu.schema import RunConfig
+from whichgpu.trace.scaling import ProfileNotScalable, trace_scalable
+from whichgpu.workloads import all_workloads, run_config
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.stored import profile_key
+
+OUT = Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "workloads" / "profiles"
+
+SEED_FAMILIES = {"seed_nasnet", "seed_detection", "seed_gan", "seed_translation"}
+"""Families of Lambda's 2020 benchmark, also stored in fp32 for `validate memory`."""
+
+
+def stored_runs(workload: Workload) -> list[RunConfig]:
+    """The run configurations stored for a workload."""
+    runs = [run_config()]
+    if workload.info.family in SEED_FAMILIES or workload.info.family in {"encoders", "vision"}:
+        runs.append(run_config(precision="fp32"))
+    return runs
+
+
+def main(names: list[str]) -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    failures = 0
+    for workload in all_workloads():
+        if names and workload.info.name not in names:
+            continue
+        for run in stored_runs(workload):
+            key = profile_key(workload.info.name, run)
+            started = time.perf_counter()
+            try:
+                profile = trace_scalable(workload, run)
+            except ProfileNotScalable as exc:
+                print(f"{key:48s} NOT STORED: {exc}", flush=True)
+                failures += 1
+                continue
+            path = OUT / f"{key}.json.gz"
+            profile.save(path)
+            print(
+                f"{key:48s} {time.perf_counter() - started:6.1f} s  "
+                f"{len(profile.events):6d} events {len(profile.ops):6d} ops  "
+                f"{path.stat().st_size / 1024:7.1f} KiB",
+                flush=True,
+            )
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

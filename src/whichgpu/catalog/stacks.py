@@ -1,0 +1,84 @@
+"""Software stacks: the memory a process holds outside PyTorch's allocator, as sourced data.
+
+Read from ``data/v1/stacks/*.yaml``; every value is a scalar or ``{value, source, confidence,
+note}`` like the GPU records, and sources come from the same source table. Sizes are written in
+MiB where they are allowances and in bytes where they are exact (``*_mib`` / ``*_bytes``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from whichgpu.catalog.loader import DATA_DIR, _first_error, _read_yaml, _split_value, read_sources
+from whichgpu.errors import CatalogError
+from whichgpu.schema import Provenance, SoftwareStack, Source
+from whichgpu.units import MIB
+
+_VALUE_FIELDS = {
+    "cuda_context_mib": ("cuda_context_bytes", MIB),
+    "cublas_workspace_bytes": ("cublas_workspace_bytes", 1),
+    "cublas_workspace_sm90_bytes": ("cublas_workspace_sm90_bytes", 1),
+    "cublaslt_workspace_bytes": ("cublaslt_workspace_bytes", 1),
+    "cudnn_workspace_mib": ("cudnn_workspace_bytes", MIB),
+    "nccl_mib_per_gpu": ("nccl_bytes_per_gpu", MIB),
+}
+
+
+def parse_stack(
+    record: Mapping[str, Any], sources: Mapping[str, Source], path: Path
+) -> SoftwareStack:
+    """Validate one stack record."""
+    where = f"{path}: stack '{record.get('id', '?')}'"
+    unknown = set(record) - {"id", "label", "default"} - set(_VALUE_FIELDS)
+    if unknown:
+        raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
+    fields: dict[str, Any] = {k: record[k] for k in ("id", "label", "default") if k in record}
+    provenance: dict[str, Provenance] = {}
+    for raw_name, (name, scale) in _VALUE_FIELDS.items():
+        if raw_name not in record:
+            raise CatalogError(f"{where}: field '{raw_name}' is missing.")
+        value, prov = _split_value(record[raw_name], None, sources, f"{where}, field '{raw_name}'")
+        fields[name] = round(float(value) * scale)
+        provenance[name] = prov
+    try:
+        return SoftwareStack(**fields, provenance=provenance)
+    except ValidationError as exc:
+        raise CatalogError(f"{where}: {_first_error(exc)}") from exc
+
+
+def read_stacks(data_dir: Path = DATA_DIR) -> tuple[SoftwareStack, ...]:
+    """Every stack of a data folder; exactly one must be the default."""
+    sources = read_sources(sorted((data_dir / "sources").glob("*.yaml")))
+    stacks: list[SoftwareStack] = []
+    for path in sorted((data_dir / "stacks").glob("*.yaml")):
+        doc = _read_yaml(path) or {}
+        stacks.extend(parse_stack(record, sources, path) for record in doc.get("stacks", []))
+    ids = [s.id for s in stacks]
+    if len(set(ids)) != len(ids):
+        raise CatalogError(f"{data_dir / 'stacks'}: a stack id is defined twice.")
+    if sum(s.default for s in stacks) != 1:
+        raise CatalogError(f"{data_dir / 'stacks'}: exactly one stack must be the default.")
+    return tuple(stacks)
+
+
+@functools.cache
+def shipped_stacks() -> tuple[SoftwareStack, ...]:
+    """The stacks shipped with whichgpu (read once)."""
+    return read_stacks()
+
+
+def get_stack(stack_id: str | None = None) -> SoftwareStack:
+    """The stack ``stack_id``, or the default one; unknown ids list the known ones."""
+    stacks = shipped_stacks()
+    if stack_id is None:
+        return next(s for s in stacks if s.default)
+    for stack in stacks:
+        if stack.id == stack_id:
+            return stack
+    known = ", ".join(s.id for s in stacks)
+    raise CatalogError(f"Unknown software stack '{stack_id}'. Known stacks: {known}.")

@@ -1,0 +1,88 @@
+"""``whichgpu fit``: will it fit, and at what batch size, on each GPU."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_json, progress_note
+from whichgpu.report import json_doc, terminal
+
+
+def fit(
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
+    ] = None,
+    gpu: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--gpu",
+            "-g",
+            help="A GPU to check (repeat for several); default: every GPU in the catalog.",
+            show_default=False,
+        ),
+    ] = None,
+    stack: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Software stack whose overheads to add (pytorch2-cuda12, lambda-2020).",
+            show_default="pytorch2-cuda12",
+        ),
+    ] = None,
+    config: o.ConfigOption = None,
+    model: o.ModelOption = None,
+    task: o.TaskOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
+    json: o.JsonOption = False,
+) -> None:
+    """Will a training step fit on a GPU, and what is the largest batch that does?
+
+    Replays the allocations of the model's real training step (traced on the CPU, or stored
+    for named workloads) through a model of PyTorch's caching allocator, adds the CUDA
+    context and library workspaces, and compares the total with the memory CUDA reports for
+    each GPU. Without --batch-size the headline is the largest batch that fits; with it,
+    whether that batch fits and the headroom. Estimates err on the safe side: a batch it
+    says fits should never run out of memory.
+
+    Examples:
+
+      whichgpu fit llama-3.2-1b --gpu 4090 --gpu a100-80gb --seq-len 2048
+
+      whichgpu fit resnet50 --precision fp32            # every GPU, sorted by max batch
+
+      whichgpu fit bert-large --gpu 3090 --batch-size 32 --json
+
+      whichgpu fit --model my_model.py:build --gpu 4090
+    """
+    from whichgpu.api import fit as fit_estimates
+
+    def options() -> dict[str, Any]:
+        return {
+            "precision": precision,
+            "batch_size": batch_size,
+            "seq_len": seq_len,
+            "optimizer": optimizer,
+            "checkpointing": checkpointing or None,
+            "method": method,
+            "lora_rank": lora_rank,
+            "lora_targets": lora_targets,
+        }
+
+    with progress_note("Estimating peak memory (tracing the step if it is not stored)"):
+        estimates = fit_estimates(
+            workload, config=config, task=task, model=model, gpus=gpu, stack=stack, **options()
+        )
+    if json:
+        emit_json(json_doc.fit_doc(estimates))
+        return
+    emit(terminal.fit_view(estimates))

@@ -1,0 +1,43 @@
+"""``whichgpu validate``: predictions against measurements shipped with whichgpu."""
+
+from __future__ import annotations
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_json, progress_note
+from whichgpu.report import json_doc, terminal
+
+validate_app = typer.Typer(
+    help=(
+        "Check whichgpu's predictions against measured data shipped with it, and print the "
+        "error of every case. `whichgpu validate memory` compares largest batch sizes."
+    ),
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+
+
+@validate_app.command("memory")
+def memory(json: o.JsonOption = False) -> None:
+    """Predicted largest batch sizes against measured ones (Lambda's 2020 table).
+
+    Each model of the table is estimated on each of its GPUs with the software stack of the
+    time, converted to the table's unit, rounded down to the sizes the table's search tried,
+    and compared in steps of that grid: exact, conservative (below the measurement) or too
+    high (an out-of-memory recommendation — the failure that matters most).
+
+    Examples:
+
+      whichgpu validate memory
+
+      whichgpu validate memory --json
+    """
+    from whichgpu.validate.memory import validate_memory
+
+    with progress_note("Predicting the reference cases"):
+        result = validate_memory()
+    if json:
+        emit_json(json_doc.memory_validation_doc(result))
+        return
+    emit(terminal.memory_validation_view(result))

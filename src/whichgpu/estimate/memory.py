@@ -1,0 +1,316 @@
+"""Peak GPU memory of a step, and the largest batch (or sequence) that fits, for any GPU.
+
+The method, in order:
+
+1. The step's allocations and frees come from a ``ScalableProfile`` (stored for named
+   workloads, or traced here) evaluated at the batch size and sequence length asked about.
+2. The cuBLAS and cuBLASLt workspaces PyTorch allocates per (thread, stream) join them — one
+   set for the forward thread, one for the autograd thread in training — with the sizes of the
+   software stack (``catalog/data/v1/stacks``).
+3. The stream is replayed through the model of the caching allocator
+   (``whichgpu.estimate.allocator``): peak allocated and peak reserved bytes.
+4. What the allocator never sees is added from the stack: the CUDA context, an allowance for
+   the cuDNN workspace of convolutional models, and NCCL buffers when more than one GPU trains.
+   The sum is the device total, which must not exceed the memory CUDA reports for the GPU.
+
+The fit test uses the peak reserved bytes *without* the allocator's last-resort cache flush:
+PyTorch may squeeze in a little more by flushing, but never less, so answers err on the safe
+side. The largest batch is searched with that test; memory grows with the batch size, and the
+search evaluates each size it needs exactly (a replay), never an extrapolation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from whichgpu.catalog.query import Catalog
+from whichgpu.errors import UsageError
+from whichgpu.estimate.allocator import CachingAllocator, round_request
+from whichgpu.schema import (
+    GpuSpec,
+    MemoryCategory,
+    MemoryEstimate,
+    RunConfig,
+    SoftwareStack,
+    TensorCategory,
+)
+from whichgpu.units import GIB, MIB
+from whichgpu.workloads.stored import CATEGORIES, ScalableProfile
+
+MAX_BATCH_LIMIT = 65536
+"""The batch search stops here (``max_batch_capped`` says so)."""
+
+_BREAKDOWN: dict[TensorCategory, MemoryCategory] = {
+    "parameter": "weights",
+    "buffer": "weights",
+    "gradient": "gradients",
+    "optimizer": "optimizer",
+    "input": "activations",
+    "activation": "activations",
+    "temporary": "temporaries",
+}
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Memory a process can use on a GPU, and where that figure comes from."""
+
+    bytes: int
+    """Total CUDA reports (``cudaMemGetInfo``), bytes."""
+    note: str
+    """Measured (with the source) or how it was derived."""
+
+
+def capacity_of(gpu: GpuSpec, catalog: Catalog) -> Capacity:
+    """CUDA's total for ``gpu``: catalogued, or the marketed size less the largest known gap."""
+    if gpu.memory_cuda_total_mib:
+        prov = gpu.provenance.get("memory_cuda_total_mib")
+        source = f" ({prov.source})" if prov else ""
+        return Capacity(round(gpu.memory_cuda_total_mib * MIB), f"CUDA total, catalog{source}")
+    if not gpu.memory_gb:
+        raise UsageError(f"{gpu.name} has no memory size in the catalog; it cannot be estimated.")
+    gaps = [
+        1 - g.memory_cuda_total_mib * MIB / (g.memory_gb * GIB)
+        for g in catalog.all()
+        if g.memory_cuda_total_mib and g.memory_gb and g.vendor == gpu.vendor
+    ]
+    if not gaps:
+        gaps = [
+            1 - g.memory_cuda_total_mib * MIB / (g.memory_gb * GIB)
+            for g in catalog.all()
+            if g.memory_cuda_total_mib and g.memory_gb
+        ]
+    gap = max(gaps) if gaps else 0.05
+    how = (
+        f"derived: marketed {gpu.memory_gb:g} GiB less {gap:.1%}, the largest gap between "
+        f"marketed and CUDA-reported memory among {len(gaps)} catalogued GPUs"
+        if gaps
+        else "derived: marketed size less 5% (no GPU in the catalog has a measured total)"
+    )
+    return Capacity(int(gpu.memory_gb * GIB * (1 - gap)), how)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One replay of a step at one size."""
+
+    peak_allocated_bytes: int
+    """Peak of allocated block bytes."""
+    peak_reserved_bytes: int
+    """Peak of reserved segment bytes."""
+    live_at_peak: dict[TensorCategory, int]
+    """Exact tensor bytes by category when the allocated peak was reached."""
+
+
+def workspace_sizes(gpu: GpuSpec, stack: SoftwareStack, mode: str) -> tuple[int, ...]:
+    """The cuBLAS/cuBLASLt workspaces the allocator serves: per thread that runs GEMMs."""
+    cublas = (
+        stack.cublas_workspace_sm90_bytes
+        if gpu.compute_capability == "9.0"
+        else stack.cublas_workspace_bytes
+    )
+    threads = 2 if mode == "train" else 1
+    return tuple(s for s in (cublas, stack.cublaslt_workspace_bytes) if s) * threads
+
+
+class StepMemory:
+    """Replays of one profile, memoised by (batch size, sequence length, workspaces)."""
+
+    def __init__(self, profile: ScalableProfile) -> None:
+        self.profile = profile
+        self._handles = profile.events[:, 1].tolist()
+        self._allocs = profile.events[:, 2].astype(bool).tolist()
+        self._categories = [CATEGORIES[c] for c in profile.events[:, 3].tolist()]
+        self._cache: dict[tuple[int, int | None, tuple[int, ...]], Replay] = {}
+        self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
+
+    def replay(self, batch_size: int, seq_len: int | None, workspaces: tuple[int, ...]) -> Replay:
+        """Peak allocated/reserved bytes of the step at this size (memoised)."""
+        key = (batch_size, seq_len, workspaces)
+        found = self._cache.get(key)
+        if found is not None:
+            return found
+        sizes = self.profile.event_sizes(batch_size, seq_len).tolist()
+        allocator = CachingAllocator()
+        live: dict[TensorCategory, int] = dict.fromkeys(CATEGORIES, 0)
+        at_peak: dict[TensorCategory, int] = {}
+        for i, nbytes in enumerate(workspaces):
+            allocator.malloc(-1 - i, nbytes)
+        peak = allocator.allocated_bytes
+        for handle, size, alloc, category in zip(
+            self._handles, sizes, self._allocs, self._categories, strict=True
+        ):
+            if size == 0:
+                continue
+            if alloc:
+                allocator.malloc(handle, size)
+                live[category] += size
+                if allocator.allocated_bytes > peak:
+                    peak = allocator.allocated_bytes
+                    at_peak = {k: v for k, v in live.items() if v}
+            else:
+                allocator.free(handle)
+                live[category] -= size
+        result = Replay(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes, at_peak)
+        self._cache[key] = result
+        return result
+
+
+def _outside_allocator(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> dict[str, int]:
+    outside = {"cuda_context": stack.cuda_context_bytes}
+    if memory.has_convolutions:
+        outside["cudnn_workspace"] = stack.cudnn_workspace_bytes
+    if n_gpus > 1:
+        outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
+    return outside
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> tuple[int, bool]:
+    """Largest ``n`` in ``[1, limit]`` with ``fits(n)``, assuming ``fits`` is monotone.
+
+    Returns ``(0, False)`` if even 1 does not fit and ``(limit, True)`` if the limit does.
+    ``start`` is a guess that saves evaluations when it is close.
+    """
+    if not fits(1):
+        return 0, False
+    lo = 1
+    hi = max(2, min(start, limit))
+    while fits(hi):
+        lo = hi
+        if hi >= limit:
+            return limit, True
+        hi = min(limit, hi * 2)
+    # fits(lo) and not fits(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, False
+
+
+def estimate_on_gpu(
+    memory: StepMemory,
+    run: RunConfig,
+    gpu: GpuSpec,
+    catalog: Catalog,
+    stack: SoftwareStack,
+    *,
+    method: str,
+    n_gpus: int = 1,
+) -> MemoryEstimate:
+    """The memory estimate of ``memory``'s step on ``gpu``.
+
+    ``run.batch_size`` set: the figures are for that batch, and the largest batch is reported
+    beside them. Unset: the largest batch that fits is the headline (or 1 if none fits).
+    """
+    profile = memory.profile
+    seq_len = run.seq_len if profile.is_sequence_model else None
+    if profile.is_sequence_model and seq_len is None:
+        raise UsageError("A sequence length is needed for this workload (--seq-len).")
+    capacity = capacity_of(gpu, catalog)
+    workspaces = workspace_sizes(gpu, stack, run.mode)
+    outside = _outside_allocator(stack, memory, n_gpus)
+    outside_bytes = sum(outside.values())
+
+    def device_total(batch: int) -> int:
+        return memory.replay(batch, seq_len, workspaces).peak_reserved_bytes + outside_bytes
+
+    def fits(batch: int) -> bool:
+        return device_total(batch) <= capacity.bytes
+
+    guess = _affine_guess(memory, seq_len, workspaces, capacity.bytes - outside_bytes)
+    max_batch, capped = largest_fitting(fits, guess, MAX_BATCH_LIMIT)
+    batch = run.batch_size or max(max_batch, 1)
+    replay = memory.replay(batch, seq_len, workspaces)
+    total = replay.peak_reserved_bytes + outside_bytes
+    breakdown: dict[MemoryCategory, int] = dict.fromkeys(
+        ("weights", "gradients", "optimizer", "activations", "temporaries"), 0
+    )
+    for category, nbytes in replay.live_at_peak.items():
+        breakdown[_BREAKDOWN[category]] += nbytes
+    breakdown["overhead"] = total - sum(breakdown.values())
+    overheads = {
+        **outside,
+        "cublas_workspaces": sum(round_request(w) for w in workspaces),
+        "allocator_rounding_and_cache": replay.peak_reserved_bytes
+        - sum(replay.live_at_peak.values())
+        - sum(round_request(w) for w in workspaces),
+    }
+    next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
+    return MemoryEstimate(
+        gpu=gpu.id,
+        gpu_name=gpu.name,
+        workload=profile.workload,
+        run=run.model_copy(update={"batch_size": batch, "seq_len": seq_len}),
+        batch_size=batch,
+        seq_len=seq_len,
+        fits=total <= capacity.bytes,
+        max_batch_size=max_batch,
+        max_batch_capped=capped,
+        peak_allocated_bytes=replay.peak_allocated_bytes,
+        peak_reserved_bytes=replay.peak_reserved_bytes,
+        device_total_bytes=total,
+        capacity_bytes=capacity.bytes,
+        capacity_note=capacity.note,
+        headroom_bytes=capacity.bytes - total,
+        next_batch_device_total_bytes=next_total,
+        breakdown=breakdown,
+        overheads=overheads,
+        assumptions=_assumptions(stack, memory, n_gpus),
+        method=method,
+    )
+
+
+def _affine_guess(
+    memory: StepMemory, seq_len: int | None, workspaces: tuple[int, ...], budget: int
+) -> int:
+    """Where the largest batch should be if memory were affine in the batch size."""
+    one = memory.replay(1, seq_len, workspaces).peak_reserved_bytes
+    eight = memory.replay(8, seq_len, workspaces).peak_reserved_bytes
+    slope = max(1.0, (eight - one) / 7)
+    return max(1, int((budget - one) / slope) + 1)
+
+
+def _assumptions(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> tuple[str, ...]:
+    out = [
+        f"software stack: {stack.label}",
+        "one training process on the GPU, nothing else resident",
+        "PyTorch caching allocator with default settings; its last-resort cache flush is not "
+        "counted on",
+    ]
+    attention = memory.profile.choices.get("attention", "")
+    if "sdpa" in attention:
+        out.append(
+            "attention through a fused SDPA kernel (flash or memory-efficient), which does not "
+            "keep the score matrix"
+        )
+    if memory.has_convolutions:
+        out.append(
+            f"cuDNN workspace allowance of {stack.cudnn_workspace_bytes // MIB} MiB (an estimate)"
+        )
+    if n_gpus > 1:
+        out.append(f"NCCL buffers of {stack.nccl_bytes_per_gpu // MIB} MiB per GPU (an estimate)")
+    return tuple(out)
+
+
+def estimate_many(
+    profile: ScalableProfile,
+    run: RunConfig,
+    gpus: Sequence[GpuSpec],
+    catalog: Catalog,
+    stack: SoftwareStack,
+    *,
+    method: str,
+    progress: Callable[[GpuSpec], None] | None = None,
+) -> list[MemoryEstimate]:
+    """``estimate_on_gpu`` for several GPUs, sharing the replays (they are memoised)."""
+    memory = StepMemory(profile)
+    out = []
+    for gpu in gpus:
+        if progress is not None:
+            progress(gpu)
+        out.append(estimate_on_gpu(memory, run, gpu, catalog, stack, method=method))
+    return out

@@ -1,0 +1,201 @@
+"""Trace a workload at a few sizes and solve its profile as polynomials of batch and length.
+
+See ``whichgpu.workloads.stored`` for the model. Grid: batch sizes 2 and 3 (see ``FIRST_BATCH``)
+and, for sequence models, lengths ``L/4, L/2, 3L/4`` of the default ``L`` (not ``L`` itself:
+at a model's largest length, slicing position tables becomes aliasing, a different operator);
+the check point is ``(4, 3L/8)``. A model whose operator or allocation sequence differs
+between grid points, or whose check trace differs from the polynomials, raises
+``ProfileNotScalable`` naming the first difference.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from whichgpu.errors import WorkloadError
+from whichgpu.schema import AllocEvent, RunConfig, StepProfile
+from whichgpu.trace.step import trace_step
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.stored import (
+    CATEGORIES,
+    FIXED_BASIS,
+    SEQUENCE_BASIS,
+    Polynomials,
+    ScalableProfile,
+    StoredOp,
+    solve_polynomials,
+)
+
+FIRST_BATCH = 2
+"""Smallest traced batch. A batch of one is special: tensors with a dimension of one are often
+contiguous where larger batches need a copy (``reshape`` after ``transpose``), and batch norm
+cannot train on one value per channel. The polynomials at ``b = 1`` keep the copies of larger
+batches, so they err on the safe side there."""
+
+
+class ProfileNotScalable(WorkloadError):
+    """The traces at different sizes do not line up as polynomials."""
+
+
+def grid(workload: Workload, run: RunConfig, first_batch: int) -> list[tuple[int, int | None]]:
+    """The trace points, then the check point last."""
+    b0 = first_batch
+    info = workload.info
+    if not info.is_sequence_model:
+        return [(b0, None), (b0 + 1, None), (b0 + 2, None)]
+    length = run.seq_len or info.default_seq_len or 512
+    eighth = max(8, length // 8)
+    lengths = (2 * eighth, 4 * eighth, 6 * eighth)
+    points: list[tuple[int, int | None]] = [(b, s) for b in (b0, b0 + 1) for s in lengths]
+    return [*points, (b0 + 2, 3 * eighth)]
+
+
+def canonical_events(events: tuple[AllocEvent, ...]) -> tuple[AllocEvent, ...]:
+    """Events with each run of frees at one operator sorted by storage.
+
+    Storages released together (a tuple of tensors dropped at once) are freed in an order that
+    Python's garbage collection decides and that can differ between traces; the allocator
+    cannot tell them apart, so one fixed order is as true as another.
+    """
+    out: list[AllocEvent] = []
+    run: list[AllocEvent] = []
+    for event in (*events, None):
+        if event is not None and not event.alloc and (not run or run[0].op_index == event.op_index):
+            run.append(event)
+            continue
+        out += sorted(run, key=lambda e: e.storage)
+        run = []
+        if event is not None:
+            if event.alloc:
+                out.append(event)
+            else:
+                run.append(event)
+    return tuple(out)
+
+
+def _fields(profile: StepProfile) -> tuple[list[tuple[object, ...]], list[int]]:
+    """The structure (labels that must match) and the numbers (that may scale) of a trace."""
+    structure: list[tuple[object, ...]] = []
+    numbers: list[int] = [profile.units_per_step]
+    for event in canonical_events(profile.events):
+        structure.append(("e", event.op_index, event.storage, event.alloc, event.category))
+        numbers.append(event.size_bytes)
+    for op in profile.ops:
+        shapes = (op.gemm_bmnk, op.conv, getattr(op, "attention", None))
+        structure.append(
+            (
+                "o",
+                op.name,
+                op.kind,
+                op.phase,
+                op.dtype,
+                *(-1 if s is None else len(s) for s in shapes),
+            )
+        )
+        numbers += [op.flops, op.bytes_read, op.bytes_written]
+        for s in shapes:
+            numbers += list(s or ())
+    return structure, numbers
+
+
+def _describe(structure: list[tuple[object, ...]], other: list[tuple[object, ...]]) -> str:
+    if len(structure) != len(other):
+        return f"{len(structure)} vs {len(other)} operators and allocations"
+    for i, (a, b) in enumerate(zip(structure, other, strict=True)):
+        if a != b:
+            return f"entry {i}: {a} vs {b}"
+    return "no difference"
+
+
+def trace_scalable(workload: Workload, run: RunConfig) -> ScalableProfile:
+    """Trace ``workload`` on its grid and return its exact polynomial profile."""
+    started = time.perf_counter()
+    points = grid(workload, run, FIRST_BATCH)
+    traces = [trace_step(workload, run.model_copy(update=_size(p))) for p in points]
+    fields = [_fields(t) for t in traces]
+    reference = fields[0][0]
+    for point, (structure, _) in zip(points, fields, strict=True):
+        if structure != reference:
+            raise ProfileNotScalable(
+                f"{workload.info.name}: the trace at batch {point[0]}, length {point[1]} "
+                f"differs in structure from the one at {points[0]}: "
+                f"{_describe(reference, structure)}."
+            )
+    basis = SEQUENCE_BASIS if workload.info.is_sequence_model else FIXED_BASIS
+    solve_points = points[:-1]
+    samples = list(zip(*(numbers for _, numbers in fields[:-1]), strict=True))
+    polys, index = solve_polynomials(basis, solve_points, samples)
+    check_b, check_s = points[-1]
+    predicted = polys.values(check_b, check_s)[index]
+    measured = np.array(fields[-1][1], dtype=np.int64)
+    if not np.array_equal(predicted, measured):
+        bad = int(np.nonzero(predicted != measured)[0][0])
+        raise ProfileNotScalable(
+            f"{workload.info.name}: sizes are not polynomial in batch/length — at the check "
+            f"point {points[-1]} number {bad} is {int(measured[bad])}, polynomials say "
+            f"{int(predicted[bad])}."
+        )
+    return _assemble(workload, run, traces[0], polys, index, points, started)
+
+
+def _size(point: tuple[int, int | None]) -> dict[str, int | None]:
+    return {"batch_size": point[0], "seq_len": point[1]}
+
+
+def _assemble(
+    workload: Workload,
+    run: RunConfig,
+    trace: StepProfile,
+    polys: Polynomials,
+    index: list[int],
+    points: list[tuple[int, int | None]],
+    started: float,
+) -> ScalableProfile:
+    cursor = iter(index)
+    units = next(cursor)
+    codes = {c: i for i, c in enumerate(CATEGORIES)}
+    rows = [
+        (e.op_index, e.storage, int(e.alloc), codes[e.category], e.step, next(cursor))
+        for e in canonical_events(trace.events)
+    ]
+    ops = []
+    for op in trace.ops:
+        flops, read, written = next(cursor), next(cursor), next(cursor)
+        shapes = [
+            None if s is None else tuple(next(cursor) for _ in s)
+            for s in (op.gemm_bmnk, op.conv, getattr(op, "attention", None))
+        ]
+        ops.append(
+            StoredOp(
+                name=op.name,
+                kind=op.kind,
+                phase=op.phase,
+                dtype=op.dtype,
+                flops=flops,
+                bytes_read=read,
+                bytes_written=written,
+                gemm_bmnk=shapes[0],
+                conv=shapes[1],
+                attention=shapes[2],
+            )
+        )
+    open_run = run.model_copy(update={"batch_size": None, "seq_len": None})
+    return ScalableProfile(
+        workload=workload.info.name,
+        run=open_run,
+        is_sequence_model=workload.info.is_sequence_model,
+        throughput_unit=workload.info.throughput_unit,
+        params_total=trace.params_total,
+        params_trainable=trace.params_trainable,
+        choices={k: v for k, v in trace.choices.items() if k != "tensors"},
+        torch_version=trace.torch_version,
+        polynomials=polys,
+        units_per_step=units,
+        events=np.array(rows, dtype=np.int64).reshape(-1, 6),
+        ops=tuple(ops),
+        trace_points=tuple(points[:-1]),
+        check_point=points[-1],
+        trace_seconds=time.perf_counter() - started,
+    )

@@ -1,0 +1,1 @@
+"""Reference measurements shipped as data, and the comparisons of ``whichgpu validate``."""

@@ -1,0 +1,168 @@
+"""``whichgpu validate memory``: predicted largest batches against measured ones.
+
+The reference is Lambda's 2020 table of the largest batch before running out of memory (see
+``data/README.md`` for what it does and does not state). Each (model, GPU) is predicted with
+the ``lambda-2020`` software stack and fp32, converted to the table's unit (tokens for the
+translation models: sentences x sentence length), rounded down to the sizes Lambda's search
+could have tried, and compared in grid steps.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_stack
+from whichgpu.errors import WhichGpuError
+from whichgpu.schema import MemoryValidation, MemoryValidationCase, Verdict
+from whichgpu.workloads import get_workload, run_config
+
+LAMBDA_STACK = "lambda-2020"
+LAMBDA_PRECISION = "fp32"
+
+
+@dataclass(frozen=True)
+class _Model:
+    workload: str
+    power_of_two: bool
+    """Compare on powers of two; otherwise on the grid of values the column uses."""
+
+
+LAMBDA_MODELS = {
+    "NasNet Large": _Model("nasnet-large", True),
+    "DeepLabv3": _Model("deeplabv3", True),
+    "Yolo v3": _Model("yolov3", True),
+    "Pix2Pix HD": _Model("pix2pixhd", True),
+    "StyleGAN": _Model("stylegan", True),
+    "MaskRCNN": _Model("maskrcnn", True),
+    "Transformer Big": _Model("transformer-big", False),
+    "Conv. Seq2Seq": _Model("convs2s", False),
+    "unsupMT": _Model("unsupmt", False),
+    "BERT Base": _Model("bert-base", True),
+    "BERT Finetune": _Model("bert-squad", False),
+    "MT-DNN": _Model("mt-dnn", True),
+}
+"""Lambda's model names and the workloads that stand for them."""
+
+
+def _rows() -> list[dict[str, str]]:
+    ref = resources.files("whichgpu.validate").joinpath("data").joinpath("lambda2020.csv")
+    with ref.open(encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def on_grid(value: int, grid: list[int]) -> tuple[int, int]:
+    """``value`` rounded down to ``grid`` (extended by doubling/halving), and its grid index."""
+    points = sorted(set(grid))
+    lo, hi = points[0], points[-1]
+    extended = [lo // 2**k for k in range(8, 0, -1) if lo // 2**k >= 1] + points
+    extended += [hi * 2**k for k in range(1, 12)]
+    extended = sorted(set(extended))
+    below = [p for p in extended if p <= value]
+    if not below:
+        return 0, -1
+    return below[-1], extended.index(below[-1])
+
+
+def compare(measured: int, predicted: int, grid: list[int]) -> tuple[int, int, Verdict]:
+    """(prediction on the grid, steps from the measurement, verdict)."""
+    snapped, index = on_grid(predicted, grid)
+    _, measured_index = on_grid(measured, grid) if measured else (0, -1)
+    steps = index - measured_index
+    verdict: Verdict = "exact" if steps == 0 else ("too high" if steps > 0 else "conservative")
+    return snapped, steps, verdict
+
+
+def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryValidation:
+    """Predict every case of the reference table and compare."""
+    from whichgpu.api import scalable_profile
+    from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
+
+    catalog = load_catalog()
+    stack = get_stack(LAMBDA_STACK)
+    rows = _rows()
+    cases: list[MemoryValidationCase] = []
+    memories: dict[str, tuple[StepMemory, str]] = {}
+    for row in rows:
+        model = LAMBDA_MODELS[row["model"]]
+        gpu = catalog.resolve(row["gpu"])
+        measured = int(row["max_batch_size"] or 0)
+        unit = row["batch_unit"]
+        column = [
+            int(r["max_batch_size"])
+            for r in rows
+            if r["model"] == row["model"] and r["max_batch_size"]
+        ]
+        grid = [2**k for k in range(0, 17)] if model.power_of_two else column
+        base = {
+            "reference": "lambda2020",
+            "model": row["model"],
+            "workload": model.workload,
+            "gpu": gpu.id,
+            "unit": unit,
+            "measured_max_batch": measured,
+        }
+        try:
+            workload = get_workload(model.workload)
+        except WhichGpuError as exc:
+            cases.append(_skipped(base, f"no workload: {exc}"))
+            continue
+        run = run_config(precision=LAMBDA_PRECISION)
+        if workload.info.is_sequence_model:
+            run = run.model_copy(update={"seq_len": workload.info.default_seq_len})
+        if model.workload not in memories:
+            if progress is not None:
+                progress(model.workload)
+            try:
+                profile, method = scalable_profile(workload, run)
+            except WhichGpuError as exc:
+                cases.append(_skipped(base, str(exc)))
+                continue
+            memories[model.workload] = (StepMemory(profile), method)
+        memory, method = memories[model.workload]
+        estimate = estimate_on_gpu(memory, run, gpu, catalog, stack, method=method)
+        predicted = estimate.max_batch_size
+        if unit == "tokens":
+            predicted *= run.seq_len or 1
+        snapped, steps, verdict = compare(measured, predicted, grid)
+        cases.append(
+            MemoryValidationCase(
+                **base,
+                predicted_max_batch=predicted,
+                predicted_on_grid=snapped,
+                steps=steps,
+                verdict=verdict,
+                note="" if measured else "the reference could not run it at all",
+            )
+        )
+    judged = [c for c in cases if c.verdict in ("exact", "conservative", "too high")]
+    return MemoryValidation(
+        cases=tuple(cases),
+        assumptions=(
+            f"precision {LAMBDA_PRECISION} (the post does not say)",
+            f"software stack {stack.label}",
+            "language models at the workloads' default sequence lengths",
+            "translation batches in tokens = sentences x sentence length",
+            "image models compared at power-of-two granularity; token counts and BERT "
+            "fine-tuning on the values their columns use",
+        ),
+        compared=len(judged),
+        exact=sum(c.verdict == "exact" for c in judged),
+        conservative_by_one=sum(c.steps == -1 for c in judged),
+        conservative_more=sum(c.steps < -1 for c in judged),
+        too_high=sum(c.verdict == "too high" for c in judged),
+    )
+
+
+def _skipped(base: dict[str, object], why: str) -> MemoryValidationCase:
+    return MemoryValidationCase(
+        **base,
+        predicted_max_batch=0,
+        predicted_on_grid=0,
+        steps=0,
+        verdict="skipped",
+        note=why,
+    )

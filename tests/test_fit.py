@@ -1,0 +1,141 @@
+"""``fit``: peak memory and the largest batch, by library call and end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from whichgpu.api import fit
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_stack, shipped_stacks
+from whichgpu.estimate.memory import capacity_of, largest_fitting, workspace_sizes
+from whichgpu.units import GIB, MIB
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_largest_fitting_finds_the_boundary() -> None:
+    for limit_true in (1, 2, 7, 64, 1000):
+        calls: list[int] = []
+
+        def fits(n: int, cap: int = limit_true, seen: list[int] = calls) -> bool:
+            seen.append(n)
+            return n <= cap
+
+        assert largest_fitting(fits, start=5, limit=4096) == (limit_true, False)
+        assert len(calls) < 30
+    assert largest_fitting(lambda n: False, start=5, limit=100) == (0, False)
+    assert largest_fitting(lambda n: True, start=5, limit=100) == (100, True)
+
+
+def test_stacks_are_sourced() -> None:
+    stacks = shipped_stacks()
+    assert sum(s.default for s in stacks) == 1
+    for stack in stacks:
+        assert set(stack.provenance) >= {"cuda_context_bytes", "cublas_workspace_bytes"}
+    default = get_stack()
+    assert default.cublas_workspace_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
+
+
+def test_hopper_gets_the_larger_cublas_workspace() -> None:
+    catalog = load_catalog()
+    stack = get_stack()
+    h100 = workspace_sizes(catalog.resolve("h100-sxm"), stack, "train")
+    a100 = workspace_sizes(catalog.resolve("a100-sxm4-80gb"), stack, "train")
+    assert h100[0] == 32 * MIB and a100[0] == 8519680
+    assert len(h100) == 4  # cuBLAS + cuBLASLt, forward and autograd threads
+    assert len(workspace_sizes(catalog.resolve("h100-sxm"), stack, "inference")) == 2
+
+
+def test_capacity_is_measured_or_derived_below_marketed() -> None:
+    catalog = load_catalog()
+    measured = capacity_of(catalog.resolve("rtx-2080-ti"), catalog)
+    assert "catalog" in measured.note
+    assert 10.7 * GIB < measured.bytes < 11 * GIB
+    for gpu in catalog.all():
+        if gpu.memory_gb and not gpu.memory_cuda_total_mib:
+            derived = capacity_of(gpu, catalog)
+            assert "derived" in derived.note
+            assert derived.bytes < gpu.memory_gb * GIB
+            break
+    else:
+        pytest.fail("every GPU has a measured total; nothing derived to test")
+
+
+def test_largest_batch_fits_and_the_next_does_not() -> None:
+    estimates = fit("resnet50", gpus=["rtx-3090", "rtx-2060"])
+    assert [e.gpu for e in estimates] == ["rtx-3090", "rtx-2060"]  # sorted by max batch
+    for e in estimates:
+        assert e.max_batch_size > 0 and e.fits and e.batch_size == e.max_batch_size
+        assert e.device_total_bytes <= e.capacity_bytes
+        assert e.next_batch_device_total_bytes is not None
+        assert e.next_batch_device_total_bytes > e.capacity_bytes
+        assert sum(e.breakdown.values()) == e.device_total_bytes
+        assert e.peak_allocated_bytes <= e.peak_reserved_bytes < e.device_total_bytes
+        assert e.method == "stored profile"
+
+
+def test_a_given_batch_reports_fits_and_headroom() -> None:
+    (small,) = fit("resnet50", gpus=["rtx-4090"], batch_size=8)
+    (huge,) = fit("resnet50", gpus=["rtx-4090"], batch_size=4096)
+    assert small.fits and small.headroom_bytes > 0
+    assert not huge.fits and huge.headroom_bytes < 0
+    assert small.max_batch_size == huge.max_batch_size
+
+
+def test_cli_fit_json_has_the_documented_keys() -> None:
+    result = run_cli("fit", "resnet50", "--gpu", "3090", "--gpu", "a100-80gb", "--json")
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    assert len(docs) == 2
+    for key in (
+        "gpu",
+        "fits",
+        "batch_size",
+        "seq_len",
+        "max_batch_size",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_total_bytes",
+        "capacity_bytes",
+        "breakdown",
+    ):
+        assert key in docs[0]
+    assert set(docs[0]["breakdown"]) == {
+        "weights",
+        "gradients",
+        "optimizer",
+        "activations",
+        "temporaries",
+        "overhead",
+    }
+
+
+def test_cli_fit_table_and_errors() -> None:
+    result = run_cli("fit", "gpt2", "--gpu", "4090", "--seq-len", "512")
+    assert result.returncode == 0, result.stderr
+    assert "max batch" in result.stdout and "Where the memory goes" in result.stdout
+    bad = run_cli("fit", "resnet50", "--gpu", "rtx 4099")
+    assert bad.returncode == 2
+    assert "4090" in bad.stderr and "Traceback" not in bad.stderr
+    stack = run_cli("fit", "resnet50", "--gpu", "4090", "--stack", "cuda7")
+    assert stack.returncode != 0 and "pytorch2-cuda12" in stack.stderr
+
+
+def test_cli_fit_traces_a_users_config() -> None:
+    result = run_cli(
+        "fit",
+        "--config",
+        str(FIXTURES / "tiny-llama.json"),
+        "--gpu",
+        "t4",
+        "--seq-len",
+        "64",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    (doc,) = json.loads(result.stdout)
+    assert doc["method"] == "traced" and doc["max_batch_size"] > 100
