@@ -26,15 +26,16 @@ demo: install
 	$(BIN)/whichgpu gpus --min-memory 24 --sort memory_bandwidth_gbps
 	$(BIN)/whichgpu compare 2080ti 3090 4090 5090
 	$(BIN)/whichgpu show h100-sxm
+	$(BIN)/whichgpu fit llama-3.2-1b --gpu 4090 --gpu 3090 --gpu a100-80gb --gpu h100-sxm --seq-len 2048
 
 lint: install
-	$(BIN)/ruff check src tests
-	$(BIN)/ruff format --check src tests
+	$(BIN)/ruff check src tests scripts
+	$(BIN)/ruff format --check src tests scripts
 	$(BIN)/mypy
 
 format: install
-	$(BIN)/ruff check --fix src tests
-	$(BIN)/ruff format src tests
+	$(BIN)/ruff check --fix src tests scripts
+	$(BIN)/ruff format src tests scripts
 
 test: install lint
 	$(BIN)/python -m pytest
