@@ -70,9 +70,9 @@ def test_inference_traces_without_gradients() -> None:
     assert "gradient" not in categories and "optimizer" not in categories
 
 
-def test_unsupported_methods_say_why() -> None:
-    with pytest.raises(UnsupportedWorkload, match="LoRA"):
-        trace_step(get_workload("gpt2"), RunConfig(method="lora"))
+def test_unsupported_precisions_say_why() -> None:
+    with pytest.raises(UnsupportedWorkload, match="fp8"):
+        trace_step(get_workload("gpt2"), RunConfig(precision="fp8"))
 
 
 def test_attention_flops_are_counted() -> None:
