@@ -33,7 +33,7 @@ _MODELS = [
         "https://arxiv.org/abs/2010.11929",
         "86M (Dosovitskiy et al. 2021, Table 1)",
         64,
-        ("query", "key", "value", "dense"),
+        ("q_proj", "k_proj", "v_proj", "o_proj", "fc1", "fc2"),
     ),
 ]
 
