@@ -21,7 +21,7 @@ search evaluates each size it needs exactly (a replay), never an extrapolation.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from whichgpu.catalog.query import Catalog
@@ -294,23 +294,3 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> tuple
     if n_gpus > 1:
         out.append(f"NCCL buffers of {stack.nccl_bytes_per_gpu // MIB} MiB per GPU (an estimate)")
     return tuple(out)
-
-
-def estimate_many(
-    profile: ScalableProfile,
-    run: RunConfig,
-    gpus: Sequence[GpuSpec],
-    catalog: Catalog,
-    stack: SoftwareStack,
-    *,
-    method: str,
-    progress: Callable[[GpuSpec], None] | None = None,
-) -> list[MemoryEstimate]:
-    """``estimate_on_gpu`` for several GPUs, sharing the replays (they are memoised)."""
-    memory = StepMemory(profile)
-    out = []
-    for gpu in gpus:
-        if progress is not None:
-            progress(gpu)
-        out.append(estimate_on_gpu(memory, run, gpu, catalog, stack, method=method))
-    return out

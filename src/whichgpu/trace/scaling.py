@@ -83,7 +83,7 @@ def _fields(profile: StepProfile) -> tuple[list[tuple[object, ...]], list[int]]:
         structure.append(("e", event.op_index, event.storage, event.alloc, event.category))
         numbers.append(event.size_bytes)
     for op in profile.ops:
-        shapes = (op.gemm_bmnk, op.conv, getattr(op, "attention", None))
+        shapes = (op.gemm_bmnk, op.conv, op.attention)
         structure.append(
             (
                 "o",
@@ -165,7 +165,7 @@ def _assemble(
         flops, read, written = next(cursor), next(cursor), next(cursor)
         shapes = [
             None if s is None else tuple(next(cursor) for _ in s)
-            for s in (op.gemm_bmnk, op.conv, getattr(op, "attention", None))
+            for s in (op.gemm_bmnk, op.conv, op.attention)
         ]
         ops.append(
             StoredOp(

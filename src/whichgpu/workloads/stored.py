@@ -196,7 +196,7 @@ class ScalableProfile:
                 dtype=op.dtype,
                 gemm_bmnk=pick(op.gemm_bmnk),
                 conv=pick(op.conv),
-                **_attention_kwarg(pick(op.attention)),
+                attention=pick(op.attention),
             )
             for op in self.ops
         )
@@ -303,13 +303,6 @@ class ScalableProfile:
 
 def _point(p: list[Any]) -> tuple[int, int | None]:
     return (int(p[0]), None if p[1] is None else int(p[1]))
-
-
-def _attention_kwarg(value: tuple[int, ...] | None) -> dict[str, Any]:
-    """``attention=`` for OpRecord when the schema has that field (it is optional data)."""
-    if value is None or "attention" not in OpRecord.model_fields:
-        return {}
-    return {"attention": value}
 
 
 def _delta_encode(events: EventArray) -> list[list[int]]:
