@@ -51,9 +51,20 @@ def test_profile_records_ops_events_and_choices() -> None:
     )
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "bf16-pure"])
-def test_fake_trace_peak_equals_a_real_cpu_run_to_the_byte(precision: str) -> None:
-    run = RunConfig(batch_size=2, seq_len=32, precision=precision)  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("precision", "optimizer"),
+    [
+        ("fp32", "adamw"),
+        ("bf16", "adamw"),
+        ("bf16-pure", "adamw"),
+        ("fp32", "adafactor"),  # reads its step and norms with .item(): no value under fake
+        ("bf16", "sgd"),
+    ],
+)
+def test_fake_trace_peak_equals_a_real_cpu_run_to_the_byte(precision: str, optimizer: str) -> None:
+    run = RunConfig.model_validate(
+        {"batch_size": 2, "seq_len": 32, "precision": precision, "optimizer": optimizer}
+    )
     workload = config_workload(FIXTURES / "tiny-llama.json")
     fake = trace_step(workload, run, fake=True)
     real = trace_step(workload, run, fake=False)
@@ -105,3 +116,12 @@ def test_depthwise_convolution_backward_is_not_overcounted() -> None:
     by_name = {op.name: op.flops for op in rec.ops}
     assert by_name["aten.convolution"] == forward
     assert by_name["aten.convolution_backward"] == 2 * forward
+
+
+def test_adafactor_keeps_factored_second_moments() -> None:
+    # Adafactor stores a row and a column factor per matrix (rows + cols values instead of
+    # rows x cols) and a full vector for 1-D parameters: far below AdamW's two copies.
+    run = RunConfig.model_validate({"batch_size": 2, "seq_len": 32, "optimizer": "adafactor"})
+    summary = summarize(trace_step(config_workload(FIXTURES / "tiny-llama.json"), run))
+    by_category = summary.peak_live_by_category
+    assert 0 < by_category["optimizer"] < 0.1 * by_category["parameter"]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
@@ -112,6 +113,25 @@ _COPY = {
     "lift_fresh",
     "_local_scalar_dense",
 }
+
+
+def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``func``; a host read of a fake tensor's value (``.item()``) gives 1 of its type.
+
+    Fake tensors have no values, so ``aten._local_scalar_dense`` cannot answer. The callers that
+    reach it in a step are optimizers computing step sizes (Adafactor reads its step count and
+    parameter norms), where the value changes no shape and no allocation; 1 keeps them finite.
+    A real run is untouched: the stand-in is used only where the fake mode refuses.
+    """
+    try:
+        return func(*args, **kwargs)
+    except DataDependentOutputException:
+        if func._overloadpacket.__name__ != "_local_scalar_dense":
+            raise
+        dtype = args[0].dtype
+        if dtype.is_floating_point:
+            return 1.0
+        return True if dtype == torch.bool else 1
 
 
 def op_kind(name: str, phase: Phase) -> OpKind:
@@ -371,7 +391,7 @@ class Recorder(TorchDispatchMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        out = func(*args, **kwargs)
+        out = _call(func, args, kwargs)
         if getattr(func, "namespace", None) == "prim":
             # metadata queries (``prim.device``, which fake tensors dispatch for ``.to()``):
             # no work, no memory, and absent from a real run
