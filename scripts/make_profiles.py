@@ -4,6 +4,7 @@ Run from the repository root with the torch extra installed:
 
     python scripts/make_profiles.py                 # every workload, every stored run
     python scripts/make_profiles.py resnet50 gpt2   # some workloads
+    python scripts/make_profiles.py --mode inference llama-3.1-8b   # only its inference run
 
 Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.workloads.stored``)
 and prints each workload's trace time. A test regenerates one profile and compares it.
@@ -26,22 +27,36 @@ OUT = Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "workloads" 
 SEED_FAMILIES = {"seed_nasnet", "seed_detection", "seed_gan", "seed_translation"}
 """Families of Lambda's 2020 benchmark, also stored in fp32 for `validate memory`."""
 
+INFERENCE_FAMILIES = {"llm"}
+"""Families whose default inference run (bf16 weights, the default new tokens; concurrency
+and context are the profile's variables) is stored too."""
+
 
 def stored_runs(workload: Workload) -> list[RunConfig]:
     """The run configurations stored for a workload."""
     runs = [run_config()]
     if workload.info.family in SEED_FAMILIES or workload.info.family in {"encoders", "vision"}:
         runs.append(run_config(precision="fp32"))
+    if workload.info.family == "seed_translation":
+        runs.append(run_config(precision="fp16"))  # fairseq's recipes train with --fp16
+    if workload.info.family in INFERENCE_FAMILIES:
+        runs.append(run_config(mode="inference"))
     return runs
 
 
-def main(names: list[str]) -> int:
+def main(args: list[str]) -> int:
+    mode = None
+    if args[:1] == ["--mode"]:
+        mode, args = args[1], args[2:]
+    names = args
     OUT.mkdir(parents=True, exist_ok=True)
     failures = 0
     for workload in all_workloads():
         if names and workload.info.name not in names:
             continue
         for run in stored_runs(workload):
+            if mode is not None and run.mode != mode:
+                continue
             key = profile_key(workload.info.name, run)
             started = time.perf_counter()
             try:

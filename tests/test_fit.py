@@ -86,6 +86,22 @@ def test_a_given_batch_reports_fits_and_headroom() -> None:
     assert small.max_batch_size == huge.max_batch_size
 
 
+def test_largest_sequence_at_a_given_batch_fits_and_one_more_token_does_not() -> None:
+    (estimate,) = fit("llama-3.2-1b", gpus=["l40s"], batch_size=2, seq_len=1024)
+    assert estimate.max_seq_len is not None and not estimate.max_seq_len_capped
+    assert 1024 < estimate.max_seq_len < 131072
+    (at_max,) = fit("llama-3.2-1b", gpus=["l40s"], batch_size=2, seq_len=estimate.max_seq_len)
+    (above,) = fit("llama-3.2-1b", gpus=["l40s"], batch_size=2, seq_len=estimate.max_seq_len + 1)
+    assert at_max.fits and not above.fits
+    # GPT-2 has 1024 positions: on a large card the model, not memory, is the limit
+    (gpt2,) = fit("gpt2", gpus=["h100-sxm"], batch_size=2)
+    assert (gpt2.max_seq_len, gpt2.max_seq_len_capped) == (1024, True)
+    (images,) = fit("resnet50", gpus=["h100-sxm"], batch_size=2)
+    assert images.max_seq_len is None
+    (searched,) = fit("gpt2", gpus=["h100-sxm"])
+    assert searched.max_seq_len is None  # only asked at a given batch
+
+
 def test_cli_fit_json_has_the_documented_keys() -> None:
     result = run_cli("fit", "resnet50", "--gpu", "3090", "--gpu", "a100-80gb", "--json")
     assert result.returncode == 0, result.stderr

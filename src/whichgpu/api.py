@@ -13,17 +13,20 @@ needs the ``torch`` extra.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from whichgpu.catalog import load_catalog
-from whichgpu.catalog.stacks import get_stack
+from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.errors import UsageError
-from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig
+from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
 from whichgpu.workloads import check_for_workload, run_config, select_workload
 from whichgpu.workloads.base import Workload
+from whichgpu.workloads.hf import read_config
 from whichgpu.workloads.registry import get_workload
+from whichgpu.workloads.run_config import inference_context
 from whichgpu.workloads.stored import ScalableProfile, load_stored
 
 
@@ -48,6 +51,17 @@ def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfil
     return trace_scalable(workload, run), "traced"
 
 
+def _kv_bytes_per_token(workload: Workload, config: Path | str | None, run: RunConfig) -> int:
+    """KV-cache bytes per token from the model's config (the user's file or the shipped one)."""
+    from whichgpu.estimate.serving import kv_bytes_per_token, serving_dtype_bytes
+
+    if config is not None:
+        doc = json.loads(Path(config).read_text(encoding="utf-8"))
+    else:
+        doc = read_config(workload.info.name)
+    return kv_bytes_per_token(doc, serving_dtype_bytes(run.precision))
+
+
 def _is_registered(workload: Workload) -> bool:
     try:
         return get_workload(workload.info.name) is workload
@@ -70,7 +84,9 @@ def fit(
     task: str | None = None,
     model: str | None = None,
     gpus: Sequence[str] | None = None,
+    gpu_count: int | None = None,
     stack: str | None = None,
+    serving: str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> list[MemoryEstimate]:
@@ -79,6 +95,16 @@ def fit(
     ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
     Without ``batch_size`` the largest batch that fits is the headline of each estimate.
     Results are sorted by headroom at that batch, largest first.
+
+    ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
+    N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
+    what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
+
+    ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
+    at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
+    default the workload's sequence length), and every sequence's static KV cache holds
+    ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
+    concurrency. ``serving="vllm"`` adds that engine's paged-KV-cache answer to each estimate.
     """
     from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
 
@@ -88,14 +114,16 @@ def fit(
         task,  # type: ignore[arg-type]
         model=model,
     )
-    run = run_config(**run_options)
-    if run.mode != "train":
-        raise UsageError(
-            "fit estimates training steps for now; inference memory (weights + KV cache) comes "
-            "with the inference tracer."
-        )
+    run = run_config(gpus=gpu_count, **run_options)
+    engine = None
+    if serving is not None:
+        if run.mode != "inference":
+            raise UsageError("--serving sizes a serving engine's KV cache; add --mode inference.")
+        engine = get_serving_engine(serving)
     check_for_workload(run, chosen.info)
-    if chosen.info.is_sequence_model and run.seq_len is None:
+    if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
+        run = run.model_copy(update={"batch_size": run.concurrency})
+    if chosen.info.is_sequence_model and run.seq_len is None and run.mode == "train":
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
@@ -103,11 +131,166 @@ def fit(
         progress(f"profiling {chosen.info.name}")
     profile, method = scalable_profile(chosen, run)
     memory = StepMemory(profile)
+    seq_limit = chosen.info.max_seq_len
+    kv_per_token = None
+    if "kv_cache" in profile.choices:  # inference of a language model
+        context, new_tokens = inference_context(chosen.info, run)
+        if seq_limit is not None:
+            seq_limit -= new_tokens
+        run = run.model_copy(
+            update={"seq_len": context, "context": context, "new_tokens": new_tokens}
+        )
+        kv_per_token = _kv_bytes_per_token(chosen, config, run)
+    elif engine is not None:
+        raise UsageError(
+            f"--serving applies to language models that generate; {chosen.info.name} does not."
+        )
+    elif chosen.info.is_sequence_model and run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     catalog = load_catalog()
     estimates = []
     for gpu in targets:
         if progress is not None:
             progress(gpu.name)
-        estimates.append(estimate_on_gpu(memory, run, gpu, catalog, software, method=method))
+        estimates.append(
+            estimate_on_gpu(
+                memory,
+                run,
+                gpu,
+                catalog,
+                software,
+                method=method,
+                seq_limit=seq_limit,
+                kv_per_token_bytes=kv_per_token,
+                serving=engine,
+            )
+        )
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
     return estimates
+
+
+def predict(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    gpus: Sequence[str] | None = None,
+    stack: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    **run_options: Any,
+) -> list[ThroughputEstimate]:
+    """How fast? Predicted training throughput on each GPU, ranked, with a band.
+
+    Without ``batch_size`` each GPU runs its own largest batch (as ``fit`` finds it; Lambda's
+    convention); with it, every GPU runs that batch. Without ``gpus``, every catalog GPU the
+    step fits on and whose speed the catalog describes. Results are sorted fastest first.
+    """
+    from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
+    from whichgpu.estimate.throughput import (
+        error_band,
+        gpu_rates,
+        load_parameters,
+        op_table,
+        peak_flops_per_s,
+        step_time,
+    )
+
+    chosen = select_workload(
+        workload,
+        Path(config) if config else None,
+        task,  # type: ignore[arg-type]
+        model=model,
+    )
+    run = run_config(**run_options)
+    if run.mode != "train":
+        raise UsageError("predict answers training throughput for now (not --mode inference).")
+    if run.gpus > 1:
+        raise UsageError(
+            "predict answers one GPU for now; multi-GPU scaling (--gpus) is not built yet."
+        )
+    check_for_workload(run, chosen.info)
+    if chosen.info.is_sequence_model and run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    named = bool(gpus)
+    targets = resolve_gpus(gpus)
+    software = get_stack(stack)
+    params = load_parameters()
+    band = error_band(params, chosen.info.family)
+    if progress is not None:
+        progress(f"profiling {chosen.info.name}")
+    profile, method = scalable_profile(chosen, run)
+    memory = StepMemory(profile)
+    catalog = load_catalog()
+    unit = f"{profile.throughput_unit}/s"
+    assumptions = (
+        "one GPU; time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
+        "peak x size ramp), bytes / (efficiency x bandwidth), launch floor)",
+        f"constants fitted on {params.fitted_on} ({params.fitted_date})",
+        f"band = +/-{band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
+        "this workload type",
+        "synthetic data, no input pipeline or host stalls",
+    )
+    out = []
+    for gpu in targets:
+        try:
+            rates = gpu_rates(gpu)
+        except UsageError:
+            if named:
+                raise
+            continue
+        if progress is not None:
+            progress(gpu.name)
+        estimate = estimate_on_gpu(memory, run, gpu, catalog, software, method=method)
+        if not estimate.fits and not named:
+            continue
+        base = {
+            "gpu": gpu.id,
+            "gpu_name": gpu.name,
+            "workload": chosen.info.name,
+            "run": estimate.run,
+            "batch_size": estimate.batch_size,
+            "seq_len": estimate.seq_len,
+            "fits": estimate.fits,
+            "n_gpus": 1,
+            "throughput_unit": unit,
+            "band": band,
+            "scaling_efficiency": None,
+            "assumptions": assumptions,
+            "method": f"{method}; {params.method}",
+        }
+        if not estimate.fits:
+            out.append(
+                ThroughputEstimate(
+                    **base,
+                    step_time_s=None,
+                    throughput=None,
+                    low=None,
+                    high=None,
+                    mfu=None,
+                    time_shares={},
+                    tensor_flops_share=0.0,
+                )
+            )
+            continue
+        table = op_table(profile, estimate.batch_size, estimate.seq_len)
+        step = step_time(table, rates, run.precision, params)
+        throughput = table.units_per_step / step.step_time_s
+        out.append(
+            ThroughputEstimate(
+                **base,
+                step_time_s=step.step_time_s,
+                throughput=throughput,
+                low=throughput * (1 - band),
+                high=throughput * (1 + band),
+                mfu=step.flops / step.step_time_s / peak_flops_per_s(rates, run.precision),
+                time_shares={
+                    "matrix": step.matrix_s / step.step_time_s,
+                    "memory": step.memory_s / step.step_time_s,
+                    "launch": step.launch_s / step.step_time_s,
+                },
+                tensor_flops_share=step.tensor_flops_share,
+            )
+        )
+    out.sort(key=lambda e: -(e.throughput or 0.0))
+    return out

@@ -362,6 +362,9 @@ Mode = Literal["train", "inference"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
 Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd"]
 Method = Literal["full", "lora", "qlora"]
+Sharding = Literal["ddp", "zero2", "zero3", "fsdp"]
+"""How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
+(gradients and optimizer state split), ``zero3``/``fsdp`` (parameters split too)."""
 ThroughputUnit = Literal["images", "tokens", "sequences", "samples"]
 
 
@@ -397,6 +400,10 @@ class RunConfig(_Frozen):
     """Inference: tokens generated per sequence."""
     concurrency: int = 1
     """Inference: sequences served at once."""
+    gpus: int = 1
+    """GPUs training together, data parallel on one node (each takes ``batch_size`` samples)."""
+    sharding: Sharding = "ddp"
+    """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
 
 
 class WorkloadInfo(_Frozen):
@@ -420,6 +427,9 @@ class WorkloadInfo(_Frozen):
     """Sequence length used when none is given (sequence models)."""
     is_sequence_model: bool = False
     """Whether ``seq_len`` applies."""
+    max_seq_len: int | None = None
+    """Longest sequence the model takes (the size of its position table); None: no bound
+    known. Searches for the largest sequence length stop here."""
     params_published: int | None = None
     """Published parameter count, for checking the built model."""
     params_source: str | None = None
@@ -606,6 +616,68 @@ class SoftwareStack(_Frozen):
     """Where each value comes from."""
 
 
+class ServingEngine(_Frozen):
+    """A serving engine's memory policy (``data/v1/stacks``): how it sizes its paged KV cache."""
+
+    id: str
+    """Engine id (``vllm``), the value of ``fit --serving``."""
+    label: str
+    """One line for people, with the version the defaults are from."""
+    gpu_memory_utilization: float
+    """Fraction of the GPU's total memory the engine may use (weights, activations, KV cache)."""
+    block_size_tokens: int
+    """Tokens per KV-cache block; a sequence holds whole blocks."""
+    profile_tokens: int
+    """Tokens of the dummy forward pass whose peak activation the engine subtracts
+    (``max_num_batched_tokens``)."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where each value comes from."""
+
+
+class ServingEstimate(_Frozen):
+    """How many sequences a serving engine with a paged KV cache holds at once on one GPU.
+
+    ``kv_cache_budget_bytes = gpu_memory_utilization x capacity - weights - activation peak -
+    non-torch``; the budget is cut into blocks of ``block_size_tokens`` tokens and every
+    sequence of ``tokens_per_sequence`` holds whole blocks.
+    """
+
+    engine: str
+    """Engine id (``vllm``)."""
+    engine_label: str
+    """The engine and the version its defaults come from."""
+    gpu_memory_utilization: float
+    """Fraction of ``capacity_bytes`` the engine takes."""
+    engine_budget_bytes: int
+    """``gpu_memory_utilization x capacity_bytes``."""
+    weights_bytes: int
+    """Parameters and buffers in the serving dtype (from the profile)."""
+    activation_peak_bytes: int
+    """Peak allocator bytes of the engine's profiling pass (one prefill of ``profile_tokens``
+    tokens) less its weights and KV cache: activations, temporaries, cuBLAS workspaces."""
+    profile_tokens: int
+    """Tokens of that profiling pass (``max_num_batched_tokens``)."""
+    non_torch_bytes: int
+    """Memory outside PyTorch's allocator: the CUDA context of the software stack."""
+    kv_cache_budget_bytes: int
+    """What remains for KV-cache blocks (negative: the model does not load)."""
+    kv_bytes_per_token: int
+    """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
+    dtype bytes``."""
+    block_size_tokens: int
+    """Tokens per block."""
+    kv_blocks: int
+    """Whole blocks in the budget."""
+    tokens_per_sequence: int
+    """Context plus new tokens of one sequence."""
+    blocks_per_sequence: int
+    """Blocks one sequence holds (rounded up)."""
+    max_concurrency: int
+    """Sequences of ``tokens_per_sequence`` whose KV cache fits at once (0: none)."""
+    assumptions: tuple[str, ...]
+    """What the answer assumes, in words."""
+
+
 MemoryCategory = Literal[
     "weights", "gradients", "optimizer", "activations", "temporaries", "overhead"
 ]
@@ -628,15 +700,29 @@ class MemoryEstimate(_Frozen):
     run: RunConfig
     """Run configuration (batch size and sequence length resolved)."""
     batch_size: int
-    """Samples per step the figures below are for (the largest that fits, unless given)."""
+    """Samples per step the figures below are for (the largest that fits, unless given).
+    Inference of a language model: the concurrency, sequences served at once."""
     seq_len: int | None
-    """Sequence length (sequence models)."""
+    """Sequence length (sequence models). Inference of a language model: the context (prompt)
+    tokens; the KV cache holds ``run.new_tokens`` more."""
     fits: bool
     """Whether ``batch_size`` fits."""
     max_batch_size: int
-    """Largest batch that fits at ``seq_len`` (0: not even one sample)."""
+    """Largest batch that fits at ``seq_len`` (0: not even one sample). Inference of a
+    language model: the largest concurrency at that context."""
     max_batch_capped: bool
     """True when the search stopped at its upper limit: more may fit."""
+    gpus: int = 1
+    """GPUs training together; every byte figure here is per GPU, and ``batch_size`` is the
+    batch of one GPU (the global batch is ``gpus`` times larger)."""
+    sharding: Sharding = "ddp"
+    """What the GPUs split between them (``ddp``: nothing; see ``whichgpu.estimate.sharding``)."""
+    max_seq_len: int | None = None
+    """Largest sequence length that fits at ``batch_size`` (0: not even one token). Searched
+    for sequence models when a batch size is given; None otherwise."""
+    max_seq_len_capped: bool = False
+    """True when ``max_seq_len`` is the model's position limit (or the search's): the memory
+    would take longer sequences."""
     peak_allocated_bytes: int
     """Predicted ``torch.cuda.max_memory_allocated``."""
     peak_reserved_bytes: int
@@ -659,6 +745,13 @@ class MemoryEstimate(_Frozen):
     """What the estimate assumes, in words."""
     method: str
     """``stored profile`` (no torch) or ``traced`` (this machine traced the model)."""
+    kv_cache_bytes: int | None = None
+    """Inference of a language model: the static KV cache at ``batch_size`` (part of
+    ``activations`` in ``breakdown``); None otherwise."""
+    kv_bytes_per_token: int | None = None
+    """Inference of a language model: KV-cache bytes per token of one sequence."""
+    serving: ServingEstimate | None = None
+    """``fit --serving``: the serving engine's KV-cache budget and concurrency; None otherwise."""
 
 
 # --- Validation ------------------------------------------------------------------------------
@@ -710,3 +803,104 @@ class MemoryValidation(_Frozen):
     """Cases more than one step below."""
     too_high: int
     """Cases above the measurement — the failure that matters most."""
+
+
+# --- Throughput ------------------------------------------------------------------------------
+
+
+class ThroughputEstimate(_Frozen):
+    """Predicted training throughput of a workload on one GPU, with its band."""
+
+    gpu: str
+    """Catalog id of the GPU."""
+    gpu_name: str
+    """Its name."""
+    workload: str
+    """Workload predicted."""
+    run: RunConfig
+    """Run configuration (batch size and sequence length resolved)."""
+    batch_size: int
+    """Samples per step per GPU (the largest that fits, unless given)."""
+    seq_len: int | None
+    """Sequence length (sequence models)."""
+    fits: bool
+    """Whether ``batch_size`` fits in memory (``whichgpu fit``); no speed is given otherwise."""
+    n_gpus: int
+    """GPUs training together (data parallel)."""
+    step_time_s: float | None
+    """Predicted time of one training step, s (None when it does not fit)."""
+    throughput: float | None
+    """Predicted units per second over all GPUs (None when it does not fit)."""
+    throughput_unit: str
+    """``images/s``, ``tokens/s``, ``sequences/s`` or ``samples/s``."""
+    low: float | None
+    """Lower end of the band."""
+    high: float | None
+    """Upper end of the band."""
+    band: float
+    """Relative half-width of the band (validation error of this workload type)."""
+    scaling_efficiency: float | None
+    """Throughput over N x one GPU's (None for one GPU)."""
+    mfu: float | None
+    """Model FLOPs utilisation: step FLOPs / step time over the peak of the run's precision."""
+    time_shares: dict[str, float]
+    """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``."""
+    tensor_flops_share: float
+    """Share of the FLOPs on tensor cores."""
+    assumptions: tuple[str, ...]
+    """What the prediction assumes."""
+    method: str
+    """How the step was obtained (stored profile / traced) and the constants' provenance."""
+
+
+class ErrorStats(_Frozen):
+    """Relative errors of one predictor over a set of cases."""
+
+    method: str
+    """Predictor or baseline."""
+    mape: float
+    """Mean absolute percentage error (fraction)."""
+    median: float
+    """Median absolute error (fraction)."""
+    p90: float
+    """90th percentile of the absolute error (fraction)."""
+    cases: int
+    """Cases counted."""
+
+
+class ThroughputValidationCase(_Frozen):
+    """One measured throughput against the out-of-sample predictions."""
+
+    model: str
+    """Model as the reference names it."""
+    workload: str
+    """The workload that stands for it."""
+    gpu: str
+    """Catalog id."""
+    unit: str
+    """Throughput unit of the reference."""
+    measured: float
+    """Measured throughput."""
+    leave_gpu_out: float
+    """Predicted with constants fitted without this GPU."""
+    leave_model_out: float
+    """Predicted with constants fitted without this model."""
+    bandwidth_baseline: float
+    """Mean of the other GPUs' measurements scaled by bandwidth."""
+
+
+class ThroughputValidation(_Frozen):
+    """``validate throughput``: cases, error summaries, rank correlations, seed checks."""
+
+    cases: tuple[ThroughputValidationCase, ...]
+    """Every compared case."""
+    summaries: tuple[ErrorStats, ...]
+    """Errors of the predictor (held out) and of the baselines, over the same cases."""
+    rank_correlation: dict[str, float]
+    """Per model: Spearman correlation of leave-one-GPU-out predictions with measurements."""
+    left_out: tuple[str, ...]
+    """Reference rows not compared, with why."""
+    seed_checks: tuple[str, ...]
+    """The seed guides' speed ratios against the predicted ones."""
+    assumptions: tuple[str, ...]
+    """Settings the reference is read with."""

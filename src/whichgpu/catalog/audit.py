@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from whichgpu.catalog.loader import CatalogData, read_data_dir
 from whichgpu.catalog.names import alias_keys, normalize
-from whichgpu.catalog.stacks import read_stacks
+from whichgpu.catalog.stacks import read_serving_engines, read_stacks
 from whichgpu.errors import CatalogError
 from whichgpu.schema import SPEC_FIELDS, GpuSpec, Segment, Vendor
 from whichgpu.units import MIB, gb_to_bytes
@@ -111,6 +111,7 @@ def audit(data: CatalogData, today: dt.date | None = None) -> list[str]:
     used_sources = {prov.source for g in data.gpus for prov in g.provenance.values()}
     used_sources |= {p.source for p in data.prices}
     used_sources |= {prov.source for s in read_stacks() for prov in s.provenance.values()}
+    used_sources |= {prov.source for e in read_serving_engines() for prov in e.provenance.values()}
     problems.extend(
         f"source '{key}' is not used by any value"
         for key in sorted(set(data.sources) - used_sources)

@@ -15,8 +15,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from whichgpu.catalog.loader import DATA_DIR, _first_error, _read_yaml, _split_value, read_sources
-from whichgpu.errors import CatalogError
-from whichgpu.schema import Provenance, SoftwareStack, Source
+from whichgpu.errors import CatalogError, UsageError
+from whichgpu.schema import Provenance, ServingEngine, SoftwareStack, Source
 from whichgpu.units import MIB
 
 _VALUE_FIELDS = {
@@ -64,6 +64,53 @@ def read_stacks(data_dir: Path = DATA_DIR) -> tuple[SoftwareStack, ...]:
     if sum(s.default for s in stacks) != 1:
         raise CatalogError(f"{data_dir / 'stacks'}: exactly one stack must be the default.")
     return tuple(stacks)
+
+
+_ENGINE_FIELDS = ("gpu_memory_utilization", "block_size_tokens", "profile_tokens")
+
+
+def parse_serving_engine(
+    record: Mapping[str, Any], sources: Mapping[str, Source], path: Path
+) -> ServingEngine:
+    """Validate one serving-engine record (``serving_engines:`` of a stacks file)."""
+    where = f"{path}: serving engine '{record.get('id', '?')}'"
+    unknown = set(record) - {"id", "label"} - set(_ENGINE_FIELDS)
+    if unknown:
+        raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
+    fields: dict[str, Any] = {k: record[k] for k in ("id", "label") if k in record}
+    provenance: dict[str, Provenance] = {}
+    for name in _ENGINE_FIELDS:
+        if name not in record:
+            raise CatalogError(f"{where}: field '{name}' is missing.")
+        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
+        fields[name] = value
+        provenance[name] = prov
+    try:
+        return ServingEngine(**fields, provenance=provenance)
+    except ValidationError as exc:
+        raise CatalogError(f"{where}: {_first_error(exc)}") from exc
+
+
+def read_serving_engines(data_dir: Path = DATA_DIR) -> tuple[ServingEngine, ...]:
+    """Every serving engine of a data folder (``serving_engines:`` in ``stacks/*.yaml``)."""
+    sources = read_sources(sorted((data_dir / "sources").glob("*.yaml")))
+    engines: list[ServingEngine] = []
+    for path in sorted((data_dir / "stacks").glob("*.yaml")):
+        doc = _read_yaml(path) or {}
+        engines.extend(
+            parse_serving_engine(r, sources, path) for r in doc.get("serving_engines", [])
+        )
+    return tuple(engines)
+
+
+def get_serving_engine(engine_id: str) -> ServingEngine:
+    """The serving engine ``engine_id``; unknown ids are a usage error listing the known ones."""
+    engines = read_serving_engines()
+    for engine in engines:
+        if engine.id == engine_id:
+            return engine
+    known = ", ".join(e.id for e in engines)
+    raise UsageError(f"--serving: unknown serving engine '{engine_id}'. Known: {known}.")
 
 
 @functools.cache

@@ -18,6 +18,7 @@ from whichgpu.cli.compare import compare
 from whichgpu.cli.fit import fit
 from whichgpu.cli.gpus import gpus
 from whichgpu.cli.output import emit_error
+from whichgpu.cli.predict import predict
 from whichgpu.cli.profile import profile
 from whichgpu.cli.show import show
 from whichgpu.cli.validate import validate_app
@@ -53,6 +54,7 @@ app.command("compare")(compare)
 app.command("workloads")(workloads)
 app.command("profile")(profile)
 app.command("fit")(fit)
+app.command("predict")(predict)
 app.add_typer(validate_app, name="validate")
 
 

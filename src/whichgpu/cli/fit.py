@@ -32,9 +32,20 @@ def fit(
             show_default="pytorch2-cuda12",
         ),
     ] = None,
+    serving: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--serving",
+            help="With --mode inference: also size a serving engine's paged KV cache (vllm): "
+            "the sequences of --context + --new-tokens it holds at once. Default: plain PyTorch "
+            "generation with a static KV cache, as traced.",
+            show_default=False,
+        ),
+    ] = None,
     config: o.ConfigOption = None,
     model: o.ModelOption = None,
     task: o.TaskOption = None,
+    mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
     batch_size: o.BatchOption = None,
     seq_len: o.SeqOption = None,
@@ -43,6 +54,11 @@ def fit(
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
+    gpus: o.GpusOption = None,
+    sharding: o.ShardingOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Will a training step fit on a GPU, and what is the largest batch that does?
@@ -63,12 +79,27 @@ def fit(
       whichgpu fit bert-large --gpu 3090 --batch-size 32 --json
 
       whichgpu fit --model my_model.py:build --gpu 4090
+
+      whichgpu fit llama-3.1-8b --gpu h100 --gpus 8 --sharding fsdp
+
+    Inference (--mode inference) of a language model: the batch is the concurrency, the
+    sequences served at once, each with a static KV cache of --context + --new-tokens tokens;
+    the headline is the largest concurrency. --serving vllm adds the engine's answer:
+
+      whichgpu fit llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --gpu h100
+
+      whichgpu fit llama-3.1-8b --mode inference --serving vllm --gpu a100-80gb
     """
     from whichgpu.api import fit as fit_estimates
 
     def options() -> dict[str, Any]:
         return {
+            "mode": mode,
             "precision": precision,
+            "sharding": sharding,
+            "context": context,
+            "new_tokens": new_tokens,
+            "concurrency": concurrency,
             "batch_size": batch_size,
             "seq_len": seq_len,
             "optimizer": optimizer,
@@ -80,7 +111,15 @@ def fit(
 
     with progress_note("Estimating peak memory (tracing the step if it is not stored)"):
         estimates = fit_estimates(
-            workload, config=config, task=task, model=model, gpus=gpu, stack=stack, **options()
+            workload,
+            config=config,
+            task=task,
+            model=model,
+            gpus=gpu,
+            gpu_count=gpus,
+            stack=stack,
+            serving=serving,
+            **options(),
         )
     if json:
         emit_json(json_doc.fit_doc(estimates))

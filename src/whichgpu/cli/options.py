@@ -80,6 +80,25 @@ LoraTargetsOption = Annotated[
         "--lora-targets", help="Comma-separated module names LoRA adapts.", rich_help_panel=_RUN
     ),
 ]
+GpusOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--gpus",
+        help="GPUs of one node training together, data parallel (default 1). Figures are per "
+        "GPU and the batch is each GPU's own (global batch = GPUs x batch).",
+        rich_help_panel=_RUN,
+    ),
+]
+ShardingOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--sharding",
+        help="What the --gpus split: ddp (nothing; DDP adds gradient buckets; default), zero2 "
+        "(gradients and optimizer state), zero3 or fsdp (parameters too, gathered a layer at "
+        "a time).",
+        rich_help_panel=_RUN,
+    ),
+]
 ContextOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option("--context", help="Inference: prompt tokens.", rich_help_panel=_RUN),

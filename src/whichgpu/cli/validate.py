@@ -11,7 +11,8 @@ from whichgpu.report import json_doc, terminal
 validate_app = typer.Typer(
     help=(
         "Check whichgpu's predictions against measured data shipped with it, and print the "
-        "error of every case. `whichgpu validate memory` compares largest batch sizes."
+        "error of every case. `whichgpu validate memory` compares largest batch sizes, "
+        "`whichgpu validate throughput` training throughput."
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -41,3 +42,30 @@ def memory(json: o.JsonOption = False) -> None:
         emit_json(json_doc.memory_validation_doc(result))
         return
     emit(terminal.memory_validation_view(result))
+
+
+@validate_app.command("throughput")
+def throughput(json: o.JsonOption = False) -> None:
+    """Predicted training throughput against measured (Lambda's 2020 table), out of sample.
+
+    The predictor's constants are refitted without each GPU (and without each model) in turn,
+    and each left-out case is predicted: the errors are what a GPU or a model the constants
+    never saw gets. Beside them, two baselines on the same cases: another GPU's measurement
+    of the same model scaled by the ratio of memory bandwidths, or of AMP tensor rates. Also
+    the seed guides' stated speed ratios (A100 vs V100, RTX 3090 vs RTX 2080 Ti).
+
+    Examples:
+
+      whichgpu validate throughput
+
+      whichgpu validate throughput --json
+    """
+    from whichgpu.estimate.throughput import load_parameters
+    from whichgpu.validate.throughput import validate_throughput
+
+    with progress_note("Refitting without each GPU and each model"):
+        result = validate_throughput(load_parameters())
+    if json:
+        emit_json(json_doc.throughput_validation_doc(result))
+        return
+    emit(terminal.throughput_validation_view(result))

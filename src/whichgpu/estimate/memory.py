@@ -24,14 +24,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
+from whichgpu.estimate.serving import serving_estimate
+from whichgpu.estimate.sharding import (
+    SINGLE_GPU,
+    Parallel,
+    ShardingPlan,
+    event_phases,
+    make_plan,
+    rank_events,
+)
 from whichgpu.schema import (
     GpuSpec,
     MemoryCategory,
     MemoryEstimate,
     RunConfig,
+    ServingEngine,
+    ServingEstimate,
     SoftwareStack,
     TensorCategory,
 )
@@ -40,6 +53,11 @@ from whichgpu.workloads.stored import CATEGORIES, ScalableProfile
 
 MAX_BATCH_LIMIT = 65536
 """The batch search stops here (``max_batch_capped`` says so)."""
+MAX_SEQ_LIMIT = 1 << 20
+"""The sequence-length search stops here when the model names no position limit."""
+
+_ACTIVATION = CATEGORIES.index("activation")
+_WEIGHTS = [CATEGORIES.index("parameter"), CATEGORIES.index("buffer")]
 
 _BREAKDOWN: dict[TensorCategory, MemoryCategory] = {
     "parameter": "weights",
@@ -115,19 +133,58 @@ def workspace_sizes(gpu: GpuSpec, stack: SoftwareStack, mode: str) -> tuple[int,
 
 
 class StepMemory:
-    """Replays of one profile, memoised by (batch size, sequence length, workspaces)."""
+    """Replays of one profile, memoised by (batch size, sequence length, workspaces, GPUs and
+    sharding); with more than one GPU each replay is of one GPU's stream
+    (``whichgpu.estimate.sharding``)."""
 
     def __init__(self, profile: ScalableProfile) -> None:
         self.profile = profile
         self._handles = profile.events[:, 1].tolist()
         self._allocs = profile.events[:, 2].astype(bool).tolist()
         self._categories = [CATEGORIES[c] for c in profile.events[:, 3].tolist()]
-        self._cache: dict[tuple[int, int | None, tuple[int, ...]], Replay] = {}
+        self._phases = event_phases(
+            profile.events[:, 0].tolist(),
+            profile.events[:, 4].tolist(),
+            [op.phase for op in profile.ops],
+        )
+        self._plans: dict[Parallel, ShardingPlan] = {}
+        self._cache: dict[tuple[int, int | None, tuple[int, ...], Parallel], Replay] = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
 
-    def replay(self, batch_size: int, seq_len: int | None, workspaces: tuple[int, ...]) -> Replay:
-        """Peak allocated/reserved bytes of the step at this size (memoised)."""
-        key = (batch_size, seq_len, workspaces)
+    def plan(self, parallel: Parallel) -> ShardingPlan:
+        """What one GPU of ``parallel`` holds besides its share of the step (memoised)."""
+        found = self._plans.get(parallel)
+        if found is None:
+            # parameter and gradient sizes do not depend on the batch or the length
+            sizes = self.profile.event_sizes(1, 1 if self.profile.is_sequence_model else None)
+            first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
+
+            def sizes_of(category: TensorCategory) -> list[int]:
+                return [
+                    int(sizes[i])
+                    for i in first
+                    if self._allocs[i] and self._categories[i] == category
+                ]
+
+            found = make_plan(
+                parallel,
+                sizes_of("parameter"),
+                sizes_of("gradient"),
+                self.profile.params_trainable,
+            )
+            self._plans[parallel] = found
+        return found
+
+    def replay(
+        self,
+        batch_size: int,
+        seq_len: int | None,
+        workspaces: tuple[int, ...],
+        parallel: Parallel = SINGLE_GPU,
+    ) -> Replay:
+        """Peak allocated/reserved bytes of the step at this size on one GPU of ``parallel``
+        (memoised)."""
+        key = (batch_size, seq_len, workspaces, parallel)
         found = self._cache.get(key)
         if found is not None:
             return found
@@ -138,9 +195,10 @@ class StepMemory:
         for i, nbytes in enumerate(workspaces):
             allocator.malloc(-1 - i, nbytes)
         peak = allocator.allocated_bytes
-        for handle, size, alloc, category in zip(
-            self._handles, sizes, self._allocs, self._categories, strict=True
-        ):
+        events = rank_events(
+            self._handles, sizes, self._allocs, self._categories, self._phases, self.plan(parallel)
+        )
+        for handle, size, alloc, category in events:
             if size == 0:
                 continue
             if alloc:
@@ -157,11 +215,11 @@ class StepMemory:
         return result
 
 
-def _outside_allocator(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> dict[str, int]:
+def _outside_allocator(stack: SoftwareStack, memory: StepMemory, gpus: int) -> dict[str, int]:
     outside = {"cuda_context": stack.cuda_context_bytes}
     if memory.has_convolutions:
         outside["cudnn_workspace"] = stack.cudnn_workspace_bytes
-    if n_gpus > 1:
+    if gpus > 1:
         outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
     return outside
 
@@ -199,12 +257,23 @@ def estimate_on_gpu(
     stack: SoftwareStack,
     *,
     method: str,
-    n_gpus: int = 1,
+    seq_limit: int | None = None,
+    kv_per_token_bytes: int | None = None,
+    serving: ServingEngine | None = None,
 ) -> MemoryEstimate:
     """The memory estimate of ``memory``'s step on ``gpu``.
 
     ``run.batch_size`` set: the figures are for that batch, and the largest batch is reported
-    beside them. Unset: the largest batch that fits is the headline (or 1 if none fits).
+    beside them, and for a sequence model the largest sequence length at that batch (searched
+    up to ``seq_limit``, the model's position limit). Unset: the largest batch that fits is
+    the headline (or 1 if none fits).
+
+    ``run.gpus`` > 1: every figure is for one of the GPUs training together, each with its own
+    batch, under ``run.sharding`` (``whichgpu.estimate.sharding``).
+
+    Inference of a language model (a profile with a KV cache): the batch is the concurrency
+    and ``seq_len`` the context; ``kv_per_token_bytes`` (from the model config) is reported,
+    and ``serving`` adds that engine's paged-KV-cache answer (``estimate.serving``).
     """
     profile = memory.profile
     seq_len = run.seq_len if profile.is_sequence_model else None
@@ -212,19 +281,21 @@ def estimate_on_gpu(
         raise UsageError("A sequence length is needed for this workload (--seq-len).")
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
-    outside = _outside_allocator(stack, memory, n_gpus)
+    outside = _outside_allocator(stack, memory, run.gpus)
     outside_bytes = sum(outside.values())
+    parallel = Parallel(run.gpus, run.sharding)
 
     def device_total(batch: int) -> int:
-        return memory.replay(batch, seq_len, workspaces).peak_reserved_bytes + outside_bytes
+        reserved = memory.replay(batch, seq_len, workspaces, parallel).peak_reserved_bytes
+        return reserved + outside_bytes
 
     def fits(batch: int) -> bool:
         return device_total(batch) <= capacity.bytes
 
-    guess = _affine_guess(memory, seq_len, workspaces, capacity.bytes - outside_bytes)
+    guess = _affine_guess(memory, seq_len, workspaces, capacity.bytes - outside_bytes, parallel)
     max_batch, capped = largest_fitting(fits, guess, MAX_BATCH_LIMIT)
     batch = run.batch_size or max(max_batch, 1)
-    replay = memory.replay(batch, seq_len, workspaces)
+    replay = memory.replay(batch, seq_len, workspaces, parallel)
     total = replay.peak_reserved_bytes + outside_bytes
     breakdown: dict[MemoryCategory, int] = dict.fromkeys(
         ("weights", "gradients", "optimizer", "activations", "temporaries"), 0
@@ -240,6 +311,22 @@ def estimate_on_gpu(
         - sum(round_request(w) for w in workspaces),
     }
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
+    max_seq: tuple[int, bool] | None = None
+    if seq_len is not None and run.batch_size is not None:
+
+        def fits_length(length: int) -> bool:
+            reserved = memory.replay(batch, length, workspaces, parallel).peak_reserved_bytes
+            return reserved + outside_bytes <= capacity.bytes
+
+        max_seq = largest_fitting(fits_length, seq_len, seq_limit or MAX_SEQ_LIMIT)
+    kv_bytes = kv_cache_bytes(profile, batch, seq_len)
+    served = None
+    if serving is not None:
+        if kv_bytes is None or kv_per_token_bytes is None or seq_len is None:
+            raise UsageError("--serving answers inference of a language model only.")
+        served = _serving(
+            memory, serving, stack, capacity.bytes, workspaces, kv_per_token_bytes, seq_len
+        )
     return MemoryEstimate(
         gpu=gpu.id,
         gpu_name=gpu.name,
@@ -250,6 +337,10 @@ def estimate_on_gpu(
         fits=total <= capacity.bytes,
         max_batch_size=max_batch,
         max_batch_capped=capped,
+        gpus=run.gpus,
+        sharding=run.sharding,
+        max_seq_len=max_seq[0] if max_seq else None,
+        max_seq_len_capped=max_seq[1] if max_seq else False,
         peak_allocated_bytes=replay.peak_allocated_bytes,
         peak_reserved_bytes=replay.peak_reserved_bytes,
         device_total_bytes=total,
@@ -259,28 +350,92 @@ def estimate_on_gpu(
         next_batch_device_total_bytes=next_total,
         breakdown=breakdown,
         overheads=overheads,
-        assumptions=_assumptions(stack, memory, n_gpus),
+        assumptions=_assumptions(stack, memory, parallel),
         method=method,
+        kv_cache_bytes=kv_bytes,
+        kv_bytes_per_token=kv_per_token_bytes if kv_bytes is not None else None,
+        serving=served,
+    )
+
+
+def kv_cache_bytes(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> int | None:
+    """The static KV cache of an inference profile of a language model at this size (the
+    tensors that outlive the request's steps, category ``activation``); None for others."""
+    if "kv_cache" not in profile.choices:
+        return None
+    events = profile.events
+    cache = (events[:, 2] == 1) & (events[:, 3] == _ACTIVATION) & (events[:, 4] == 1)
+    return int(profile.event_sizes(batch_size, seq_len)[cache].sum())
+
+
+def weights_bytes(profile: ScalableProfile) -> int:
+    """Parameters and buffers of a profile (allocated once, before the steps)."""
+    events = profile.events
+    weights = (events[:, 2] == 1) & np.isin(events[:, 3], _WEIGHTS)
+    return int(profile.event_sizes(1, None)[weights].sum())
+
+
+def _serving(
+    memory: StepMemory,
+    engine: ServingEngine,
+    stack: SoftwareStack,
+    capacity_bytes: int,
+    workspaces: tuple[int, ...],
+    kv_per_token_bytes: int,
+    context: int,
+) -> ServingEstimate:
+    """The engine's answer; its profiling pass is the traced prefill of one sequence of
+    ``engine.profile_tokens`` tokens (its own KV cache taken out again)."""
+    profile = memory.profile
+    tokens = engine.profile_tokens
+    weights = weights_bytes(profile)
+    pass_peak = memory.replay(1, tokens, workspaces).peak_allocated_bytes
+    activation = pass_peak - weights - (kv_cache_bytes(profile, 1, tokens) or 0)
+    return serving_estimate(
+        engine,
+        stack,
+        capacity_bytes=capacity_bytes,
+        weights_bytes=weights,
+        activation_peak_bytes=activation,
+        kv_per_token_bytes=kv_per_token_bytes,
+        tokens_per_sequence=context + (profile.run.new_tokens or 0),
     )
 
 
 def _affine_guess(
-    memory: StepMemory, seq_len: int | None, workspaces: tuple[int, ...], budget: int
+    memory: StepMemory,
+    seq_len: int | None,
+    workspaces: tuple[int, ...],
+    budget: int,
+    parallel: Parallel,
 ) -> int:
     """Where the largest batch should be if memory were affine in the batch size."""
-    one = memory.replay(1, seq_len, workspaces).peak_reserved_bytes
-    eight = memory.replay(8, seq_len, workspaces).peak_reserved_bytes
+    one = memory.replay(1, seq_len, workspaces, parallel).peak_reserved_bytes
+    eight = memory.replay(8, seq_len, workspaces, parallel).peak_reserved_bytes
     slope = max(1.0, (eight - one) / 7)
     return max(1, int((budget - one) / slope) + 1)
 
 
-def _assumptions(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> tuple[str, ...]:
+def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -> tuple[str, ...]:
     out = [
         f"software stack: {stack.label}",
-        "one training process on the GPU, nothing else resident",
+        f"one {'training' if memory.profile.run.mode == 'train' else 'inference'} process on "
+        "the GPU, nothing else resident",
         "PyTorch caching allocator with default settings; its last-resort cache flush is not "
         "counted on",
     ]
+    if "kv_cache" in memory.profile.choices:
+        run = memory.profile.run
+        weights = "fp32" if run.precision in ("fp32", "tf32") else "the half dtype"
+        out += [
+            f"plain PyTorch / transformers generation: weights in {weights} ({run.precision}, "
+            "no fp32 master copy), greedy sampling, one process serving `batch` sequences",
+            "the whole context prefilled in one forward pass (no chunked prefill), logits of "
+            "the last position only",
+            f"static KV cache (transformers StaticCache) allocated whole at the prefill for "
+            f"context + {run.new_tokens} new tokens per sequence, in the weights' dtype; then "
+            "one decode step over it",
+        ]
     attention = memory.profile.choices.get("attention", "")
     if "sdpa" in attention:
         out.append(
@@ -291,6 +446,7 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, n_gpus: int) -> tuple
         out.append(
             f"cuDNN workspace allowance of {stack.cudnn_workspace_bytes // MIB} MiB (an estimate)"
         )
-    if n_gpus > 1:
+    if parallel.gpus > 1:
+        out += memory.plan(parallel).assumptions
         out.append(f"NCCL buffers of {stack.nccl_bytes_per_gpu // MIB} MiB per GPU (an estimate)")
     return tuple(out)

@@ -20,6 +20,8 @@ from whichgpu.schema import (
     Price,
     ProfileSummary,
     Source,
+    ThroughputEstimate,
+    ThroughputValidation,
     WorkloadInfo,
 )
 
@@ -119,7 +121,8 @@ def profile_doc(summary: ProfileSummary) -> dict[str, Any]:
 
 
 def fit_doc(estimates: Iterable[MemoryEstimate]) -> list[dict[str, Any]]:
-    """``fit --json``: one object per GPU (all byte counts in bytes)."""
+    """``fit --json``: one object per GPU (all byte counts in bytes; per GPU of ``gpus``
+    training together under ``sharding`` when ``gpus`` > 1)."""
     out = []
     for estimate in estimates:
         doc: dict[str, Any] = estimate.model_dump(mode="json")
@@ -130,6 +133,23 @@ def fit_doc(estimates: Iterable[MemoryEstimate]) -> list[dict[str, Any]]:
 
 def memory_validation_doc(validation: MemoryValidation) -> dict[str, Any]:
     """``validate memory --json``: every case and the summary."""
+    doc: dict[str, Any] = validation.model_dump(mode="json")
+    doc["schema_version"] = SCHEMA_VERSION
+    return doc
+
+
+def predict_doc(estimates: Iterable[ThroughputEstimate]) -> list[dict[str, Any]]:
+    """``predict --json``: one object per GPU, fastest first."""
+    out = []
+    for estimate in estimates:
+        doc: dict[str, Any] = estimate.model_dump(mode="json")
+        doc["schema_version"] = SCHEMA_VERSION
+        out.append(doc)
+    return out
+
+
+def throughput_validation_doc(validation: ThroughputValidation) -> dict[str, Any]:
+    """``validate throughput --json``: every case, the summaries and the seed checks."""
     doc: dict[str, Any] = validation.model_dump(mode="json")
     doc["schema_version"] = SCHEMA_VERSION
     return doc

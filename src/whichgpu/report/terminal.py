@@ -18,6 +18,8 @@ from whichgpu.schema import (
     Price,
     ProfileSummary,
     Source,
+    ThroughputEstimate,
+    ThroughputValidation,
     WorkloadInfo,
 )
 from whichgpu.units import bytes_to_gib
@@ -261,37 +263,55 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
         e.batch_size == first.batch_size for e in estimates
     )
     seq = f", sequence length {first.seq_len}" if first.seq_len else ""
-    head = Text.assemble(
-        (first.workload, "bold"),
-        f"  {first.run.mode}, {first.run.precision}, {first.run.optimizer}{seq}",
-    )
+    serving = first.kv_cache_bytes is not None  # inference of a language model
+    unit = "concurrency" if serving else "batch"
+    what = f"{first.run.mode}, {first.run.precision}, {first.run.optimizer}{seq}"
+    if serving:
+        what = (
+            f"inference, {first.run.precision}, context {first.seq_len} + "
+            f"{first.run.new_tokens} new tokens per sequence"
+        )
+    if first.gpus > 1:
+        what += f"  (per GPU, {first.gpus} GPUs, {first.sharding})"
+    head = Text.assemble((first.workload, "bold"), f"  {what}")
     table = Table(header_style="bold", title_justify="left")
     table.add_column("GPU")
     table.add_column("capacity GiB", justify="right")
-    table.add_column("max batch", justify="right")
-    table.add_column("batch", justify="right")
+    table.add_column(f"max {unit}", justify="right")
+    table.add_column(unit, justify="right")
+    if serving:
+        table.add_column("KV cache GiB", justify="right")
     table.add_column("fits", justify="center")
     table.add_column("device GiB", justify="right")
     table.add_column("reserved GiB", justify="right")
     table.add_column("headroom GiB", justify="right")
-    table.add_column("next batch GiB", justify="right")
+    table.add_column(f"next {unit} GiB", justify="right")
+    with_seq = any(e.max_seq_len is not None for e in estimates)
+    if with_seq:
+        table.add_column("max seq len", justify="right")
     for e in estimates:
         max_batch = f"{e.max_batch_size}{'+' if e.max_batch_capped else ''}"
+        max_seq = [] if not with_seq else [_max_seq(e)]
+        kv = [_gib(e.kv_cache_bytes)] if serving else []
         table.add_row(
             e.gpu_name,
             _gib(e.capacity_bytes),
             max_batch if e.max_batch_size else "[red]0[/red]",
             str(e.batch_size),
+            *kv,
             "[green]yes[/green]" if e.fits else "[red]no[/red]",
             _gib(e.device_total_bytes),
             _gib(e.peak_reserved_bytes),
             _gib(e.headroom_bytes),
             _gib(e.next_batch_device_total_bytes),
+            *max_seq,
         )
     parts: list[RenderableType] = [head, table]
+    if any(e.serving is not None for e in estimates):
+        parts.append(_serving_table(estimates))
     shown = estimates[0]
     breakdown = Table(
-        title=f"Where the memory goes on {shown.gpu_name} at batch {shown.batch_size}",
+        title=f"Where the memory goes on {shown.gpu_name} at {unit} {shown.batch_size}",
         title_justify="left",
         header_style="bold",
     )
@@ -308,9 +328,72 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     parts.append(Text(f"Overhead (GiB): {overhead}"))
     notes = [f"method: {shown.method}", *shown.assumptions]
     if not given:
-        notes.append("batch = the largest that fits; 'next batch' is the device total one above it")
+        notes.append(
+            f"{unit} = the largest that fits; 'next {unit}' is the device total one above it"
+        )
+    if serving:
+        notes.append(
+            f"KV cache = {shown.kv_bytes_per_token:,} B per token x (context + new tokens) x "
+            "concurrency (part of 'activations')"
+        )
+    if with_seq:
+        notes.append(
+            "max seq len = the longest sequence that fits at this batch ('+': the model's "
+            "position limit, not memory, stops it)"
+        )
     parts.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
     return Group(*parts)
+
+
+def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
+    """``fit --serving``: the engine's KV-cache budget, term by term, per GPU."""
+    first = next(e.serving for e in estimates if e.serving is not None)
+    table = Table(
+        title=(
+            f"Serving engine: {first.engine_label}: KV budget = "
+            f"{first.gpu_memory_utilization:g} x capacity - weights - activation peak "
+            f"- non-torch; blocks of {first.block_size_tokens} tokens, "
+            f"{first.tokens_per_sequence} tokens per sequence"
+        ),
+        title_justify="left",
+        header_style="bold",
+    )
+    for col in (
+        "GPU",
+        "engine GiB",
+        "weights GiB",
+        "activation GiB",
+        "non-torch GiB",
+        "KV budget GiB",
+        "KV blocks",
+        "max concurrency",
+    ):
+        table.add_column(col, justify="left" if col == "GPU" else "right")
+    for e in estimates:
+        v = e.serving
+        if v is None:
+            continue
+        table.add_row(
+            e.gpu_name,
+            _gib(v.engine_budget_bytes),
+            _gib(v.weights_bytes),
+            _gib(v.activation_peak_bytes),
+            _gib(v.non_torch_bytes),
+            _gib(v.kv_cache_budget_bytes),
+            f"{v.kv_blocks:,}",
+            str(v.max_concurrency) if v.max_concurrency else "[red]0[/red]",
+        )
+    notes = "; ".join(first.assumptions)
+    return Group(table, Text(f"Serving assumptions: {notes}.", style="dim"))
+
+
+def _max_seq(estimate: MemoryEstimate) -> str:
+    """The largest sequence at the batch: ``+`` when the model's position limit stopped it."""
+    if estimate.max_seq_len is None:
+        return "—"
+    if estimate.max_seq_len == 0:
+        return "[red]0[/red]"
+    return f"{estimate.max_seq_len:,}{'+' if estimate.max_seq_len_capped else ''}"
 
 
 _VERDICT_STYLE = {"exact": "green", "conservative": "yellow", "too high": "bold red"}
@@ -348,3 +431,72 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
     )
     notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")
     return Group(table, summary, notes)
+
+
+def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
+    """``whichgpu predict``: one row per GPU, fastest first, with bands and closeness."""
+    if not estimates:
+        return Text("No GPU to predict (none fits, or none has the specs the predictor needs).")
+    first = estimates[0]
+    seq = f", sequence length {first.seq_len}" if first.seq_len else ""
+    head = Text.assemble(
+        (first.workload, "bold"),
+        f"  train, {first.run.precision}, {first.run.optimizer}{seq}",
+    )
+    table = Table(header_style="bold", title_justify="left")
+    for column in ("GPU", "batch", "step ms", first.throughput_unit, "band", "MFU", "bound by"):
+        table.add_column(column, justify="left" if column in ("GPU", "bound by") else "right")
+    for i, e in enumerate(estimates):
+        if e.throughput is None or e.step_time_s is None:
+            table.add_row(e.gpu_name, str(e.batch_size), "-", "[red]does not fit[/red]", "", "", "")
+            continue
+        bound = max(e.time_shares, key=lambda k: e.time_shares[k]) if e.time_shares else "-"
+        share = f"{bound} {e.time_shares.get(bound, 0):.0%}"
+        below = estimates[i + 1].high if i + 1 < len(estimates) else None
+        close = " ≈" if below is not None and e.low is not None and below >= e.low else ""
+        table.add_row(
+            e.gpu_name,
+            str(e.batch_size),
+            f"{e.step_time_s * 1000:,.1f}",
+            f"{e.throughput:,.3g}{close}",
+            f"{e.low:,.3g}-{e.high:,.3g}",
+            f"{e.mfu:.0%}" if e.mfu is not None else "-",
+            share,
+        )
+    notes = [*first.assumptions, f"method: {first.method}"]
+    notes.append("≈: within the band of the next GPU down, too close to rank")
+    return Group(head, table, Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
+
+
+def throughput_validation_view(validation: ThroughputValidation) -> RenderableType:
+    """``whichgpu validate throughput``: summaries, per-model rank correlation, seed checks."""
+    summary = Table(
+        header_style="bold", title="Throughput error on Lambda 2020", title_justify="left"
+    )
+    for column in ("method", "MAPE", "median", "P90", "cases"):
+        summary.add_column(column, justify="left" if column == "method" else "right")
+    for s in validation.summaries:
+        summary.add_row(s.method, f"{s.mape:.1%}", f"{s.median:.1%}", f"{s.p90:.1%}", str(s.cases))
+    cases = Table(header_style="bold", title="Cases (leave one GPU out)", title_justify="left")
+    for column in ("model", "GPU", "measured", "predicted", "error", "bandwidth baseline"):
+        cases.add_column(column, justify="left" if column in ("model", "GPU") else "right")
+    for c in validation.cases:
+        cases.add_row(
+            c.model,
+            c.gpu,
+            f"{c.measured:,.4g}",
+            f"{c.leave_gpu_out:,.4g}",
+            f"{c.leave_gpu_out / c.measured - 1:+.0%}",
+            f"{c.bandwidth_baseline / c.measured - 1:+.0%}",
+        )
+    ranks = ", ".join(f"{m} {r:.2f}" for m, r in validation.rank_correlation.items())
+    parts: list[RenderableType] = [
+        cases,
+        summary,
+        Text(f"Rank correlation of GPUs per model (Spearman): {ranks}"),
+        Text("Seed guides: " + "; ".join(validation.seed_checks)),
+    ]
+    if validation.left_out:
+        parts.append(Text("Left out: " + "; ".join(validation.left_out)))
+    parts.append(Text("Settings: " + "; ".join(validation.assumptions) + ".", style="dim"))
+    return Group(*parts)

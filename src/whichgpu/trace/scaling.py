@@ -3,9 +3,12 @@
 See ``whichgpu.workloads.stored`` for the model. Grid: batch sizes 2 and 3 (see ``FIRST_BATCH``)
 and, for sequence models, lengths ``L/4, L/2, 3L/4`` of the default ``L`` (not ``L`` itself:
 at a model's largest length, slicing position tables becomes aliasing, a different operator);
-the check point is ``(4, 3L/8)``. A model whose operator or allocation sequence differs
-between grid points, or whose check trace differs from the polynomials, raises
-``ProfileNotScalable`` naming the first difference.
+the check point is ``(4, 3L/8)``. Inference of a language model is the same grid with the
+batch as the sequences served at once and the length as the context (prompt) tokens; the
+generated tokens stay fixed at the run's ``new_tokens``, so the KV cache of ``L + new_tokens``
+slots is linear in ``L`` and the polynomials stay exact. A model whose operator or allocation
+sequence differs between grid points, or whose check trace differs from the polynomials,
+raises ``ProfileNotScalable`` naming the first difference.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from whichgpu.errors import WorkloadError
 from whichgpu.schema import AllocEvent, RunConfig, StepProfile
 from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import Workload
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 from whichgpu.workloads.stored import (
     CATEGORIES,
     FIXED_BASIS,
@@ -46,6 +50,10 @@ def grid(workload: Workload, run: RunConfig, first_batch: int) -> list[tuple[int
     if not info.is_sequence_model:
         return [(b0, None), (b0 + 1, None), (b0 + 2, None)]
     length = run.seq_len or info.default_seq_len or 512
+    if run.mode == "inference":  # the context; a language model's cache adds the new tokens
+        length = run.context or length
+        if info.max_seq_len is not None:
+            length = min(length, info.max_seq_len - (run.new_tokens or DEFAULT_NEW_TOKENS))
     eighth = max(8, length // 8)
     lengths = (2 * eighth, 4 * eighth, 6 * eighth)
     points: list[tuple[int, int | None]] = [(b, s) for b in (b0, b0 + 1) for s in lengths]
@@ -113,7 +121,7 @@ def trace_scalable(workload: Workload, run: RunConfig) -> ScalableProfile:
     """Trace ``workload`` on its grid and return its exact polynomial profile."""
     started = time.perf_counter()
     points = grid(workload, run, FIRST_BATCH)
-    traces = [trace_step(workload, run.model_copy(update=_size(p))) for p in points]
+    traces = [trace_step(workload, run.model_copy(update=_size(run, p))) for p in points]
     fields = [_fields(t) for t in traces]
     reference = fields[0][0]
     for point, (structure, _) in zip(points, fields, strict=True):
@@ -140,7 +148,11 @@ def trace_scalable(workload: Workload, run: RunConfig) -> ScalableProfile:
     return _assemble(workload, run, traces[0], polys, index, points, started)
 
 
-def _size(point: tuple[int, int | None]) -> dict[str, int | None]:
+def _size(run: RunConfig, point: tuple[int, int | None]) -> dict[str, int | None]:
+    """The run at a grid point. Inference: the batch is the concurrency and the length the
+    context, given as ``batch_size`` and ``seq_len`` (which the tracer reads so)."""
+    if run.mode == "inference":
+        return {"batch_size": point[0], "seq_len": point[1], "context": None, "concurrency": 1}
     return {"batch_size": point[0], "seq_len": point[1]}
 
 
@@ -182,6 +194,10 @@ def _assemble(
             )
         )
     open_run = run.model_copy(update={"batch_size": None, "seq_len": None})
+    if run.mode == "inference":  # the sizes stay open; the generated tokens are fixed
+        open_run = open_run.model_copy(
+            update={"context": None, "concurrency": 1, "new_tokens": trace.run.new_tokens}
+        )
     return ScalableProfile(
         workload=workload.info.name,
         run=open_run,
@@ -189,7 +205,10 @@ def _assemble(
         throughput_unit=workload.info.throughput_unit,
         params_total=trace.params_total,
         params_trainable=trace.params_trainable,
-        choices={k: v for k, v in trace.choices.items() if k != "tensors"},
+        choices={
+            **{k: v for k, v in trace.choices.items() if k != "tensors"},
+            **_open_sizes(trace),
+        },
         torch_version=trace.torch_version,
         polynomials=polys,
         units_per_step=units,
@@ -199,3 +218,20 @@ def _assemble(
         check_point=points[-1],
         trace_seconds=time.perf_counter() - started,
     )
+
+
+def _open_sizes(trace: StepProfile) -> dict[str, str]:
+    """Choices of an inference trace that name its sizes, said for every size instead."""
+    if "kv_cache" not in trace.choices:
+        return {}
+    new = trace.run.new_tokens
+    return {
+        "kv_cache": (
+            f"static (transformers StaticCache), allocated whole at prefill: 2 (K, V) x layers x "
+            f"kv heads x (context + {new} new tokens) x head dim x dtype bytes x sequences"
+        ),
+        "decode": (
+            f"one step of one token per sequence over all context + {new} cache slots (masked); "
+            "units_per_step counts its new tokens"
+        ),
+    }

@@ -29,6 +29,7 @@ from whichgpu.trace.recorder import Recorder
 from whichgpu.workloads.base import BuiltWorkload, Workload
 from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
 from whichgpu.workloads.hf import experts_choice
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -101,10 +102,6 @@ def _train_steps(
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     rec.mark(value, "optimizer")
         optimizer.zero_grad(set_to_none=True)
-
-
-DEFAULT_NEW_TOKENS = 128
-"""Tokens generated per sequence when an inference run of a language model gives none."""
 
 
 @dataclass(frozen=True)

@@ -2,58 +2,24 @@
 
 The reference is Lambda's 2020 table of the largest batch before running out of memory (see
 ``data/README.md`` for what it does and does not state). Each (model, GPU) is predicted with
-the ``lambda-2020`` software stack and fp32, converted to the table's unit (tokens for the
+the ``lambda-2020`` software stack and the settings of ``lambda2020.LAMBDA_MODELS``, converted
+to the table's unit (tokens for the
 translation models: sentences x sentence length), rounded down to the sizes Lambda's search
 could have tried, and compared in grid steps.
 """
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
-from dataclasses import dataclass
-from importlib import resources
 
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import WhichGpuError
 from whichgpu.schema import MemoryValidation, MemoryValidationCase, Verdict
+from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
 from whichgpu.workloads import get_workload, run_config
 
 LAMBDA_STACK = "lambda-2020"
-LAMBDA_PRECISION = "fp32"
-
-
-@dataclass(frozen=True)
-class _Model:
-    workload: str
-    power_of_two: bool
-    """Compare on powers of two; otherwise on the grid of values the column uses."""
-
-
-LAMBDA_MODELS = {
-    "NasNet Large": _Model("nasnet-large", True),
-    "DeepLabv3": _Model("deeplabv3", True),
-    "Yolo v3": _Model("yolov3", True),
-    "Pix2Pix HD": _Model("pix2pixhd", True),
-    "StyleGAN": _Model("stylegan", True),
-    "MaskRCNN": _Model("maskrcnn", True),
-    "Transformer Big": _Model("transformer-big", False),
-    "Conv. Seq2Seq": _Model("convs2s", False),
-    "unsupMT": _Model("unsupmt", False),
-    "BERT Base": _Model("bert-base", True),
-    "BERT Finetune": _Model("bert-squad", False),
-    "MT-DNN": _Model("mt-dnn", True),
-}
-"""Lambda's model names and the workloads that stand for them."""
-
-
-def _rows() -> list[dict[str, str]]:
-    ref = resources.files("whichgpu.validate").joinpath("data").joinpath("lambda2020.csv")
-    with ref.open(encoding="utf-8") as fh:
-        return list(csv.DictReader(fh))
-
-
 def on_grid(value: int, grid: list[int]) -> tuple[int, int]:
     """``value`` rounded down to ``grid`` (extended by doubling/halving), and its grid index."""
     points = sorted(set(grid))
@@ -83,7 +49,7 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
 
     catalog = load_catalog()
     stack = get_stack(LAMBDA_STACK)
-    rows = _rows()
+    rows = lambda_rows()
     cases: list[MemoryValidationCase] = []
     memories: dict[str, tuple[StepMemory, str]] = {}
     for row in rows:
@@ -110,9 +76,10 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
         except WhichGpuError as exc:
             cases.append(_skipped(base, f"no workload: {exc}"))
             continue
-        run = run_config(precision=LAMBDA_PRECISION)
+        run = run_config(precision=model.precision)
         if workload.info.is_sequence_model:
-            run = run.model_copy(update={"seq_len": workload.info.default_seq_len})
+            length = model.seq_len or workload.info.default_seq_len
+            run = run.model_copy(update={"seq_len": length})
         if model.workload not in memories:
             if progress is not None:
                 progress(model.workload)
@@ -142,9 +109,11 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
     return MemoryValidation(
         cases=tuple(cases),
         assumptions=(
-            f"precision {LAMBDA_PRECISION} (the post does not say)",
             f"software stack {stack.label}",
-            "language models at the workloads' default sequence lengths",
+            *(
+                f"{name}: {m.precision}" + (f", {m.seq_len} tokens" if m.seq_len else "")
+                for name, m in LAMBDA_MODELS.items()
+            ),
             "translation batches in tokens = sentences x sentence length",
             "image models compared at power-of-two granularity; token counts and BERT "
             "fine-tuning on the values their columns use",

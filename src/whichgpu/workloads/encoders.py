@@ -15,6 +15,7 @@ from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
     loss_from_output,
+    max_positions,
     model_device,
     read_config,
     weight_dtype,
@@ -89,6 +90,7 @@ def _make(
         default_batch_size=default[0],
         default_seq_len=default[1],
         is_sequence_model=True,
+        max_seq_len=max_positions(config),
         params_published=params,
         params_source=f"transformers BertForPreTraining; paper figure {published}",
         reference="https://arxiv.org/abs/1810.04805",
@@ -158,6 +160,7 @@ def _bert_squad() -> Workload:
         default_batch_size=SQUAD_BATCH,
         default_seq_len=SQUAD_SEQ_LEN,
         is_sequence_model=True,
+        max_seq_len=max_positions(config),
         params_published=108_893_186,
         params_source=(
             "transformers BertForQuestionAnswering (bert-base config, no pooler); paper figure "
@@ -283,6 +286,7 @@ def _mt_dnn() -> Workload:
         default_batch_size=MT_DNN_BATCH,
         default_seq_len=MT_DNN_SEQ_LEN,
         is_sequence_model=True,
+        max_seq_len=max_positions(config),
         params_published=335_157_263,
         params_source=(
             "transformers BertModel (bert-large config, with pooler) + 8 linear GLUE heads; "

@@ -29,6 +29,21 @@ def read_config(name: str) -> dict[str, Any]:
     return data
 
 
+def max_positions(config: dict[str, Any]) -> int | None:
+    """Positions a config's model can embed (``max_position_embeddings``, GPT-2's
+    ``n_positions``), looking inside a ``text_config``; None if the config names none."""
+    inner = config.get("text_config")
+    if isinstance(inner, dict):
+        found = max_positions(inner)
+        if found is not None:
+            return found
+    for key in ("max_position_embeddings", "n_positions"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
 def weight_dtype(run: RunConfig) -> torch.dtype:
     """The dtype weights are created in: bf16 for ``bf16-pure``, fp32 otherwise (AMP keeps
     fp32 master weights) — except in inference, where nothing is trained and so no fp32

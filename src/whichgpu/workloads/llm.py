@@ -8,7 +8,13 @@ from __future__ import annotations
 
 from whichgpu.schema import RunConfig, WorkloadInfo
 from whichgpu.workloads.base import BuiltWorkload, Workload
-from whichgpu.workloads.hf import build_hf_model, loss_from_output, read_config, token_batch
+from whichgpu.workloads.hf import (
+    build_hf_model,
+    loss_from_output,
+    max_positions,
+    read_config,
+    token_batch,
+)
 from whichgpu.workloads.registry import register
 
 LLAMA_LIKE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -154,6 +160,7 @@ def _make(
         default_batch_size=default[0],
         default_seq_len=default[1],
         is_sequence_model=True,
+        max_seq_len=max_positions(config),
         params_published=params,
         params_source=f"transformers implementation of the config in {card}",
         reference=card,

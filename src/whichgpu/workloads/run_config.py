@@ -9,6 +9,31 @@ from pydantic import ValidationError
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.schema import RunConfig, WorkloadInfo
 
+DEFAULT_NEW_TOKENS = 128
+"""Tokens generated per sequence when an inference run of a language model gives none."""
+
+
+def inference_context(info: WorkloadInfo, run: RunConfig) -> tuple[int, int]:
+    """``(context, new_tokens)`` of a language model's inference run, defaults filled in.
+
+    ``context`` is ``--context`` (or ``--seq-len``), else the workload's default sequence length
+    shortened so that context plus new tokens fits ``max_seq_len`` — what the tracer does too
+    (``whichgpu.trace.step.serving_sizes``). A given context that does not fit is refused.
+    """
+    new_tokens = run.new_tokens or DEFAULT_NEW_TOKENS
+    context = run.context or run.seq_len
+    limit = info.max_seq_len
+    if context is None:
+        context = info.default_seq_len or 2048
+        if limit is not None:
+            context = min(context, limit - new_tokens)
+    if limit is not None and (context < 1 or context + new_tokens > limit):
+        raise UnsupportedWorkload(
+            f"{info.name} has {limit} positions; a context of {context} tokens plus "
+            f"{new_tokens} new tokens does not fit. Shorten --context or --new-tokens."
+        )
+    return context, new_tokens
+
 
 def run_config(**options: Any) -> RunConfig:
     """A ``RunConfig`` from user options (None = default), checked for consistency."""
@@ -23,7 +48,15 @@ def run_config(**options: Any) -> RunConfig:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise UsageError(f"--{field.replace('_', '-')}: {err['msg']}.") from exc
-    for name in ("batch_size", "seq_len", "context", "new_tokens", "lora_rank", "concurrency"):
+    for name in (
+        "batch_size",
+        "seq_len",
+        "context",
+        "new_tokens",
+        "lora_rank",
+        "concurrency",
+        "gpus",
+    ):
         value = getattr(run, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}.")
@@ -38,6 +71,15 @@ def run_config(**options: Any) -> RunConfig:
             raise UsageError("--method lora/qlora is a way of training; use --mode train.")
         if run.checkpointing:
             raise UsageError("--checkpointing saves memory in training only; drop it.")
+        if run.gpus != 1:
+            raise UsageError(
+                "--gpus is data-parallel training (--mode train); an inference server on each "
+                "GPU is estimated with one GPU."
+            )
+        if run.sharding != "ddp":
+            raise UsageError(
+                f"--sharding {run.sharding} splits training state; it applies to --mode train only."
+            )
     if run.method == "full" and run.lora_targets:
         raise UsageError("--lora-targets needs --method lora or qlora.")
     return run

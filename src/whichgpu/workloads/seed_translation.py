@@ -537,6 +537,7 @@ TRANSFORMER_BIG = Workload(
         default_batch_size=32,
         default_seq_len=DEFAULT_SEQ_LEN,
         is_sequence_model=True,
+        max_seq_len=FCONV_MAX_POSITIONS,  # the same 1024-row sinusoidal table
         params_published=transformer_big_param_count(TRANSFORMER_VOCAB),
         params_source=(
             "fairseq transformer_vaswani_wmt_en_de_big with --share-all-embeddings at the "
@@ -571,6 +572,7 @@ CONVS2S = Workload(
         default_batch_size=32,
         default_seq_len=DEFAULT_SEQ_LEN,
         is_sequence_model=True,
+        max_seq_len=FCONV_MAX_POSITIONS,
         params_published=_CONVS2S_PARAMS,
         params_source=(
             "fairseq fconv_wmt_en_de (fairseq/models/fconv.py) at 40,000-entry source and "
@@ -609,6 +611,7 @@ UNSUPMT = Workload(
         default_batch_size=16,
         default_seq_len=DEFAULT_SEQ_LEN,
         is_sequence_model=True,
+        max_seq_len=XLM_MAX_POSITIONS,
         params_published=_UNSUPMT_PARAMS,
         params_source=(
             "facebookresearch/XLM xlm/model/__init__.py build_model (encoder_only false) and "

@@ -48,6 +48,7 @@ from whichgpu.schema import (
     TensorCategory,
     ThroughputUnit,
 )
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 FORMAT = "whichgpu-scalable-profile"
 FORMAT_VERSION = 1
@@ -411,7 +412,14 @@ PROFILE_DIR = "profiles"
 
 
 def profile_key(workload: str, run: RunConfig) -> str:
-    """File stem of a stored profile: the workload and what of the run changes the trace."""
+    """File stem of a stored profile: the workload and what of the run changes the trace.
+
+    Training: ``<workload>_train_<precision>_<optimizer>[_ckpt][_<method><rank>]``. Inference:
+    ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
+    the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
+    """
+    if run.mode == "inference":
+        return f"{workload}_inference_{run.precision}_new{run.new_tokens or DEFAULT_NEW_TOKENS}"
     parts = [workload, run.mode, run.precision, run.optimizer]
     if run.checkpointing:
         parts.append("ckpt")
@@ -421,8 +429,9 @@ def profile_key(workload: str, run: RunConfig) -> str:
 
 
 def storable(run: RunConfig) -> bool:
-    """Whether stored profiles can answer for ``run`` (default targets, training or prefill)."""
-    return not run.lora_targets and run.mode == "train"
+    """Whether stored profiles can answer for ``run`` (default LoRA targets; training, or
+    inference of the whole model)."""
+    return not run.lora_targets and (run.mode == "train" or run.method == "full")
 
 
 def load_stored(workload: str, run: RunConfig) -> ScalableProfile | None:

@@ -56,6 +56,7 @@ from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
     loss_from_output,
+    max_positions,
     model_device,
     skip_init_when_fake,
     token_batch,
@@ -144,10 +145,9 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         input_desc="a sequence of token ids",
         throughput_unit="tokens" if resolved_task == "causal-lm" else "sequences",
         default_batch_size=1,
-        default_seq_len=min(
-            int(config.get("max_position_embeddings", DEFAULT_SEQ_LEN)), DEFAULT_SEQ_LEN
-        ),
+        default_seq_len=min(max_positions(config) or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN),
         is_sequence_model=True,
+        max_seq_len=max_positions(config),
     )
     return Workload(info=info, build=build)
 

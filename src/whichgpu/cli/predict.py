@@ -1,0 +1,86 @@
+"""``whichgpu predict``: how fast a training step runs on each GPU."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_json, progress_note
+from whichgpu.report import json_doc, terminal
+
+
+def predict(
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+    ] = None,
+    gpu: Annotated[
+        Optional[list[str]],  # noqa: UP045
+        typer.Option(
+            "--gpu",
+            "-g",
+            help="A GPU to predict (repeat for several); default: every GPU the step fits on.",
+            show_default=False,
+        ),
+    ] = None,
+    stack: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            help="Software stack whose memory overheads decide the batch (pytorch2-cuda12, "
+            "lambda-2020).",
+            show_default="pytorch2-cuda12",
+        ),
+    ] = None,
+    config: o.ConfigOption = None,
+    model: o.ModelOption = None,
+    task: o.TaskOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
+    json: o.JsonOption = False,
+) -> None:
+    """How fast will a training step run on each GPU? Predicted throughput, ranked.
+
+    Each operator of the model's real training step (traced on the CPU, or stored for named
+    workloads) is timed on each GPU by a roofline — FLOPs over the peak of the engine its
+    precision uses (tensor cores, TF32, FP32 units), bytes over the memory bandwidth, a
+    launch floor — with five constants fitted on measured throughputs. Without --batch-size
+    each GPU runs the largest batch that fits it (as `whichgpu fit` finds it). Every
+    prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
+    validate throughput`); GPUs whose bands overlap are too close to rank.
+
+    Examples:
+
+      whichgpu predict resnet50 --precision fp32 --gpu 2080ti --gpu 3090 --gpu 4090
+
+      whichgpu predict llama-3.2-1b --seq-len 2048          # every GPU it fits on
+
+      whichgpu predict bert-large --batch-size 16 --json
+    """
+    from whichgpu.api import predict as predict_throughput
+
+    options: dict[str, Any] = {
+        "precision": precision,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "optimizer": optimizer,
+        "checkpointing": checkpointing or None,
+        "method": method,
+        "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
+    }
+    with progress_note("Predicting step times (tracing the step if it is not stored)"):
+        estimates = predict_throughput(
+            workload, config=config, task=task, model=model, gpus=gpu, stack=stack, **options
+        )
+    if json:
+        emit_json(json_doc.predict_doc(estimates))
+        return
+    emit(terminal.predict_view(estimates))

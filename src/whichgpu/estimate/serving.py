@@ -1,0 +1,100 @@
+"""Inference of a language model: KV-cache bytes per token, and a serving engine's answer.
+
+Two policies, both for one GPU:
+
+- plain PyTorch / transformers generation (the default of ``fit --mode inference``): the
+  traced step itself — weights, a static KV cache for ``context + new_tokens`` tokens per
+  sequence, the prefill's activations — replayed through the allocator model by
+  ``whichgpu.estimate.memory``; this module only adds the KV-cache figures;
+- a serving engine with a paged KV cache (``fit --serving vllm``): the engine takes a
+  fraction of the card, loads the weights, runs one profiling forward pass and gives all that
+  is left to KV-cache blocks (``serving_estimate``).
+
+Pure Python: the figures come from the model's config and the stored or traced profile.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from whichgpu.schema import Precision, ServingEngine, ServingEstimate, SoftwareStack
+
+_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "bf16-pure": 2}
+"""Bytes per element of weights and KV cache in inference, by ``--precision``: fp16/bf16
+inference holds its weights (and so its cache) in the half dtype (``workloads.hf.weight_dtype``)."""
+
+
+def serving_dtype_bytes(precision: Precision) -> int:
+    """Bytes per weight and KV-cache element of an inference run at ``precision``."""
+    if precision not in _DTYPE_BYTES:
+        raise ValueError(f"no inference dtype for --precision {precision}")
+    return _DTYPE_BYTES[precision]
+
+
+def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
+    """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
+    dtype_bytes``, from a Hugging Face ``config.json`` (GQA-aware: ``num_key_value_heads``;
+    GPT-2's ``n_layer``/``n_head``/``n_embd`` names too; a ``text_config`` is looked into)."""
+    inner = config.get("text_config")
+    if isinstance(inner, Mapping):
+        config = inner
+    layers = int(config.get("num_hidden_layers") or config["n_layer"])
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    hidden = int(config.get("hidden_size") or config["n_embd"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    return layers * 2 * kv_heads * head_dim * dtype_bytes
+
+
+def serving_estimate(
+    engine: ServingEngine,
+    stack: SoftwareStack,
+    *,
+    capacity_bytes: int,
+    weights_bytes: int,
+    activation_peak_bytes: int,
+    kv_per_token_bytes: int,
+    tokens_per_sequence: int,
+) -> ServingEstimate:
+    """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds.
+
+    ``budget = floor(utilization x capacity) - weights - activation peak - non-torch`` (the
+    CUDA context of ``stack``); blocks of ``engine.block_size_tokens`` tokens; each sequence
+    of ``tokens_per_sequence`` tokens holds ``ceil(tokens / block)`` blocks.
+    """
+    engine_budget = math.floor(engine.gpu_memory_utilization * capacity_bytes)
+    non_torch = stack.cuda_context_bytes
+    kv_budget = engine_budget - weights_bytes - activation_peak_bytes - non_torch
+    block_bytes = engine.block_size_tokens * kv_per_token_bytes
+    blocks = max(0, kv_budget) // block_bytes
+    per_sequence = math.ceil(tokens_per_sequence / engine.block_size_tokens)
+    return ServingEstimate(
+        engine=engine.id,
+        engine_label=engine.label,
+        gpu_memory_utilization=engine.gpu_memory_utilization,
+        engine_budget_bytes=engine_budget,
+        weights_bytes=weights_bytes,
+        activation_peak_bytes=activation_peak_bytes,
+        profile_tokens=engine.profile_tokens,
+        non_torch_bytes=non_torch,
+        kv_cache_budget_bytes=kv_budget,
+        kv_bytes_per_token=kv_per_token_bytes,
+        block_size_tokens=engine.block_size_tokens,
+        kv_blocks=blocks,
+        tokens_per_sequence=tokens_per_sequence,
+        blocks_per_sequence=per_sequence,
+        max_concurrency=blocks // per_sequence,
+        assumptions=(
+            f"{engine.label}: gpu_memory_utilization {engine.gpu_memory_utilization:g} of the "
+            f"CUDA total, KV blocks of {engine.block_size_tokens} tokens",
+            f"activation peak = the traced prefill of one sequence of {engine.profile_tokens} "
+            "tokens (the engine's profiling pass of max_num_batched_tokens), less its weights "
+            "and KV cache; it includes the cuBLAS workspaces",
+            f"non-torch memory = the CUDA context of the stack ({stack.label})",
+            "CUDA graphs, the sampler's logits of many sequences and prefix caching are not "
+            "modelled; the engine caps running sequences at max_num_seqs (256 by default, 1024 "
+            "on GPUs of 70 GiB or more other than A100) beyond this KV limit",
+        ),
+    )

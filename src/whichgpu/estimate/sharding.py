@@ -1,0 +1,352 @@
+"""Data-parallel training on N GPUs: one step's allocations as one GPU (rank) of N sees them.
+
+A stored or traced profile is the step of a single process. Training on ``N`` GPUs of a node
+runs that step on every GPU with its own batch, and the strategy decides what each GPU holds
+besides: this module rewrites the event stream (handle, bytes, alloc/free, category, in order)
+into the stream of one rank, which ``whichgpu.estimate.memory`` replays through the allocator
+model like any other. ``N = 1`` leaves the stream unchanged for every strategy (FSDP itself
+falls back to ``NO_SHARD`` at world size 1).
+
+What each strategy changes (Ψ = parameters; in our AMP traces, ``bf16``/``fp16``, the
+parameters are fp32 and autocast casts them per operator, so the fp32 parameter *is* the master
+copy and gradients are fp32: 4 + 4 + 8 bytes per parameter with AdamW; ``bf16-pure`` keeps
+everything in bf16):
+
+``ddp``
+    PyTorch ``DistributedDataParallel`` with its defaults: ``bucket_cap_mb=25``, a first bucket
+    of 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``), ``gradient_as_bucket_view=False``. The
+    buckets are a flat copy of every gradient, allocated when the model is wrapped and kept;
+    gradients join buckets in the order they become ready (DDP rebuilds its buckets in that
+    order after the first step), a bucket closing once it reaches the cap. Nothing else
+    changes.
+
+``zero2`` (DeepSpeed ZeRO stage 2; FSDP ``SHARD_GRAD_OP``)
+    Gradients and optimizer state (and the optimizer's temporaries) are split ``1/N``.
+    ZeRO shards the fp32 master copy with the optimizer state but keeps a working copy of the
+    weights on every GPU; here the traced parameters stay whole (the working copy, fp32 in
+    AMP runs — more than DeepSpeed's 16-bit one) *and* a ``1/N`` shard of the trainable
+    parameters is added (DeepSpeed's fp32 partition, FSDP's sharded flat parameter). During
+    backward each full gradient is produced, copied into the reduce bucket and freed; the
+    bucket (``reduce_bucket_size``, 5e8 elements by default, with ``contiguous_gradients``
+    on) is held for the whole run, at the traced gradient element size and at most the size
+    of all gradients.
+
+``zero3`` / ``fsdp`` (DeepSpeed ZeRO stage 3; FSDP ``FULL_SHARD``)
+    Parameters, gradients and optimizer state are split ``1/N``. During each forward and
+    backward the gathered parameters of the unit running and of the prefetched next one are
+    live, and gradients of a unit stay unsharded until its reduce-scatter. A profile does not
+    say which parameter belongs to which layer, so the wrapped unit is sized from the
+    parameter sizes in model order: the longest run of repeating sizes is the stack of
+    blocks (transformer layers), each block one unit; every other parameter (embeddings,
+    heads, final norms) is one root unit. The root stays gathered through forward and
+    backward (FSDP1 does not reshard the root after forward), so gathered parameters are
+    root + 2 blocks from the start of each forward to the end of its backward, and the
+    unsharded gradients are the root's plus one block's throughout backward. With no
+    repeated block found every parameter counts as root: nothing is saved while computing.
+
+Shards are rounded up: each tensor is split into whole 8-byte granules and every rank gets
+``ceil(granules / N)`` of them, which is never less than FSDP's or DeepSpeed's padding of a
+flat buffer to a multiple of ``N`` elements (of 1, 2, 4 or 8 bytes). The batch is per GPU;
+activations and inputs are untouched.
+
+Sources:
+
+- PyTorch ``DistributedDataParallel`` defaults (``bucket_cap_mb=25``,
+  ``gradient_as_bucket_view=False``):
+  https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html;
+  first bucket ``kDefaultFirstBucketBytes = 1024 * 1024`` in ``c10d/reducer.hpp`` (quoted in
+  pytorch/pytorch issue #61353).
+- FSDP (``backward_prefetch=BACKWARD_PRE``, ``limit_all_gathers=True``; ``NO_SHARD`` at world
+  size 1, ``torch/distributed/fsdp/_init_utils.py``):
+  https://pytorch.org/docs/stable/fsdp.html and https://pytorch.org/docs/stable/notes/fsdp.html.
+- Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
+  arXiv:1910.02054 (model states 2Ψ + 2Ψ + 12Ψ; stage 2: 2Ψ + 14Ψ/N; stage 3: 16Ψ/N).
+- DeepSpeed ZeRO configuration (``reduce_bucket_size`` 5e8 elements, ``contiguous_gradients``
+  true; ``deepspeed/runtime/zero/config.py``): https://www.deepspeed.ai/docs/config-json/.
+
+Pure Python; never imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from whichgpu.schema import Phase, Sharding, TensorCategory
+from whichgpu.units import GIB, MIB
+
+DDP_BUCKET_CAP_BYTES = 25 * MIB
+"""DDP's ``bucket_cap_mb`` default (25 MiB)."""
+DDP_FIRST_BUCKET_BYTES = 1 * MIB
+"""DDP's first bucket (``dist._DEFAULT_FIRST_BUCKET_BYTES``)."""
+ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` default, in elements."""
+SHARD_GRANULE_BYTES = 8
+"""Shards are counted in granules of this size (a multiple of every element size)."""
+
+Event = tuple[int, int, bool, TensorCategory]
+"""One allocation or free as the allocator replays it: handle, bytes, alloc, category."""
+Added = tuple[tuple[int, TensorCategory], ...]
+"""Allocations a strategy adds: bytes and category of each."""
+
+_ADDED_HANDLES = -(1 << 40)
+"""Handles of allocations this module adds count down from here (clear of traced storages and
+of the workspaces, which use small negative handles)."""
+
+
+@dataclass(frozen=True)
+class Parallel:
+    """How many GPUs train together and what they split between them."""
+
+    gpus: int = 1
+    """GPUs of one node, data parallel."""
+    sharding: Sharding = "ddp"
+    """Strategy (see the module docstring)."""
+
+
+SINGLE_GPU = Parallel()
+"""One GPU: the traced step as it is."""
+
+
+@dataclass(frozen=True)
+class ShardingPlan:
+    """What one rank of ``parallel`` holds besides its share of the traced step."""
+
+    parallel: Parallel
+    """GPUs and strategy."""
+    wrap: Added
+    """Allocations made when the model is wrapped and kept: DDP buckets, the ZeRO-2 bucket and
+    sharded parameters."""
+    each_pass: Added
+    """Allocations live from the start of each forward to the end of its backward (gathered
+    parameters)."""
+    each_backward: Added
+    """Allocations live through each backward (unsharded gradients awaiting reduce-scatter)."""
+    shard_parameters: bool
+    """Parameters are split ``1/N``."""
+    shard_gradients: bool
+    """Gradients (and optimizer state and temporaries) are split ``1/N``."""
+    copy_full_gradients: bool
+    """Each full gradient is produced, copied into the reduce bucket and freed (ZeRO-2)."""
+    assumptions: tuple[str, ...]
+    """What the plan assumes, in words."""
+
+    @property
+    def identity(self) -> bool:
+        """Whether the stream is left as traced."""
+        return self.parallel.gpus == 1
+
+
+def shard_bytes(nbytes: int, gpus: int) -> int:
+    """One rank's bytes of an ``nbytes`` tensor split ``gpus`` ways, padded up (see module)."""
+    if gpus == 1:
+        return nbytes
+    granules = -(-nbytes // SHARD_GRANULE_BYTES)
+    return -(-granules // gpus) * SHARD_GRANULE_BYTES
+
+
+def ddp_buckets(gradient_bytes: Sequence[int]) -> tuple[int, ...]:
+    """DDP's bucket sizes for gradients becoming ready in this order (first bucket smaller)."""
+    buckets: list[int] = []
+    current = 0
+    cap = DDP_FIRST_BUCKET_BYTES
+    for nbytes in gradient_bytes:
+        current += nbytes
+        if current >= cap:
+            buckets.append(current)
+            current = 0
+            cap = DDP_BUCKET_CAP_BYTES
+    if current:
+        buckets.append(current)
+    return tuple(buckets)
+
+
+def repeated_block(sizes: Sequence[int]) -> tuple[int, int]:
+    """``(bytes of one block, number of blocks)`` of the run of repeating sizes that covers
+    the most bytes (``(0, 0)`` when nothing repeats); the shortest period wins a tie."""
+    n = len(sizes)
+    prefix = [0, *itertools.accumulate(sizes)]
+    best_covered, best = 0, (0, 0)
+    for period in range(1, n // 2 + 1):
+        run = 0
+        for j in range(n - period + 1):
+            if j < n - period and sizes[j] == sizes[j + period]:
+                run += 1
+                continue
+            copies = (run + period) // period
+            if copies >= 2:
+                start = j - run
+                block = prefix[start + period] - prefix[start]
+                if copies * block > best_covered:
+                    best_covered, best = copies * block, (block, copies)
+            run = 0
+    return best
+
+
+def make_plan(
+    parallel: Parallel,
+    parameter_bytes: Sequence[int],
+    gradient_bytes: Sequence[int],
+    trainable_params: int,
+) -> ShardingPlan:
+    """The plan for ``parallel`` from the step's parameter sizes (model order) and gradient
+    sizes (order they become ready), both in bytes, and the count of trainable parameters."""
+    n, how = parallel.gpus, parallel.sharding
+    label = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP (FULL_SHARD)"}
+    if n == 1:
+        note = "one GPU: nothing is split"
+        if how != "ddp":
+            note += " (FSDP runs as NO_SHARD at world size 1)"
+        return ShardingPlan(parallel, (), (), (), False, False, False, (note,))
+    head = f"{label[how]} on {n} GPUs of one node; batch per GPU (global batch {n} x batch)"
+    if how == "ddp":
+        buckets = ddp_buckets(gradient_bytes)
+        note = (
+            f"DDP gradient buckets hold a copy of every gradient ({_gib(sum(buckets))} GiB in "
+            f"{len(buckets)} buckets: first {DDP_FIRST_BUCKET_BYTES // MIB} MiB, then "
+            f"{DDP_BUCKET_CAP_BYTES // MIB} MiB; gradient_as_bucket_view off)"
+        )
+        wrap: Added = tuple((b, "gradient") for b in buckets)
+        return ShardingPlan(parallel, wrap, (), (), False, False, False, (head, note))
+    total_gradients = sum(gradient_bytes)
+    if how == "zero2":
+        element_bytes = -(-total_gradients // max(trainable_params, 1))
+        bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, total_gradients)
+        master = sum(shard_bytes(g, n) for g in gradient_bytes)
+        notes: tuple[str, ...] = (
+            head,
+            f"gradients, optimizer state and its temporaries split 1/{n}; parameters whole on "
+            f"every GPU plus a 1/{n} shard of the trainable ones ({_gib(master)} GiB: the "
+            "master partition / sharded flat parameter)",
+            f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
+            f"reduce_bucket_size {ZERO_REDUCE_BUCKET_ELEMENTS:,} elements, "
+            "contiguous_gradients), held for the run",
+        )
+        zero2: Added = ((master, "parameter"), (bucket, "gradient"))
+        wrap = tuple((b, c) for b, c in zero2 if b)
+        return ShardingPlan(parallel, wrap, (), (), False, True, True, notes)
+    block, blocks = repeated_block(parameter_bytes)
+    root = sum(parameter_bytes) - block * blocks
+    grad_block, grad_blocks = repeated_block(gradient_bytes)
+    grad_root = total_gradients - grad_block * grad_blocks
+    if blocks:
+        unit = (
+            f"units: {blocks} repeated blocks of {_gib(block)} GiB (found as repeating "
+            f"parameter sizes) and a root of {_gib(root)} GiB (every other parameter)"
+        )
+    else:
+        unit = "no repeated block found: every parameter counts as one root unit"
+    notes = (
+        head,
+        f"parameters, gradients, optimizer state and its temporaries split 1/{n}",
+        unit,
+        "gathered through each forward and backward: the root plus the current and the "
+        f"prefetched block ({_gib(root + 2 * block)} GiB)",
+        "unsharded gradients through backward: the root's plus one block's "
+        f"({_gib(grad_root + grad_block)} GiB) until their reduce-scatter",
+    )
+    each_pass: Added = tuple((b, "parameter") for b in (root, block, block) if b)
+    each_backward: Added = tuple((b, "gradient") for b in (grad_root, grad_block) if b)
+    return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes)
+
+
+def rank_events(
+    handles: Sequence[int],
+    sizes: Sequence[int],
+    allocs: Sequence[bool],
+    categories: Sequence[TensorCategory],
+    phases: Sequence[Phase],
+    plan: ShardingPlan,
+) -> list[Event]:
+    """The events of one rank under ``plan``, from the traced step's events (parallel lists)."""
+    if plan.identity:
+        return list(zip(handles, sizes, allocs, categories, strict=True))
+    out: list[Event] = []
+    added = itertools.count(_ADDED_HANDLES, -1)
+    resized: dict[int, int] = {}
+    live_pass: list[Event] = []
+    live_backward: list[Event] = []
+    wrapped = False
+    phase: Phase | None = None
+    n = plan.parallel.gpus
+
+    def allocate(extra: Added, into: list[Event]) -> None:
+        for nbytes, category in extra:
+            event = (next(added), nbytes, True, category)
+            out.append(event)
+            into.append(event)
+
+    def release(held: list[Event]) -> None:
+        out.extend((h, nbytes, False, c) for h, nbytes, _, c in held)
+        held.clear()
+
+    for handle, size, alloc, category, now in zip(
+        handles, sizes, allocs, categories, phases, strict=True
+    ):
+        if not wrapped and category not in ("parameter", "buffer"):
+            allocate(plan.wrap, [])
+            wrapped = True
+        if now != phase:
+            phase = now
+            if now == "forward" and not live_pass:
+                allocate(plan.each_pass, live_pass)
+            elif now == "backward" and not live_backward:
+                allocate(plan.each_backward, live_backward)
+            elif now in ("optimizer", "setup"):
+                release(live_backward)
+                release(live_pass)
+        if not alloc:
+            out.append((handle, resized.pop(handle, size), False, category))
+            continue
+        shard = (
+            (category == "parameter" and plan.shard_parameters)
+            or (category in ("gradient", "optimizer") and plan.shard_gradients)
+            or (category == "temporary" and now == "optimizer" and plan.shard_gradients)
+        )
+        if not shard or size == 0:
+            out.append((handle, size, True, category))
+            continue
+        part = shard_bytes(size, n)
+        resized[handle] = part
+        if category == "gradient" and plan.copy_full_gradients:
+            full = next(added)
+            out.append((full, size, True, category))
+            out.append((handle, part, True, category))
+            out.append((full, size, False, category))
+        else:
+            out.append((handle, part, True, category))
+    return out
+
+
+def _gib(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f}"
+
+
+def event_phases(
+    op_indices: Sequence[int], steps: Sequence[int], op_phases: Sequence[Phase]
+) -> list[Phase]:
+    """The phase of each event, from the operator that made it.
+
+    Operators are recorded for the last traced step only, and operator indices count across
+    steps. An earlier step runs the same operators up to its optimizer (whose first step also
+    creates the state), so its events map onto the same phases; events before any operator are
+    ``setup``.
+    """
+    if not op_indices:
+        return []
+    if not op_phases:
+        return ["setup"] * len(op_indices)
+    last = max(steps)
+    offset = max(op_indices) + 1 - len(op_phases)
+    first_optimizer = next((i for i, p in enumerate(op_phases) if p == "optimizer"), len(op_phases))
+    out: list[Phase] = []
+    for index, step in zip(op_indices, steps, strict=True):
+        if index < 0:
+            out.append("setup")
+        elif step != last and index >= first_optimizer:
+            out.append("optimizer")
+        else:
+            local = index - offset if step == last else index
+            out.append(op_phases[min(max(local, 0), len(op_phases) - 1)])
+    return out

@@ -1,0 +1,324 @@
+"""Step time and throughput of a profiled step on any catalog GPU: a calibrated roofline.
+
+Each operator of the step (``ScalableProfile.ops`` at the batch and sequence length asked
+about) takes
+
+    time = max(compute, memory, launch)
+    compute = FLOPs / (efficiency(engine) x ramp(work per SM) x peak(engine))   (matrix ops)
+    memory  = bytes read and written / (memory efficiency x DRAM bandwidth)
+    launch  = the host's time to dispatch one eager operator (the floor of any operator)
+
+and the step takes the sum. The *engine* of a matrix operator (GEMM, convolution, attention)
+follows its dtype, the run's precision and what the GPU has: FP16/BF16 tensor cores (FP32
+accumulate, the rate AMP gets), TF32 tensor cores for ``--precision tf32``, otherwise the FP32
+vector units. ``ramp(x) = x / (x + x_half)`` is the small-problem penalty: a GEMM whose work
+cannot fill the SMs runs below the peak. Every other operator (elementwise, norms,
+reductions, optimizer, copies) is bounded by bandwidth.
+
+The peaks, bandwidths and SM counts come from the catalog. The five constants of the model
+(``PerfParameters``) are fitted once on measured throughputs — the Lambda 2020 table, read
+with the settings of ``whichgpu.validate.throughput`` — by ``scripts/fit_throughput.py`` and
+stored with their provenance and their validation error in ``data/throughput.json``; the
+error is the width of each prediction's band.
+
+Pure Python + numpy: no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from whichgpu.errors import UsageError
+from whichgpu.schema import GpuSpec, Precision
+from whichgpu.units import GB, tflops_to_flops
+from whichgpu.workloads.stored import ScalableProfile
+
+Engine = Literal["tensor", "tf32", "vector"]
+"""Where a matrix operator runs: FP16/BF16 tensor cores, TF32 tensor cores, FP32 vector units."""
+
+MATRIX_KINDS = ("gemm", "conv", "attention")
+"""Operator kinds that run on the matrix engines; all others are bandwidth bound."""
+
+_HALF = ("float16", "bfloat16")
+PARAMETERS_FILE = "throughput.json"
+
+
+@dataclass(frozen=True)
+class PerfParameters:
+    """The fitted constants of the operator-time model, with where they come from."""
+
+    tensor_efficiency: float
+    """Fraction of the FP16/BF16/TF32 tensor peak that large matrix operators reach."""
+    vector_efficiency: float
+    """Fraction of the FP32 vector peak that large FP32 matrix operators reach."""
+    memory_efficiency: float
+    """Fraction of DRAM bandwidth that streaming operators reach."""
+    half_work_flops_per_sm: float
+    """Work per SM (FLOPs) at which a matrix operator reaches half its efficiency."""
+    launch_s: float
+    """Shortest time of any operator: the host dispatch of one eager PyTorch operator, s."""
+    fitted_on: str
+    """What the constants were fitted on."""
+    method: str
+    """How (the script and the loss)."""
+    fitted_date: str
+    """When."""
+    error_bands: dict[str, float]
+    """Validation error (leave-one-GPU-out, absolute relative error, P80) by workload type
+    (``vision``, ``language``); ``default`` for everything else."""
+
+    @property
+    def vector(self) -> npt.NDArray[np.float64]:
+        """The fitted values in a fixed order (for the fit)."""
+        return np.array(
+            [
+                self.tensor_efficiency,
+                self.vector_efficiency,
+                self.memory_efficiency,
+                self.half_work_flops_per_sm,
+                self.launch_s,
+            ]
+        )
+
+
+FIT_FIELDS = (
+    "tensor_efficiency",
+    "vector_efficiency",
+    "memory_efficiency",
+    "half_work_flops_per_sm",
+    "launch_s",
+)
+
+
+def load_parameters() -> PerfParameters:
+    """The shipped constants (``data/throughput.json``)."""
+    ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
+    doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))
+    values = doc["parameters"]
+    return PerfParameters(
+        **{name: float(values[name]) for name in FIT_FIELDS},
+        fitted_on=str(doc["fitted_on"]),
+        method=str(doc["method"]),
+        fitted_date=str(doc["fitted_date"]),
+        error_bands={str(k): float(v) for k, v in doc["error_bands"].items()},
+    )
+
+
+def with_values(params: PerfParameters, values: npt.NDArray[np.float64]) -> PerfParameters:
+    """``params`` with the fitted fields replaced by ``values`` (in ``FIT_FIELDS`` order)."""
+    fields = dict(zip(FIT_FIELDS, (float(v) for v in values), strict=True))
+    return PerfParameters(
+        **fields,
+        fitted_on=params.fitted_on,
+        method=params.method,
+        fitted_date=params.fitted_date,
+        error_bands=params.error_bands,
+    )
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """The operators of one step at one size, as arrays (one entry per operator)."""
+
+    kinds: tuple[str, ...]
+    """Operator kind."""
+    dtypes: tuple[str, ...]
+    """Dtype of the first input."""
+    flops: npt.NDArray[np.float64]
+    """FLOPs."""
+    bytes_moved: npt.NDArray[np.float64]
+    """Bytes read + written."""
+    units_per_step: int
+    """Throughput units the step processes."""
+    batch_size: int
+    """Batch size."""
+    seq_len: int | None
+    """Sequence length."""
+    is_matrix: npt.NDArray[np.bool_]
+    """Which operators run on a matrix engine."""
+    is_half: npt.NDArray[np.bool_]
+    """Which operators take FP16/BF16 inputs."""
+    is_fp32: npt.NDArray[np.bool_]
+    """Which operators take FP32 inputs."""
+
+
+def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
+    """The steady-state step's operators at ``(batch_size, seq_len)``."""
+    values = profile.polynomials.values(batch_size, seq_len).astype(np.float64)
+    ops = profile.ops
+    flops = values[[op.flops for op in ops]]
+    moved = values[[op.bytes_read for op in ops]] + values[[op.bytes_written for op in ops]]
+    return OpTable(
+        kinds=tuple(op.kind for op in ops),
+        dtypes=tuple(op.dtype for op in ops),
+        flops=flops,
+        bytes_moved=moved,
+        units_per_step=int(values[profile.units_per_step]),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        is_matrix=np.array([op.kind in MATRIX_KINDS for op in ops], dtype=bool),
+        is_half=np.array([op.dtype in _HALF for op in ops], dtype=bool),
+        is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
+    )
+
+
+@dataclass(frozen=True)
+class GpuRates:
+    """What the model needs of a GPU, in SI units per second."""
+
+    tensor_flops_per_s: float | None
+    """FP16 tensor peak with FP32 accumulate (None: no tensor cores)."""
+    bf16_tensor_flops_per_s: float | None
+    """BF16 tensor peak (None: no BF16 tensor cores)."""
+    tf32_flops_per_s: float | None
+    """TF32 tensor peak (None: no TF32)."""
+    vector_flops_per_s: float
+    """FP32 vector peak."""
+    bandwidth_bytes_per_s: float
+    """DRAM bandwidth."""
+    sm_count: int
+    """Streaming multiprocessors (compute units)."""
+
+
+def gpu_rates(gpu: GpuSpec) -> GpuRates:
+    """The catalog figures the model uses; ``UsageError`` naming what is missing."""
+    missing = [
+        name
+        for name in ("fp32_tflops", "memory_bandwidth_gbps", "sm_count")
+        if getattr(gpu, name) is None
+    ]
+    if missing:
+        raise UsageError(
+            f"{gpu.name} lacks {', '.join(missing)} in the catalog; its speed cannot be predicted."
+        )
+    assert gpu.fp32_tflops is not None and gpu.memory_bandwidth_gbps is not None
+    assert gpu.sm_count is not None
+
+    def rate(tflops: float | None) -> float | None:
+        return None if tflops is None else tflops_to_flops(tflops)
+
+    return GpuRates(
+        tensor_flops_per_s=rate(gpu.fp16_tensor_tflops),
+        bf16_tensor_flops_per_s=rate(gpu.bf16_tensor_tflops),
+        tf32_flops_per_s=rate(gpu.tf32_tensor_tflops),
+        vector_flops_per_s=tflops_to_flops(gpu.fp32_tflops),
+        bandwidth_bytes_per_s=gpu.memory_bandwidth_gbps * GB,
+        sm_count=gpu.sm_count,
+    )
+
+
+def matrix_engines(
+    table: OpTable, rates: GpuRates, precision: Precision
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+    """Per operator: the peak FLOP/s of the engine it runs on, and whether that is a tensor core.
+
+    Half-precision matrix operators use the tensor cores of the run's half dtype (FP16 for
+    ``fp16``, BF16 otherwise) where the GPU has them; otherwise (Pascal and older; BF16 before
+    Ampere) PyTorch's kernels compute in FP32 on the vector units. FP32 matrix operators use
+    TF32 tensor cores only under ``--precision tf32``.
+    """
+    n = len(table.kinds)
+    peak = np.full(n, rates.vector_flops_per_s)
+    tensor = np.zeros(n, dtype=bool)
+    # The half-precision operators of a step are those autocast (or cast) to the run's half
+    # dtype, so the precision names their engine: a bf16 profile answers an fp16 run too (the
+    # same operators and bytes), and runs on the fp16 tensor rate.
+    half_rate = rates.tensor_flops_per_s if precision == "fp16" else rates.bf16_tensor_flops_per_s
+    if half_rate is not None:
+        peak[table.is_half] = half_rate
+        tensor[table.is_half] = True
+    if precision == "tf32" and rates.tf32_flops_per_s is not None:
+        peak[table.is_fp32] = rates.tf32_flops_per_s
+        tensor[table.is_fp32] = True
+    return peak, tensor
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """Predicted time of one step, and where it goes."""
+
+    step_time_s: float
+    """Sum of the operator times."""
+    matrix_s: float
+    """Time of operators bound by matrix-engine throughput."""
+    memory_s: float
+    """Time of operators bound by DRAM bandwidth."""
+    launch_s: float
+    """Time of operators bound by the host's dispatch (too small to fill the GPU)."""
+    flops: float
+    """FLOPs of the step."""
+    tensor_flops_share: float
+    """Share of the FLOPs that run on tensor cores."""
+
+
+def step_time(
+    table: OpTable,
+    rates: GpuRates,
+    precision: Precision,
+    params: PerfParameters,
+    engines: tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]] | None = None,
+) -> StepTime:
+    """The predicted step time of ``table`` on a GPU with ``rates``.
+
+    ``engines`` is ``matrix_engines(table, rates, precision)`` when the caller has it.
+    """
+    peak, tensor = engines or matrix_engines(table, rates, precision)
+    matrix = table.is_matrix
+    efficiency = np.where(tensor, params.tensor_efficiency, params.vector_efficiency)
+    work_per_sm = table.flops / rates.sm_count
+    ramp = work_per_sm / (work_per_sm + params.half_work_flops_per_sm)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        matrix_time = np.where(
+            matrix & (table.flops > 0), table.flops / (peak * efficiency * ramp), 0.0
+        )
+    vector_time = np.where(
+        ~matrix, table.flops / (rates.vector_flops_per_s * params.vector_efficiency), 0.0
+    )
+    compute = np.maximum(matrix_time, vector_time)
+    memory = table.bytes_moved / (rates.bandwidth_bytes_per_s * params.memory_efficiency)
+    times = np.maximum(np.maximum(compute, memory), params.launch_s)
+    bound_compute = (compute >= memory) & (compute >= params.launch_s)
+    bound_memory = (memory > compute) & (memory >= params.launch_s)
+    bound_launch = ~(bound_compute | bound_memory)
+    total_flops = float(table.flops.sum())
+    tensor_flops = float(table.flops[tensor & matrix].sum())
+    return StepTime(
+        step_time_s=float(times.sum()),
+        matrix_s=float(times[bound_compute].sum()),
+        memory_s=float(times[bound_memory].sum()),
+        launch_s=float(times[bound_launch].sum()),
+        flops=total_flops,
+        tensor_flops_share=tensor_flops / total_flops if total_flops else 0.0,
+    )
+
+
+def peak_flops_per_s(rates: GpuRates, precision: Precision) -> float:
+    """The peak a step at ``precision`` is measured against (for MFU)."""
+    if precision in ("fp16",) and rates.tensor_flops_per_s:
+        return rates.tensor_flops_per_s
+    if precision in ("bf16", "bf16-pure") and rates.bf16_tensor_flops_per_s:
+        return rates.bf16_tensor_flops_per_s
+    if precision == "tf32" and rates.tf32_flops_per_s:
+        return rates.tf32_flops_per_s
+    return rates.vector_flops_per_s
+
+
+def error_band(params: PerfParameters, family: str) -> float:
+    """Relative half-width of the band for a workload family."""
+    kind = workload_type(family)
+    return params.error_bands.get(kind, params.error_bands["default"])
+
+
+def workload_type(family: str) -> str:
+    """``vision`` or ``language`` (or ``default``) for the error bands."""
+    if family in ("vision", "seed_detection", "seed_gan", "seed_nasnet", "diffusion"):
+        return "vision"
+    if family in ("llm", "encoders", "seed_translation"):
+        return "language"
+    return "default"

@@ -1,0 +1,351 @@
+"""``whichgpu validate throughput``: predicted training throughput against measured.
+
+The reference is Lambda's 2020 table (12 models x 8 GPUs, throughput at each GPU's largest
+batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's constants are
+fitted by ``fit_parameters`` (the shipped ones by ``scripts/fit_throughput.py`` on all rows);
+the error reported here is out of sample:
+
+- leave-one-GPU-out: refit without a GPU, predict every model on it;
+- leave-one-model-out: refit without a model, predict it on every GPU;
+
+beside two baselines computed case by case the same way: a measurement of the same model on
+each other GPU scaled by the ratio of memory bandwidths, or of AMP tensor rates (FP32 rate
+for GPUs without tensor cores), averaged over the other GPUs. Rows whose measured FLOP rate
+exceeds the peak of the engines their settings allow are reported and left out (they cannot
+be what the table says they are).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from whichgpu.catalog import load_catalog
+from whichgpu.estimate.throughput import (
+    FIT_FIELDS,
+    GpuRates,
+    OpTable,
+    PerfParameters,
+    gpu_rates,
+    matrix_engines,
+    op_table,
+    step_time,
+    with_values,
+)
+from whichgpu.schema import (
+    ErrorStats,
+    GpuSpec,
+    Precision,
+    ThroughputValidation,
+    ThroughputValidationCase,
+)
+from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
+from whichgpu.workloads import get_workload, run_config
+from whichgpu.workloads.stored import ScalableProfile
+
+
+@dataclass(frozen=True)
+class ThroughputCase:
+    """One measured (model, GPU) throughput, with what the predictor needs."""
+
+    model: str
+    """Model as the table names it."""
+    workload: str
+    """The workload that stands for it."""
+    gpu: GpuSpec
+    """The GPU."""
+    precision: Precision
+    """Precision of the run."""
+    table: OpTable
+    """The step's operators at the measured batch."""
+    rates: GpuRates
+    """The GPU's peaks."""
+    measured: float
+    """Measured throughput, units per second."""
+    unit: str
+    """The table's unit."""
+
+    def predicted(self, params: PerfParameters) -> float:
+        """Predicted throughput with ``params``."""
+        step = step_time(self.table, self.rates, self.precision, params, self.engines)
+        return self.table.units_per_step / step.step_time_s
+
+    @functools.cached_property
+    def engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """Each operator's engine peak and tensor flag (they do not depend on the constants)."""
+        return matrix_engines(self.table, self.rates, self.precision)
+
+    def peak_share(self) -> float:
+        """Measured FLOP rate over the highest peak its operators may use."""
+        peak, _ = self.engines
+        flops_per_s = float(self.table.flops.sum()) * self.measured / self.table.units_per_step
+        return flops_per_s / float(peak.max())
+
+
+def _profile(workload: str, precision: Precision) -> ScalableProfile:
+    from whichgpu.api import scalable_profile
+
+    run = run_config(precision=precision)
+    profile, _ = scalable_profile(get_workload(workload), run)
+    return profile
+
+
+def lambda_cases(
+    progress: Callable[[str], None] | None = None,
+) -> tuple[list[ThroughputCase], list[tuple[str, str, str]]]:
+    """Every usable row of the table as a case, and the rows left out with why."""
+    catalog = load_catalog()
+    profiles: dict[str, ScalableProfile] = {}
+    cases: list[ThroughputCase] = []
+    left_out: list[tuple[str, str, str]] = []
+    for row in lambda_rows():
+        if not row["throughput"]:
+            continue
+        model = LAMBDA_MODELS[row["model"]]
+        if model.workload not in profiles:
+            if progress is not None:
+                progress(model.workload)
+            profiles[model.workload] = _profile(model.workload, model.precision)
+        profile = profiles[model.workload]
+        info = get_workload(model.workload).info
+        seq_len = (model.seq_len or info.default_seq_len) if profile.is_sequence_model else None
+        batch = int(row["max_batch_size"])
+        if row["batch_unit"] == "tokens":
+            assert seq_len is not None
+            batch = max(1, round(batch / seq_len))
+        gpu = catalog.resolve(row["gpu"])
+        case = ThroughputCase(
+            model=row["model"],
+            workload=model.workload,
+            gpu=gpu,
+            precision=model.precision,
+            table=op_table(profile, batch, seq_len),
+            rates=gpu_rates(gpu),
+            measured=float(row["throughput"]),
+            unit=row["throughput_unit"],
+        )
+        share = case.peak_share()
+        if share > 1.0:
+            left_out.append(
+                (row["model"], gpu.id, f"measured FLOP rate is {share:.0%} of the peak allowed")
+            )
+            continue
+        cases.append(case)
+    return cases, left_out
+
+
+_LOWER = np.log([1e-3, 1e-3, 1e-2, 1e3, 1e-7])
+_UPPER = np.log([1.0, 1.0, 1.0, 1e13, 1e-3])
+
+
+def fit_parameters(cases: Sequence[ThroughputCase], start: PerfParameters) -> PerfParameters:
+    """Constants minimising the squared log error of predicted throughput over ``cases``."""
+    from scipy.optimize import least_squares
+
+    measured = np.log([c.measured for c in cases])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        params = with_values(start, np.exp(x))
+        return np.log([c.predicted(params) for c in cases]) - measured
+
+    x0 = np.clip(np.log(start.vector), _LOWER + 1e-9, _UPPER - 1e-9)
+    result = least_squares(residuals, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
+    return with_values(start, np.exp(result.x))
+
+
+@dataclass(frozen=True)
+class ErrorSummary:
+    """Relative errors of one method over a set of cases."""
+
+    method: str
+    """Which predictor or baseline."""
+    mape: float
+    """Mean absolute percentage error (fraction)."""
+    median: float
+    """Median absolute error (fraction)."""
+    p90: float
+    """90th percentile absolute error (fraction)."""
+    cases: int
+    """Cases counted."""
+
+
+def summarize(method: str, errors: Sequence[float]) -> ErrorSummary:
+    """Summary of signed relative errors ``predicted / measured - 1``."""
+    absolute = np.abs(np.asarray(errors))
+    return ErrorSummary(
+        method=method,
+        mape=float(absolute.mean()),
+        median=float(np.median(absolute)),
+        p90=float(np.percentile(absolute, 90)),
+        cases=len(absolute),
+    )
+
+
+def held_out_errors(
+    cases: Sequence[ThroughputCase],
+    start: PerfParameters,
+    group: Callable[[ThroughputCase], str],
+    progress: Callable[[str], None] | None = None,
+) -> dict[int, float]:
+    """Signed relative error of each case, predicted with constants fitted without its group."""
+    errors: dict[int, float] = {}
+    for name in sorted({group(c) for c in cases}):
+        if progress is not None:
+            progress(f"refit without {name}")
+        train = [c for c in cases if group(c) != name]
+        params = fit_parameters(train, start)
+        for i, case in enumerate(cases):
+            if group(case) == name:
+                errors[i] = case.predicted(params) / case.measured - 1
+    return errors
+
+
+def baseline_errors(
+    cases: Sequence[ThroughputCase], metric: Callable[[GpuSpec], float]
+) -> list[float]:
+    """Per case: the mean signed error of scaling each other GPU's measurement by ``metric``."""
+    out = []
+    for case in cases:
+        others = [c for c in cases if c.model == case.model and c.gpu.id != case.gpu.id]
+        guesses = [o.measured * metric(case.gpu) / metric(o.gpu) for o in others]
+        out.append(float(np.mean([g / case.measured - 1 for g in guesses])))
+    return out
+
+
+def bandwidth(gpu: GpuSpec) -> float:
+    """Baseline metric: memory bandwidth."""
+    return float(gpu.memory_bandwidth_gbps or math.nan)
+
+
+def amp_rate(gpu: GpuSpec) -> float:
+    """Baseline metric: the AMP tensor rate (FP32 vector rate without tensor cores)."""
+    return float(gpu.fp16_tensor_tflops or gpu.fp32_tflops or math.nan)
+
+
+def spearman(a: Sequence[float], b: Sequence[float]) -> float:
+    """Spearman rank correlation (no ties expected)."""
+    ra = np.argsort(np.argsort(a))
+    rb = np.argsort(np.argsort(b))
+    if len(a) < 2:
+        return math.nan
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+SEED_RATIOS = (
+    ("a100-sxm4-40gb", "v100-sxm2-16gb", "resnet50", 1.45, "A100 vs V100, computer vision"),
+    ("a100-sxm4-40gb", "v100-sxm2-16gb", "bert-large", 1.70, "A100 vs V100, NLP"),
+    ("rtx-3090", "rtx-2080-ti", "resnet50", 1.57, "RTX 3090 vs RTX 2080 Ti, convnets"),
+    ("rtx-3090", "rtx-2080-ti", "bert-large", 1.50, "RTX 3090 vs RTX 2080 Ti, transformers"),
+)
+"""Speed ratios the seed guides state (``reference/README.md``: Dettmers 2020), mixed precision."""
+
+
+def seed_checks(params: PerfParameters) -> list[str]:
+    """Each seed ratio against the predicted one (fp16 AMP, both GPUs at the default batch)."""
+    catalog = load_catalog()
+    out = []
+    for fast, slow, workload, stated, label in SEED_RATIOS:
+        info = get_workload(workload).info
+        profile = _profile(workload, "bf16")  # the same operators and bytes as fp16
+        table = op_table(profile, info.default_batch_size, info.default_seq_len)
+        times = [
+            step_time(table, gpu_rates(catalog.resolve(g)), "fp16", params).step_time_s
+            for g in (fast, slow)
+        ]
+        predicted = times[1] / times[0]
+        out.append(
+            f"{label} ({workload}): stated {stated:.2f}x, predicted {predicted:.2f}x "
+            f"({predicted / stated - 1:+.0%})"
+        )
+    return out
+
+
+def validate_throughput(
+    params: PerfParameters, progress: Callable[[str], None] | None = None
+) -> ThroughputValidation:
+    """Out-of-sample errors on the Lambda 2020 table, the baselines, and the seed ratios."""
+    cases, left_out = lambda_cases(progress)
+    by_gpu = held_out_errors(cases, params, lambda c: c.gpu.id, progress)
+    by_model = held_out_errors(cases, params, lambda c: c.model, progress)
+    bw = baseline_errors(cases, bandwidth)
+    amp = baseline_errors(cases, amp_rate)
+    transfer = transfer_errors(cases, by_gpu)
+    gpu_errors = [by_gpu[i] for i in range(len(cases))]
+    summaries = [
+        summarize("whichgpu, leave one GPU out", gpu_errors),
+        summarize("whichgpu, leave one model out", [by_model[i] for i in range(len(cases))]),
+        summarize("whichgpu held out + one measured GPU (calibrated)", transfer),
+        summarize("baseline: another GPU's measurement x bandwidth ratio", bw),
+        summarize("baseline: another GPU's measurement x AMP-rate ratio", amp),
+    ]
+    ranks = {}
+    for model in dict.fromkeys(c.model for c in cases):
+        idx = [i for i, c in enumerate(cases) if c.model == model]
+        predicted = [cases[i].measured * (1 + by_gpu[i]) for i in idx]
+        ranks[model] = spearman(predicted, [cases[i].measured for i in idx])
+    rows = tuple(
+        ThroughputValidationCase(
+            model=c.model,
+            workload=c.workload,
+            gpu=c.gpu.id,
+            unit=c.unit,
+            measured=c.measured,
+            leave_gpu_out=c.measured * (1 + by_gpu[i]),
+            leave_model_out=c.measured * (1 + by_model[i]),
+            bandwidth_baseline=c.measured * (1 + bw[i]),
+        )
+        for i, c in enumerate(cases)
+    )
+    settings = tuple(
+        f"{name}: {m.precision}" + (f", {m.seq_len} tokens" if m.seq_len else "") + f" ({m.why})"
+        for name, m in LAMBDA_MODELS.items()
+    )
+    return ThroughputValidation(
+        cases=rows,
+        summaries=tuple(
+            ErrorStats(method=e.method, mape=e.mape, median=e.median, p90=e.p90, cases=e.cases)
+            for e in summaries
+        ),
+        rank_correlation=ranks,
+        left_out=tuple(f"{m} on {g}: {why}" for m, g, why in left_out),
+        seed_checks=tuple(seed_checks(params)),
+        assumptions=(
+            "throughput at the table's largest batch; translation batches = tokens / 128",
+            *settings,
+        ),
+    )
+
+
+def transfer_errors(cases: Sequence[ThroughputCase], held_out: dict[int, float]) -> list[float]:
+    """Per case: the held-out prediction corrected by one other GPU's measured/predicted ratio
+    (``predict --calibrate``'s rule, without shrinkage), averaged over the other GPUs."""
+    out = []
+    for i, case in enumerate(cases):
+        ratios = [
+            (1 + held_out[i]) / (1 + held_out[j])
+            for j, other in enumerate(cases)
+            if other.model == case.model and other.gpu.id != case.gpu.id
+        ]
+        out.append(float(np.mean(ratios)) - 1)
+    return out
+
+
+__all__ = [
+    "FIT_FIELDS",
+    "ErrorSummary",
+    "ThroughputCase",
+    "amp_rate",
+    "bandwidth",
+    "baseline_errors",
+    "fit_parameters",
+    "held_out_errors",
+    "lambda_cases",
+    "spearman",
+    "summarize",
+    "validate_throughput",
+]

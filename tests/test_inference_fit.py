@@ -1,0 +1,124 @@
+"""``fit --mode inference``: weights + static KV cache + prefill peak, the largest concurrency,
+and a serving engine's paged-KV-cache answer (``--serving vllm``)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from whichgpu.api import fit
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_serving_engine, get_stack
+from whichgpu.cli import app, main
+from whichgpu.estimate.memory import capacity_of, kv_cache_bytes, weights_bytes
+from whichgpu.estimate.serving import kv_bytes_per_token
+from whichgpu.trace.scaling import trace_scalable
+from whichgpu.workloads import run_config
+from whichgpu.workloads.hf import read_config
+from whichgpu.workloads.stored import ScalableProfile, load_stored
+from whichgpu.workloads.user import config_workload
+
+TINY_LLAMA = Path(__file__).parent / "fixtures" / "tiny-llama.json"
+
+
+def test_kv_bytes_per_token_is_gqa_aware() -> None:
+    # llama-3.1-8b: 32 layers x 2 (K, V) x 8 kv heads (not the 32 query heads) x 128 x 2 B
+    assert kv_bytes_per_token(read_config("llama-3.1-8b"), 2) == 32 * 2 * 8 * 128 * 2 == 131072
+    # gpt2: no GQA, 12 layers x 2 x 12 heads x 64 x 2 B
+    assert kv_bytes_per_token(read_config("gpt2"), 2) == 12 * 2 * 12 * 64 * 2
+
+
+@pytest.fixture(scope="module")
+def tiny_inference() -> ScalableProfile:
+    return trace_scalable(config_workload(TINY_LLAMA), run_config(mode="inference", new_tokens=16))
+
+
+def test_kv_formula_matches_the_traced_cache(tiny_inference: ScalableProfile) -> None:
+    per_token = kv_bytes_per_token(json.loads(TINY_LLAMA.read_text(encoding="utf-8")), 2)
+    for batch, context in [(1, 40), (5, 97), (3, 200)]:  # on and off the traced grid
+        expected = per_token * (context + 16) * batch
+        assert kv_cache_bytes(tiny_inference, batch, context) == expected
+
+
+def test_stored_inference_profile_matches_the_formula() -> None:
+    profile = load_stored("gpt2", run_config(mode="inference"))
+    assert profile is not None and profile.run.new_tokens == 128
+    per_token = kv_bytes_per_token(read_config("gpt2"), 2)
+    assert kv_cache_bytes(profile, 7, 300) == per_token * (300 + 128) * 7
+
+
+def _cli_fit(*args: str) -> list[dict[str, object]]:
+    result = CliRunner().invoke(app, ["fit", *args, "--json"])
+    assert result.exit_code == 0, result.output
+    docs: list[dict[str, object]] = json.loads(result.stdout)
+    return docs
+
+
+def test_cli_inference_fit_concurrency_falls_with_context() -> None:
+    previous = None
+    for context in (256, 512, 896):
+        (doc,) = _cli_fit("gpt2", "--mode", "inference", "--context", str(context), "-g", "4090")
+        assert doc["fits"] and doc["seq_len"] == context
+        assert doc["run"]["new_tokens"] == 128  # type: ignore[index]
+        assert doc["kv_bytes_per_token"] == 36864
+        assert doc["kv_cache_bytes"] == 36864 * (context + 128) * doc["batch_size"]  # type: ignore[operator]
+        assert doc["max_batch_size"] == doc["batch_size"]
+        concurrency = doc["max_batch_size"]
+        assert isinstance(concurrency, int) and concurrency > 0
+        if previous is not None:
+            assert concurrency < previous
+        previous = concurrency
+
+
+def test_cli_inference_fit_traces_a_config() -> None:
+    (doc,) = _cli_fit(
+        "--config", str(TINY_LLAMA), "--mode", "inference", "--context", "64",
+        "--new-tokens", "16", "--concurrency", "3", "-g", "4090",
+    )  # fmt: skip
+    assert doc["method"] == "traced" and doc["batch_size"] == 3 and doc["fits"]
+    assert doc["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 2 * (64 + 16) * 3
+
+
+def test_serving_answer_on_an_80_gb_card() -> None:
+    (estimate,) = fit(
+        "llama-3.1-8b", gpus=["a100-80gb"], mode="inference", context=4096, serving="vllm"
+    )
+    served = estimate.serving
+    assert served is not None
+    catalog = load_catalog()
+    capacity = capacity_of(catalog.resolve("a100-80gb"), catalog).bytes
+    engine, stack = get_serving_engine("vllm"), get_stack()
+    assert (engine.gpu_memory_utilization, engine.block_size_tokens) == (0.9, 16)
+    profile = load_stored("llama-3.1-8b", run_config(mode="inference"))
+    assert profile is not None
+    weights = weights_bytes(profile)
+    assert 2 * profile.params_total <= weights < 2 * profile.params_total + 2**20
+    budget = math.floor(0.9 * capacity) - weights - served.activation_peak_bytes
+    budget -= stack.cuda_context_bytes
+    blocks = budget // (16 * 131072)
+    per_sequence = math.ceil((4096 + 128) / 16)
+    assert served.kv_cache_budget_bytes == budget
+    assert (served.kv_blocks, served.blocks_per_sequence) == (blocks, per_sequence)
+    assert served.max_concurrency == blocks // per_sequence
+    assert 0 < served.activation_peak_bytes < 4 * 2**30
+    assert 80 <= served.max_concurrency <= 130  # ~54 GiB of 2 MiB blocks, 264 per sequence
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["gpt2", "--mode", "inference", "--serving", "foo"], "unknown serving engine"),
+        (["gpt2", "--serving", "vllm"], "--mode inference"),
+        (["gpt2", "--mode", "inference", "--context", "1000"], "positions"),
+    ],
+)
+def test_bad_inference_options_exit_2(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["fit", *args, "-g", "4090"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

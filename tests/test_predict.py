@@ -1,0 +1,145 @@
+"""``predict``: the operator-time model, its fit, the CLI, and the validation."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import run_cli
+from whichgpu.api import predict
+from whichgpu.catalog import load_catalog
+from whichgpu.estimate.throughput import (
+    OpTable,
+    gpu_rates,
+    load_parameters,
+    matrix_engines,
+    step_time,
+    with_values,
+)
+from whichgpu.validate.throughput import (
+    bandwidth,
+    baseline_errors,
+    fit_parameters,
+    lambda_cases,
+    summarize,
+)
+
+
+def _table(kinds: list[str], dtypes: list[str], flops: list[float], moved: list[float]) -> OpTable:
+    return OpTable(
+        kinds=tuple(kinds),
+        dtypes=tuple(dtypes),
+        flops=np.array(flops, dtype=float),
+        bytes_moved=np.array(moved, dtype=float),
+        units_per_step=1,
+        batch_size=1,
+        seq_len=None,
+        is_matrix=np.array([k in ("gemm", "conv", "attention") for k in kinds]),
+        is_half=np.array([d in ("float16", "bfloat16") for d in dtypes]),
+        is_fp32=np.array([d == "float32" for d in dtypes]),
+    )
+
+
+def test_engines_follow_precision_and_what_the_gpu_has() -> None:
+    catalog = load_catalog()
+    table = _table(["gemm", "gemm"], ["bfloat16", "float32"], [1e12, 1e12], [0, 0])
+    a100 = gpu_rates(catalog.resolve("a100-sxm4-80gb"))
+    peak, tensor = matrix_engines(table, a100, "bf16")
+    assert list(tensor) == [True, False]
+    assert peak[0] == a100.bf16_tensor_flops_per_s and peak[1] == a100.vector_flops_per_s
+    peak, tensor = matrix_engines(table, a100, "tf32")
+    assert peak[1] == a100.tf32_flops_per_s and tensor[1]
+    pascal = gpu_rates(catalog.resolve("gtx-1080-ti"))  # no tensor cores: FP32 units
+    peak, tensor = matrix_engines(table, pascal, "fp16")
+    assert not tensor.any() and (peak == pascal.vector_flops_per_s).all()
+
+
+def test_step_time_is_the_larger_of_compute_and_memory_per_operator() -> None:
+    catalog = load_catalog()
+    rates = gpu_rates(catalog.resolve("h100-sxm"))
+    params = with_values(load_parameters(), np.array([0.5, 0.5, 0.5, 1.0, 1e-6]))
+    big = _table(["gemm"], ["bfloat16"], [1e15], [1e6])
+    assert rates.bf16_tensor_flops_per_s is not None
+    work = 1e15 / rates.sm_count
+    expected = 1e15 / (rates.bf16_tensor_flops_per_s * 0.5 * work / (work + 1.0))
+    assert step_time(big, rates, "bf16", params).step_time_s == pytest.approx(expected)
+    stream = _table(["elementwise"], ["bfloat16"], [0], [1e10])
+    t = step_time(stream, rates, "bf16", params)
+    assert t.step_time_s == pytest.approx(1e10 / (rates.bandwidth_bytes_per_s * 0.5))
+    assert t.memory_s == t.step_time_s
+    tiny = _table(["elementwise"], ["bfloat16"], [0], [8])
+    assert step_time(tiny, rates, "bf16", params).launch_s == pytest.approx(1e-6)
+
+
+def test_fit_recovers_constants_it_generated() -> None:
+    cases, _ = lambda_cases()
+    truth = with_values(load_parameters(), np.array([0.6, 0.7, 0.5, 2e7, 5e-6]))
+    synthetic = [
+        type(c)(
+            model=c.model,
+            workload=c.workload,
+            gpu=c.gpu,
+            precision=c.precision,
+            table=c.table,
+            rates=c.rates,
+            measured=c.predicted(truth),
+            unit=c.unit,
+        )
+        for c in cases[::3]
+    ]
+    fitted = fit_parameters(synthetic, load_parameters())
+    errors = [c.predicted(fitted) / c.measured - 1 for c in synthetic]
+    assert summarize("fit", errors).mape < 0.01
+
+
+def test_shipped_constants_are_the_fit_of_the_shipped_cases() -> None:
+    cases, left_out = lambda_cases()
+    assert len(cases) + len(left_out) == 87  # rows of the table with a throughput
+    shipped = load_parameters()
+    refit = fit_parameters(cases, shipped)
+    assert np.allclose(np.log(refit.vector), np.log(shipped.vector), atol=0.05)
+    assert 0 < shipped.error_bands["default"] < 1
+    assert summarize("bw", baseline_errors(cases, bandwidth)).mape > 0
+
+
+def test_predict_ranks_gpus_and_marks_what_does_not_fit() -> None:
+    estimates = predict("llama-3.2-1b", gpus=["rtx-4090", "h100-sxm", "a100-sxm4-80gb"])
+    assert [e.gpu for e in estimates] == ["h100-sxm", "a100-sxm4-80gb", "rtx-4090"]
+    fast, _, none = estimates
+    assert fast.fits and fast.throughput and fast.low < fast.throughput < fast.high  # type: ignore[operator]
+    assert fast.throughput_unit == "tokens/s" and 0.05 < fast.mfu < 0.9  # type: ignore[operator]
+    assert not none.fits and none.throughput is None
+    (fixed,) = predict("resnet50", gpus=["rtx-3090"], batch_size=32, precision="fp32")
+    assert fixed.batch_size == 32 and fixed.step_time_s is not None
+
+
+def test_cli_predict_json_and_errors() -> None:
+    result = run_cli("predict", "resnet50", "--gpu", "3090", "--gpu", "4090", "--json")
+    assert result.returncode == 0, result.stderr
+    docs = json.loads(result.stdout)
+    keys = {"gpu", "batch_size", "step_time_s", "throughput", "throughput_unit", "low", "high"}
+    assert keys | {"fits", "n_gpus", "scaling_efficiency"} <= set(docs[0])
+    assert docs[0]["throughput"] >= docs[1]["throughput"]
+    bad = run_cli("predict", "resnet50", "--gpu", "rtx-9999")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stdout == ""
+    precision = run_cli("predict", "resnet50", "--gpu", "3090", "--precision", "fp9")
+    assert precision.returncode == 2 and "--precision" in precision.stderr
+
+
+def test_predict_needs_no_torch_for_a_named_workload(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)
+    (estimate,) = predict("bert-base", gpus=["a100-sxm4-80gb"])
+    assert estimate.throughput is not None
+
+
+def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None:
+    result = run_cli("validate", "throughput", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    methods = [s["method"] for s in doc["summaries"]]
+    assert methods[0] == "whichgpu, leave one GPU out" and any("bandwidth" in m for m in methods)
+    assert all(s["cases"] == len(doc["cases"]) for s in doc["summaries"])
+    assert len(doc["seed_checks"]) == 4 and doc["left_out"]
