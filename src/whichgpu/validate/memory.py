@@ -20,6 +20,8 @@ from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
 from whichgpu.workloads import get_workload, run_config
 
 LAMBDA_STACK = "lambda-2020"
+
+
 def on_grid(value: int, grid: list[int]) -> tuple[int, int]:
     """``value`` rounded down to ``grid`` (extended by doubling/halving), and its grid index."""
     points = sorted(set(grid))
