@@ -69,6 +69,18 @@ def _is_registered(workload: Workload) -> bool:
         return False
 
 
+def _select(
+    workload: str | None, config: Path | str | None, task: str | None, model: str | None
+) -> Workload:
+    """The workload a call names: registered, a config file, or the user's model."""
+    return select_workload(
+        workload,
+        Path(config) if config else None,
+        task,  # type: ignore[arg-type]
+        model=model,
+    )
+
+
 def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     """Catalog GPUs by name (every GPU with a known memory size when ``names`` is empty)."""
     catalog = load_catalog()
@@ -108,12 +120,7 @@ def fit(
     """
     from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
 
-    chosen = select_workload(
-        workload,
-        Path(config) if config else None,
-        task,  # type: ignore[arg-type]
-        model=model,
-    )
+    chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     engine = None
     if serving is not None:
@@ -196,12 +203,7 @@ def predict(
         step_time,
     )
 
-    chosen = select_workload(
-        workload,
-        Path(config) if config else None,
-        task,  # type: ignore[arg-type]
-        model=model,
-    )
+    chosen = _select(workload, config, task, model)
     run = run_config(**run_options)
     if run.mode != "train":
         raise UsageError("predict answers training throughput for now (not --mode inference).")
@@ -241,7 +243,9 @@ def predict(
             continue
         if progress is not None:
             progress(gpu.name)
-        estimate = estimate_on_gpu(memory, run, gpu, catalog, software, method=method)
+        estimate = estimate_on_gpu(
+            memory, run, gpu, catalog, software, method=method, search_seq_len=False
+        )
         if not estimate.fits and not named:
             continue
         base = {

@@ -16,22 +16,8 @@ def fit(
         Optional[str],  # noqa: UP045
         typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
     ] = None,
-    gpu: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option(
-            "--gpu",
-            "-g",
-            help="A GPU to check (repeat for several); default: every GPU in the catalog.",
-            show_default=False,
-        ),
-    ] = None,
-    stack: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            help="Software stack whose overheads to add (pytorch2-cuda12, lambda-2020).",
-            show_default="pytorch2-cuda12",
-        ),
-    ] = None,
+    gpu: o.GpuListOption = None,
+    stack: o.StackOption = None,
     serving: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(

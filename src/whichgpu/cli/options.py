@@ -26,6 +26,25 @@ PricesOption = Annotated[
 ]
 
 
+GpuListOption = Annotated[
+    Optional[list[str]],  # noqa: UP045
+    typer.Option(
+        "--gpu",
+        "-g",
+        help="A GPU to answer for (repeat for several); default: every GPU in the catalog that "
+        "can be answered for.",
+        show_default=False,
+    ),
+]
+StackOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--stack",
+        help="Software stack whose memory overheads to add (pytorch2-cuda12, lambda-2020).",
+        show_default="pytorch2-cuda12",
+    ),
+]
+
 _RUN = "Run options"
 
 ModeOption = Annotated[

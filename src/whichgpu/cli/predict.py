@@ -16,23 +16,8 @@ def predict(
         Optional[str],  # noqa: UP045
         typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
     ] = None,
-    gpu: Annotated[
-        Optional[list[str]],  # noqa: UP045
-        typer.Option(
-            "--gpu",
-            "-g",
-            help="A GPU to predict (repeat for several); default: every GPU the step fits on.",
-            show_default=False,
-        ),
-    ] = None,
-    stack: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            help="Software stack whose memory overheads decide the batch (pytorch2-cuda12, "
-            "lambda-2020).",
-            show_default="pytorch2-cuda12",
-        ),
-    ] = None,
+    gpu: o.GpuListOption = None,
+    stack: o.StackOption = None,
     config: o.ConfigOption = None,
     model: o.ModelOption = None,
     task: o.TaskOption = None,

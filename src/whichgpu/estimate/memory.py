@@ -258,6 +258,7 @@ def estimate_on_gpu(
     *,
     method: str,
     seq_limit: int | None = None,
+    search_seq_len: bool = True,
     kv_per_token_bytes: int | None = None,
     serving: ServingEngine | None = None,
 ) -> MemoryEstimate:
@@ -265,8 +266,8 @@ def estimate_on_gpu(
 
     ``run.batch_size`` set: the figures are for that batch, and the largest batch is reported
     beside them, and for a sequence model the largest sequence length at that batch (searched
-    up to ``seq_limit``, the model's position limit). Unset: the largest batch that fits is
-    the headline (or 1 if none fits).
+    up to ``seq_limit``, the model's position limit; skipped with ``search_seq_len=False``).
+    Unset: the largest batch that fits is the headline (or 1 if none fits).
 
     ``run.gpus`` > 1: every figure is for one of the GPUs training together, each with its own
     batch, under ``run.sharding`` (``whichgpu.estimate.sharding``).
@@ -312,7 +313,7 @@ def estimate_on_gpu(
     }
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
     max_seq: tuple[int, bool] | None = None
-    if seq_len is not None and run.batch_size is not None:
+    if search_seq_len and seq_len is not None and run.batch_size is not None:
 
         def fits_length(length: int) -> bool:
             reserved = memory.replay(batch, length, workspaces, parallel).peak_reserved_bytes

@@ -123,6 +123,11 @@ def profile_doc(summary: ProfileSummary) -> dict[str, Any]:
 def fit_doc(estimates: Iterable[MemoryEstimate]) -> list[dict[str, Any]]:
     """``fit --json``: one object per GPU (all byte counts in bytes; per GPU of ``gpus``
     training together under ``sharding`` when ``gpus`` > 1)."""
+    return _per_gpu(estimates)
+
+
+def _per_gpu(estimates: Iterable[MemoryEstimate | ThroughputEstimate]) -> list[dict[str, Any]]:
+    """One JSON object per estimate, each with the schema version."""
     out = []
     for estimate in estimates:
         doc: dict[str, Any] = estimate.model_dump(mode="json")
@@ -140,12 +145,7 @@ def memory_validation_doc(validation: MemoryValidation) -> dict[str, Any]:
 
 def predict_doc(estimates: Iterable[ThroughputEstimate]) -> list[dict[str, Any]]:
     """``predict --json``: one object per GPU, fastest first."""
-    out = []
-    for estimate in estimates:
-        doc: dict[str, Any] = estimate.model_dump(mode="json")
-        doc["schema_version"] = SCHEMA_VERSION
-        out.append(doc)
-    return out
+    return _per_gpu(estimates)
 
 
 def throughput_validation_doc(validation: ThroughputValidation) -> dict[str, Any]:

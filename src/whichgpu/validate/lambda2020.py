@@ -34,6 +34,11 @@ class LambdaModel:
     why: str = "no recipe detail known: fp32 at the workload's defaults"
     """Where the settings come from."""
 
+    def settings(self, name: str) -> str:
+        """``name: precision[, N tokens]``, as the validations print it."""
+        length = f", {self.seq_len} tokens" if self.seq_len else ""
+        return f"{name}: {self.precision}{length}"
+
 
 _FAIRSEQ_FP16 = (
     "fairseq's WMT en-de recipes train with --fp16 (examples/scaling_nmt); at fp32 the "

@@ -112,10 +112,7 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
         cases=tuple(cases),
         assumptions=(
             f"software stack {stack.label}",
-            *(
-                f"{name}: {m.precision}" + (f", {m.seq_len} tokens" if m.seq_len else "")
-                for name, m in LAMBDA_MODELS.items()
-            ),
+            *(m.settings(name) for name, m in LAMBDA_MODELS.items()),
             "translation batches in tokens = sentences x sentence length",
             "image models compared at power-of-two granularity; token counts and BERT "
             "fine-tuning on the values their columns use",
