@@ -27,6 +27,7 @@ demo: install
 	$(BIN)/whichgpu compare 2080ti 3090 4090 5090
 	$(BIN)/whichgpu show h100-sxm
 	$(BIN)/whichgpu fit llama-3.2-1b --gpu 4090 --gpu 3090 --gpu a100-80gb --gpu h100-sxm --seq-len 2048
+	$(BIN)/whichgpu predict llama-3.2-1b --gpu 5090 --gpu a100-80gb --gpu h100-sxm --gpu h200-sxm
 
 lint: install
 	$(BIN)/ruff check src tests scripts
