@@ -37,9 +37,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Never read or write the real user's config: point it at an empty temp folder."""
+    """Never read or write the real user's config or results: point them at a temp folder."""
     config = tmp_path / "config"
     monkeypatch.setenv("WHICHGPU_CONFIG_DIR", str(config))
+    monkeypatch.setenv("WHICHGPU_STORE", str(tmp_path / "results.sqlite"))
     monkeypatch.delenv("WHICHGPU_PRICES", raising=False)
     monkeypatch.delenv("WHICHGPU_DEBUG", raising=False)
     yield config

@@ -11,7 +11,10 @@
      ├── WorkloadError            a workload cannot be found or run as asked
      │    ├── UnknownWorkload     no registered workload has that name; carries suggestions
      │    └── UnsupportedWorkload the run configuration cannot work for it (says why)
-     └── UsageError               arguments that cannot work together
+     ├── UsageError               arguments that cannot work together
+     ├── BenchError               a benchmark could not measure (says what failed and why)
+     │    └── BenchTimeout        a probe or run outlived its time limit
+     └── StoreError               the results store cannot be read or written (names the file)
 
 The CLI turns a ``WhichGpuError`` into a one-paragraph message on stderr and exit code 1 (2 for
 ``UsageError`` and lookup errors, which are bad input), never a traceback.
@@ -108,3 +111,15 @@ class UnknownWorkload(WorkloadError):
 
 class UnsupportedWorkload(WorkloadError):
     """The run configuration cannot work for this workload; the message says why."""
+
+
+class BenchError(WhichGpuError):
+    """A benchmark could not measure what was asked; the message says what failed and why."""
+
+
+class BenchTimeout(BenchError):
+    """A benchmark probe or run did not finish within its time limit."""
+
+
+class StoreError(WhichGpuError):
+    """The results store cannot be read or written; the message names the file."""

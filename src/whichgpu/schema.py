@@ -904,3 +904,141 @@ class ThroughputValidation(_Frozen):
     """The seed guides' speed ratios against the predicted ones."""
     assumptions: tuple[str, ...]
     """Settings the reference is read with."""
+
+
+# --- Benchmark results ----------------------------------------------------------------------
+
+DeviceKind = Literal["cuda", "cpu", "mps", "fake"]
+"""Where a benchmark ran: a CUDA GPU, the CPU, Apple's MPS, or the simulated test device."""
+
+
+class BenchEnvironment(_Frozen):
+    """The machine and software a measurement was made with, so a reader can judge it."""
+
+    device_kind: DeviceKind
+    """Kind of device measured."""
+    device_name: str
+    """Name the device reports (``NVIDIA H200``, the CPU's model name, ``fake``)."""
+    device_uuid: str | None = None
+    """GPU UUID (NVML / torch), None off CUDA."""
+    device_count: int = 1
+    """Devices of this kind visible to the process."""
+    driver_version: str | None = None
+    """NVIDIA driver version."""
+    cuda_version: str | None = None
+    """CUDA runtime torch was built with."""
+    cudnn_version: str | None = None
+    """cuDNN version torch loaded."""
+    torch_version: str | None = None
+    """torch version."""
+    libraries: dict[str, str] = Field(default_factory=dict)
+    """Other library versions that shape the run (``transformers``, ``numpy`` …)."""
+    whichgpu_version: str
+    """whichgpu version that measured."""
+    python_version: str
+    """Python version."""
+    platform: str
+    """Operating system and architecture (``platform.platform()``)."""
+    host: str
+    """Host name."""
+    cpu: str | None = None
+    """CPU model."""
+    cpu_count: int | None = None
+    """Logical CPUs."""
+    power_limit_w: float | None = None
+    """GPU power limit in force (NVML), W."""
+    memory_total_bytes: int | None = None
+    """Device memory the runtime reports as total."""
+    interconnect: str | None = None
+    """How the GPUs of a multi-GPU run are linked (NVLink, PCIe), as the driver reports."""
+    tf32_matmul: bool | None = None
+    """``torch.backends.cuda.matmul.allow_tf32`` during the run."""
+    tf32_cudnn: bool | None = None
+    """``torch.backends.cudnn.allow_tf32`` during the run."""
+    amp_dtype: str | None = None
+    """Autocast dtype in force (``bfloat16``/``float16``), None without AMP."""
+
+
+class BenchResult(_Frozen):
+    """One measurement: a workload's training (or inference) speed and memory on a device.
+
+    Throughput is in the workload's unit over all GPUs of the run; step times are of one
+    synchronised step, after warm-up. Memory figures are of the measured batch.
+    """
+
+    id: str
+    """Unique id of the result (hex), assigned when it is measured."""
+    workload: str
+    """Workload measured."""
+    run: RunConfig
+    """Run configuration measured (batch size and sequence length resolved)."""
+    device: str
+    """Device the run asked for (``cuda:0``, ``cpu``, ``mps``, ``fake``)."""
+    device_name: str
+    """Name the device reports."""
+    gpu: str | None
+    """Catalog id of the GPU, when the device name resolves to one."""
+    n_gpus: int
+    """Devices measured together (data parallel)."""
+    precision: str
+    """Precision of the run (as ``run.precision``)."""
+    batch_size: int
+    """Samples per step per device."""
+    seq_len: int | None
+    """Tokens per sequence (sequence models)."""
+    max_batch_size: int | None = None
+    """Largest batch that ran, when it was searched."""
+    max_batch_resolution: int | None = None
+    """Resolution of that search (1 = exact)."""
+    max_seq_len: int | None = None
+    """Largest sequence length that ran at ``batch_size``, when it was searched."""
+    memory_limit_bytes: int | None = None
+    """Cap the search was run under (``--memory-limit``), None for the device's memory."""
+    compiled: bool = False
+    """Whether the model ran under ``torch.compile``."""
+    channels_last: bool = False
+    """Whether images were in channels-last layout."""
+    throughput: float | None
+    """Units per second over all devices (None if the run did not fit)."""
+    throughput_unit: str
+    """``images/s``, ``tokens/s``, ``sequences/s`` or ``samples/s``."""
+    step_time_s: float | None
+    """Median time of one step, s."""
+    step_time_iqr_s: float | None
+    """Interquartile range of the step times, s."""
+    iterations: int
+    """Timed steps."""
+    warmup_iterations: int
+    """Steps run before timing (until step times were steady)."""
+    measured_s: float
+    """Wall time of the timed steps, s."""
+    peak_allocated_bytes: int | None = None
+    """Peak bytes held by tensors (``torch.cuda.max_memory_allocated``)."""
+    peak_reserved_bytes: int | None = None
+    """Peak bytes the caching allocator held (``torch.cuda.max_memory_reserved``)."""
+    device_used_bytes: int | None = None
+    """Peak device memory in use as NVML reports it (includes the CUDA context)."""
+    power_w: float | None = None
+    """Mean board power while timing, W (NVML)."""
+    energy_j_per_sample: float | None = None
+    """Energy per sample over all devices, J."""
+    sm_clock_mhz: float | None = None
+    """Mean SM clock while timing, MHz."""
+    temperature_c: float | None = None
+    """Maximum GPU temperature while timing, °C."""
+    utilization: float | None = None
+    """Mean GPU utilisation while timing (fraction)."""
+    flops_per_step: float | None = None
+    """Model FLOPs of one step on one device (counted by torch's FLOP counter)."""
+    mfu: float | None = None
+    """Model FLOPs utilisation against the catalog's dense peak for the precision."""
+    scaling_efficiency: float | None = None
+    """Multi-GPU: throughput over n_gpus x the one-GPU throughput, when both were measured."""
+    per_rank: tuple[dict[str, float], ...] = ()
+    """Multi-GPU: each rank's own step time and memory, as it reported them."""
+    notes: tuple[str, ...] = ()
+    """What the reader should know (aggregation rules, clamps, warnings)."""
+    environment: BenchEnvironment
+    """Machine and software."""
+    created_at: dt.datetime
+    """When it was measured (UTC)."""

@@ -13,6 +13,8 @@ ENV_PRICES = "WHICHGPU_PRICES"
 """Path of the user's price override file (default: ``<config dir>/prices.csv``)."""
 ENV_CONFIG_DIR = "WHICHGPU_CONFIG_DIR"
 """Overrides the whole config directory."""
+ENV_STORE = "WHICHGPU_STORE"
+"""Path of the benchmark results store (default: ``<data dir>/results.sqlite``)."""
 ENV_DEBUG = "WHICHGPU_DEBUG"
 """Any non-empty value makes the CLI show tracebacks."""
 
@@ -24,6 +26,20 @@ def config_dir() -> Path:
         return Path(explicit).expanduser()
     base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
     return Path(base).expanduser() / "whichgpu"
+
+
+def data_dir() -> Path:
+    """``$XDG_DATA_HOME/whichgpu``, else ``~/.local/share/whichgpu`` (results live here)."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base).expanduser() / "whichgpu"
+
+
+def store_path() -> Path:
+    """The benchmark results store: ``$WHICHGPU_STORE``, else ``<data dir>/results.sqlite``."""
+    explicit = os.environ.get(ENV_STORE)
+    if explicit:
+        return Path(explicit).expanduser()
+    return data_dir() / "results.sqlite"
 
 
 def user_prices_path() -> Path:
