@@ -11,24 +11,43 @@ from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack, shipped_stacks
-from whichgpu.estimate.memory import capacity_of, largest_fitting, workspace_sizes
+from whichgpu.estimate.memory import capacity_of, largest_within, workspace_sizes
 from whichgpu.units import GIB, MIB
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-def test_largest_fitting_finds_the_boundary() -> None:
-    for limit_true in (1, 2, 7, 64, 1000):
-        calls: list[int] = []
+def test_largest_within_finds_the_boundary_in_few_evaluations() -> None:
+    curves = {
+        "affine": lambda n: 1000 + 37 * n,
+        "allocator steps": lambda n: 1000 + 20 * ((37 * n + 19) // 20),
+        "quadratic": lambda n: 1000 + n * n,
+        "flat then steep": lambda n: 1000 if n < 300 else 1000 + 10_000 * (n - 299),
+    }
+    for name, curve in curves.items():
+        for budget in (1000, 1037, 5000, 77_777, 2_000_000):
+            truth = max((n for n in range(1, 70_000) if curve(n) <= budget), default=0)
+            limit = 65_536
+            calls: list[int] = []
 
-        def fits(n: int, cap: int = limit_true, seen: list[int] = calls) -> bool:
-            seen.append(n)
-            return n <= cap
+            def total(n: int, f: object = curve, seen: list[int] = calls) -> int:
+                seen.append(n)
+                return f(n)  # type: ignore[operator, no-any-return]
 
-        assert largest_fitting(fits, start=5, limit=4096) == (limit_true, False)
-        assert len(calls) < 30
-    assert largest_fitting(lambda n: False, start=5, limit=100) == (0, False)
-    assert largest_fitting(lambda n: True, start=5, limit=100) == (100, True)
+            found = largest_within(total, budget, limit)
+            assert found == (min(truth, limit), truth >= limit), (name, budget)
+            assert len(calls) <= 40, (name, budget, len(calls))
+            assert len(set(calls)) == len(calls)  # nothing evaluated twice
+    # what is already known is not evaluated again, and a near guess ends in two evaluations
+    calls = []
+    known = {1: 1037, 8: 1296}
+    assert largest_within(lambda n: calls.append(n) or 1000 + 37 * n, 5000, 65_536, known) == (
+        108,
+        False,
+    )
+    assert len(calls) <= 3
+    assert largest_within(lambda n: 10**9, 5000, 100) == (0, False)
+    assert largest_within(lambda n: 0, 5000, 100) == (100, True)
 
 
 def test_stacks_are_sourced() -> None:

@@ -73,7 +73,7 @@ class OutOfMemory(Exception):
     """The replay needed more device memory than the capacity it was given."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     segment: int
     offset: int
@@ -96,12 +96,11 @@ class _Pool:
     """Free blocks by (segment, offset)."""
 
     def insert(self, block: _Block) -> None:
-        bisect.insort(self.free, block.key())
+        bisect.insort(self.free, (block.size, block.segment, block.offset))
         self.blocks[(block.segment, block.offset)] = block
 
     def remove(self, block: _Block) -> None:
-        key = block.key()
-        index = bisect.bisect_left(self.free, key)
+        index = bisect.bisect_left(self.free, (block.size, block.segment, block.offset))
         del self.free[index]
         del self.blocks[(block.segment, block.offset)]
 
@@ -175,8 +174,10 @@ class CachingAllocator:
         self._requested[handle] = size_bytes
         self.allocated_bytes += block.size
         self.requested_bytes += size_bytes
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
+        if self.requested_bytes > self.peak_requested_bytes:
+            self.peak_requested_bytes = self.requested_bytes
 
     def free(self, handle: int) -> None:
         """Return the block of ``handle`` to its pool, merging with free neighbours."""

@@ -21,7 +21,7 @@ search evaluates each size it needs exactly (a replay), never an extrapolation.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -149,6 +149,8 @@ class StepMemory:
         )
         self._plans: dict[Parallel, ShardingPlan] = {}
         self._cache: dict[tuple[int, int | None, tuple[int, ...], Parallel], Replay] = {}
+        self._max_batch: dict[tuple[int | None, tuple[int, ...], Parallel, int], tuple[int, bool]]
+        self._max_batch = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
 
     def plan(self, parallel: Parallel) -> ShardingPlan:
@@ -214,6 +216,39 @@ class StepMemory:
         self._cache[key] = result
         return result
 
+    def max_batch(
+        self,
+        seq_len: int | None,
+        workspaces: tuple[int, ...],
+        parallel: Parallel,
+        budget_bytes: int,
+    ) -> tuple[int, bool]:
+        """Largest batch whose peak reserved bytes fit ``budget_bytes`` (memoised; see
+        ``largest_within``), and whether it is the search limit ``MAX_BATCH_LIMIT``.
+
+        The powers of two up to the first that does not fit bracket the answer. They are the
+        same sizes for every budget (replayed once), so the answer for one GPU does not depend
+        on which other GPUs were asked about before it.
+        """
+        key = (seq_len, workspaces, parallel, budget_bytes)
+        found = self._max_batch.get(key)
+        if found is not None:
+            return found
+
+        def reserved(batch: int) -> int:
+            return self.replay(batch, seq_len, workspaces, parallel).peak_reserved_bytes
+
+        known: dict[int, int] = {}
+        power = 1
+        while power <= MAX_BATCH_LIMIT:
+            known[power] = reserved(power)
+            if known[power] > budget_bytes:
+                break
+            power *= 2
+        found = largest_within(reserved, budget_bytes, MAX_BATCH_LIMIT, known)
+        self._max_batch[key] = found
+        return found
+
 
 def _outside_allocator(stack: SoftwareStack, memory: StepMemory, gpus: int) -> dict[str, int]:
     outside = {"cuda_context": stack.cuda_context_bytes}
@@ -224,28 +259,69 @@ def _outside_allocator(stack: SoftwareStack, memory: StepMemory, gpus: int) -> d
     return outside
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, limit: int) -> tuple[int, bool]:
-    """Largest ``n`` in ``[1, limit]`` with ``fits(n)``, assuming ``fits`` is monotone.
+def largest_within(
+    total_bytes: Callable[[int], int],
+    budget_bytes: int,
+    limit: int,
+    known: Mapping[int, int] | None = None,
+) -> tuple[int, bool]:
+    """Largest ``n`` in ``[1, limit]`` with ``total_bytes(n) <= budget_bytes``.
 
-    Returns ``(0, False)`` if even 1 does not fit and ``(limit, True)`` if the limit does.
-    ``start`` is a guess that saves evaluations when it is close.
+    ``total_bytes`` must not decrease with ``n``; memory of a step is nearly affine in the
+    batch, so the search interpolates between the tightest sizes known to fit and not to fit
+    (starting from ``known``, sizes already evaluated, e.g. for another GPU), then checks the
+    neighbour of each guess, which ends it in two evaluations when the guess is right. A round
+    that does not halve the bracket is followed by a bisection, so a curve far from affine
+    still costs O(log limit) evaluations.
+    Returns ``(0, False)`` if 1 does not fit and ``(limit, True)`` if ``limit`` does.
     """
-    if not fits(1):
+    values: dict[int, int] = dict(known or {})
+
+    def value(n: int) -> int:
+        found = values.get(n)
+        if found is None:
+            found = values[n] = total_bytes(n)
+        return found
+
+    if value(1) > budget_bytes:
         return 0, False
-    lo = 1
-    hi = max(2, min(start, limit))
-    while fits(hi):
-        lo = hi
-        if hi >= limit:
+    lo = max(n for n, v in values.items() if v <= budget_bytes and n <= limit)
+    above = [n for n, v in values.items() if v > budget_bytes and n > lo]
+    hi = min(above) if above else None
+    step = 0
+    while hi is None:  # no size known not to fit: extrapolate from the two largest that do
+        if lo >= limit:
             return limit, True
-        hi = min(limit, hi * 2)
-    # fits(lo) and not fits(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
+        below = [n for n in values if n < lo]
+        if below:
+            prev = max(below)
+            slope = max(1.0, (value(lo) - value(prev)) / (lo - prev))
+            probe = lo + int((budget_bytes - value(lo)) / slope) + 1
         else:
-            hi = mid
+            probe = 2 * lo
+        probe = min(limit, max(probe, lo + 2 * step, lo + 1))
+        step = probe - lo
+        if value(probe) <= budget_bytes:
+            lo = probe
+        else:
+            hi = probe
+    bisect = False
+    while hi - lo > 1:
+        width = hi - lo
+        if bisect or value(hi) == value(lo):
+            guess = (lo + hi) // 2
+        else:
+            share = (budget_bytes - value(lo)) / (value(hi) - value(lo))
+            guess = min(hi - 1, max(lo + 1, lo + int(share * width)))
+        if value(guess) <= budget_bytes:
+            lo = guess
+            if not bisect and lo + 1 < hi and value(lo + 1) > budget_bytes:
+                hi = lo + 1
+        else:
+            hi = guess
+            if not bisect and hi - 1 > lo and value(hi - 1) <= budget_bytes:
+                lo = hi - 1
+        bisect = not bisect and 2 * (hi - lo) > width
     return lo, False
 
 
@@ -290,11 +366,9 @@ def estimate_on_gpu(
         reserved = memory.replay(batch, seq_len, workspaces, parallel).peak_reserved_bytes
         return reserved + outside_bytes
 
-    def fits(batch: int) -> bool:
-        return device_total(batch) <= capacity.bytes
-
-    guess = _affine_guess(memory, seq_len, workspaces, capacity.bytes - outside_bytes, parallel)
-    max_batch, capped = largest_fitting(fits, guess, MAX_BATCH_LIMIT)
+    max_batch, capped = memory.max_batch(
+        seq_len, workspaces, parallel, capacity.bytes - outside_bytes
+    )
     batch = run.batch_size or max(max_batch, 1)
     replay = memory.replay(batch, seq_len, workspaces, parallel)
     total = replay.peak_reserved_bytes + outside_bytes
@@ -315,11 +389,13 @@ def estimate_on_gpu(
     max_seq: tuple[int, bool] | None = None
     if search_seq_len and seq_len is not None and run.batch_size is not None:
 
-        def fits_length(length: int) -> bool:
+        def length_total(length: int) -> int:
             reserved = memory.replay(batch, length, workspaces, parallel).peak_reserved_bytes
-            return reserved + outside_bytes <= capacity.bytes
+            return reserved + outside_bytes
 
-        max_seq = largest_fitting(fits_length, seq_len, seq_limit or MAX_SEQ_LIMIT)
+        max_seq = largest_within(
+            length_total, capacity.bytes, seq_limit or MAX_SEQ_LIMIT, {seq_len: total}
+        )
     kv_bytes = kv_cache_bytes(profile, batch, seq_len)
     served = None
     if serving is not None:
@@ -401,20 +477,6 @@ def _serving(
         kv_per_token_bytes=kv_per_token_bytes,
         tokens_per_sequence=context + (profile.run.new_tokens or 0),
     )
-
-
-def _affine_guess(
-    memory: StepMemory,
-    seq_len: int | None,
-    workspaces: tuple[int, ...],
-    budget: int,
-    parallel: Parallel,
-) -> int:
-    """Where the largest batch should be if memory were affine in the batch size."""
-    one = memory.replay(1, seq_len, workspaces, parallel).peak_reserved_bytes
-    eight = memory.replay(8, seq_len, workspaces, parallel).peak_reserved_bytes
-    slope = max(1.0, (eight - one) / 7)
-    return max(1, int((budget - one) / slope) + 1)
 
 
 def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -> tuple[str, ...]:
