@@ -40,6 +40,7 @@ def _table(kinds: list[str], dtypes: list[str], flops: list[float], moved: list[
         is_matrix=np.array([k in ("gemm", "conv", "attention") for k in kinds]),
         is_half=np.array([d in ("float16", "bfloat16") for d in dtypes]),
         is_fp32=np.array([d == "float32" for d in dtypes]),
+        is_backward=np.zeros(len(kinds), dtype=bool),
     )
 
 

@@ -183,6 +183,7 @@ def predict(
     task: str | None = None,
     model: str | None = None,
     gpus: Sequence[str] | None = None,
+    gpu_count: int | None = None,
     stack: str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
@@ -192,6 +193,10 @@ def predict(
     Without ``batch_size`` each GPU runs its own largest batch (as ``fit`` finds it; Lambda's
     convention); with it, every GPU runs that batch. Without ``gpus``, every catalog GPU the
     step fits on and whose speed the catalog describes. Results are sorted fastest first.
+
+    ``gpu_count=N`` (the CLI's ``--gpus``) predicts N such GPUs of one node training data
+    parallel (``sharding=`` as for ``fit``): throughput over all of them, and the scaling
+    efficiency against N x one GPU (``whichgpu.estimate.data_parallel``).
     """
     from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
     from whichgpu.estimate.throughput import (
@@ -204,13 +209,9 @@ def predict(
     )
 
     chosen = _select(workload, config, task, model)
-    run = run_config(**run_options)
+    run = run_config(gpus=gpu_count, **run_options)
     if run.mode != "train":
         raise UsageError("predict answers training throughput for now (not --mode inference).")
-    if run.gpus > 1:
-        raise UsageError(
-            "predict answers one GPU for now; multi-GPU scaling (--gpus) is not built yet."
-        )
     check_for_workload(run, chosen.info)
     if chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
@@ -225,14 +226,32 @@ def predict(
     memory = StepMemory(profile)
     catalog = load_catalog()
     unit = f"{profile.throughput_unit}/s"
+    gradient_bytes = parameter_bytes = 0
+    if run.gpus > 1:
+        from whichgpu.estimate.data_parallel import data_parallel_step, load_links
+
+        links = load_links()
+        gradient_bytes = sum(memory.state_sizes("gradient"))
+        parameter_bytes = sum(memory.state_sizes("parameter"))
     assumptions = (
-        "one GPU; time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
+        "time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
         "peak x size ramp), bytes / (efficiency x bandwidth), launch floor)",
         f"constants fitted on {params.fitted_on} ({params.fitted_date})",
         f"band = +/-{band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
         "this workload type",
         "synthetic data, no input pipeline or host stalls",
     )
+    if run.gpus > 1:
+        assumptions += (
+            f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the one-GPU "
+            "step on its own batch, then a ring all-reduce of the gradients over NVLink/NVSwitch "
+            "(SXM/OAM boards), the bridge (two bridged cards) or PCIe, at the share of the link "
+            "NCCL reaches in published all_reduce_perf runs ("
+            + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())
+            + "; sources in whichgpu/estimate/data/links.json)",
+            "the exchange hides behind backward (behind the whole step for zero3/fsdp) except "
+            "the last gradient bucket; the compute is not slowed by the communication beside it",
+        )
     out = []
     for gpu in targets:
         try:
@@ -256,10 +275,9 @@ def predict(
             "batch_size": estimate.batch_size,
             "seq_len": estimate.seq_len,
             "fits": estimate.fits,
-            "n_gpus": 1,
+            "n_gpus": run.gpus,
             "throughput_unit": unit,
             "band": band,
-            "scaling_efficiency": None,
             "assumptions": assumptions,
             "method": f"{method}; {params.method}",
         }
@@ -272,6 +290,7 @@ def predict(
                     low=None,
                     high=None,
                     mfu=None,
+                    scaling_efficiency=None,
                     time_shares={},
                     tensor_flops_share=0.0,
                 )
@@ -279,20 +298,40 @@ def predict(
             continue
         table = op_table(profile, estimate.batch_size, estimate.seq_len)
         step = step_time(table, rates, run.precision, params)
-        throughput = table.units_per_step / step.step_time_s
+        seconds = step.step_time_s
+        shares = {
+            "matrix": step.matrix_s / seconds,
+            "memory": step.memory_s / seconds,
+            "launch": step.launch_s / seconds,
+        }
+        scaling = None
+        if run.gpus > 1:
+            parallel = data_parallel_step(
+                seconds,
+                step.backward_s,
+                gradient_bytes,
+                parameter_bytes,
+                gpu,
+                run.gpus,
+                run.sharding,
+                links,
+            )
+            seconds = parallel.step_time_s
+            scaling = step.step_time_s / seconds
+            shares = {k: v * step.step_time_s / seconds for k, v in shares.items()}
+            shares["exchange"] = parallel.exposed_s / seconds
+            base["link"] = parallel.link.description
+        throughput = run.gpus * table.units_per_step / seconds
         out.append(
             ThroughputEstimate(
                 **base,
-                step_time_s=step.step_time_s,
+                step_time_s=seconds,
                 throughput=throughput,
                 low=throughput * (1 - band),
                 high=throughput * (1 + band),
-                mfu=step.flops / step.step_time_s / peak_flops_per_s(rates, run.precision),
-                time_shares={
-                    "matrix": step.matrix_s / step.step_time_s,
-                    "memory": step.memory_s / step.step_time_s,
-                    "launch": step.launch_s / step.step_time_s,
-                },
+                mfu=step.flops / seconds / peak_flops_per_s(rates, run.precision),
+                scaling_efficiency=scaling,
+                time_shares=shares,
                 tensor_flops_share=step.tensor_flops_share,
             )
         )

@@ -841,10 +841,13 @@ class ThroughputEstimate(_Frozen):
     """Relative half-width of the band (validation error of this workload type)."""
     scaling_efficiency: float | None
     """Throughput over N x one GPU's (None for one GPU)."""
+    link: str | None = None
+    """N GPUs: the link they exchange gradients over, in words (None for one GPU)."""
     mfu: float | None
     """Model FLOPs utilisation: step FLOPs / step time over the peak of the run's precision."""
     time_shares: dict[str, float]
-    """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``."""
+    """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``, and on
+    N GPUs the gradient ``exchange`` that does not hide behind backward."""
     tensor_flops_share: float
     """Share of the FLOPs on tensor cores."""
     assumptions: tuple[str, ...]

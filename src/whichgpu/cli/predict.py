@@ -29,6 +29,8 @@ def predict(
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
+    gpus: o.GpusOption = None,
+    sharding: o.ShardingOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will a training step run on each GPU? Predicted throughput, ranked.
@@ -41,6 +43,11 @@ def predict(
     prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
     validate throughput`); GPUs whose bands overlap are too close to rank.
 
+    With --gpus N, N such GPUs of one node train data parallel: each runs its own batch, then
+    the gradients are averaged over NVLink/NVSwitch, a bridge or PCIe (from the catalog); the
+    part of that exchange backward cannot hide is added to the step, and the scaling column
+    says what share of N x one GPU is left.
+
     Examples:
 
       whichgpu predict resnet50 --precision fp32 --gpu 2080ti --gpu 3090 --gpu 4090
@@ -48,6 +55,8 @@ def predict(
       whichgpu predict llama-3.2-1b --seq-len 2048          # every GPU it fits on
 
       whichgpu predict bert-large --batch-size 16 --json
+
+      whichgpu predict llama-3.1-8b --gpus 8 --sharding fsdp --gpu h100-sxm --gpu a100-80gb
     """
     from whichgpu.api import predict as predict_throughput
 
@@ -60,10 +69,18 @@ def predict(
         "method": method,
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
+        "sharding": sharding,
     }
     with progress_note("Predicting step times (tracing the step if it is not stored)"):
         estimates = predict_throughput(
-            workload, config=config, task=task, model=model, gpus=gpu, stack=stack, **options
+            workload,
+            config=config,
+            task=task,
+            model=model,
+            gpus=gpu,
+            gpu_count=gpus,
+            stack=stack,
+            **options,
         )
     if json:
         emit_json(json_doc.predict_doc(estimates))

@@ -153,25 +153,21 @@ class StepMemory:
         self._max_batch = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
 
+    def state_sizes(self, category: TensorCategory) -> list[int]:
+        """Sizes of the step's ``parameter`` or ``gradient`` tensors, in allocation order (they
+        do not depend on the batch or the length)."""
+        sizes = self.profile.event_sizes(1, 1 if self.profile.is_sequence_model else None)
+        first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
+        return [int(sizes[i]) for i in first if self._allocs[i] and self._categories[i] == category]
+
     def plan(self, parallel: Parallel) -> ShardingPlan:
         """What one GPU of ``parallel`` holds besides its share of the step (memoised)."""
         found = self._plans.get(parallel)
         if found is None:
-            # parameter and gradient sizes do not depend on the batch or the length
-            sizes = self.profile.event_sizes(1, 1 if self.profile.is_sequence_model else None)
-            first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
-
-            def sizes_of(category: TensorCategory) -> list[int]:
-                return [
-                    int(sizes[i])
-                    for i in first
-                    if self._allocs[i] and self._categories[i] == category
-                ]
-
             found = make_plan(
                 parallel,
-                sizes_of("parameter"),
-                sizes_of("gradient"),
+                self.state_sizes("parameter"),
+                self.state_sizes("gradient"),
                 self.profile.params_trainable,
             )
             self._plans[parallel] = found

@@ -146,6 +146,8 @@ class OpTable:
     """Which operators take FP16/BF16 inputs."""
     is_fp32: npt.NDArray[np.bool_]
     """Which operators take FP32 inputs."""
+    is_backward: npt.NDArray[np.bool_]
+    """Which operators belong to the backward pass."""
 
 
 def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
@@ -165,6 +167,7 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         is_matrix=np.array([op.kind in MATRIX_KINDS for op in ops], dtype=bool),
         is_half=np.array([op.dtype in _HALF for op in ops], dtype=bool),
         is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
+        is_backward=np.array([op.phase == "backward" for op in ops], dtype=bool),
     )
 
 
@@ -251,6 +254,8 @@ class StepTime:
     """Time of operators bound by DRAM bandwidth."""
     launch_s: float
     """Time of operators bound by the host's dispatch (too small to fill the GPU)."""
+    backward_s: float
+    """Time of the backward pass's operators (what a data-parallel exchange can hide behind)."""
     flops: float
     """FLOPs of the step."""
     tensor_flops_share: float
@@ -293,6 +298,7 @@ def step_time(
         matrix_s=float(times[bound_compute].sum()),
         memory_s=float(times[bound_memory].sum()),
         launch_s=float(times[bound_launch].sum()),
+        backward_s=float(times[table.is_backward].sum()),
         flops=total_flops,
         tensor_flops_share=tensor_flops / total_flops if total_flops else 0.0,
     )

@@ -439,22 +439,28 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         return Text("No GPU to predict (none fits, or none has the specs the predictor needs).")
     first = estimates[0]
     seq = f", sequence length {first.seq_len}" if first.seq_len else ""
+    many = first.n_gpus > 1
+    gpus = f", {first.n_gpus} GPUs data parallel ({first.run.sharding})" if many else ""
     head = Text.assemble(
         (first.workload, "bold"),
-        f"  train, {first.run.precision}, {first.run.optimizer}{seq}",
+        f"  train, {first.run.precision}, {first.run.optimizer}{seq}{gpus}",
     )
     table = Table(header_style="bold", title_justify="left")
-    for column in ("GPU", "batch", "step ms", first.throughput_unit, "band", "MFU", "bound by"):
+    columns = ["GPU", "batch", "step ms", first.throughput_unit, "band", "MFU", "bound by"]
+    if many:
+        columns[5:5] = ["scaling", "link"]
+    for column in columns:
         table.add_column(column, justify="left" if column in ("GPU", "bound by") else "right")
     for i, e in enumerate(estimates):
         if e.throughput is None or e.step_time_s is None:
-            table.add_row(e.gpu_name, str(e.batch_size), "-", "[red]does not fit[/red]", "", "", "")
+            blank = [""] * (len(columns) - 4)
+            table.add_row(e.gpu_name, str(e.batch_size), "-", "[red]does not fit[/red]", *blank)
             continue
         bound = max(e.time_shares, key=lambda k: e.time_shares[k]) if e.time_shares else "-"
         share = f"{bound} {e.time_shares.get(bound, 0):.0%}"
         below = estimates[i + 1].high if i + 1 < len(estimates) else None
         close = " ≈" if below is not None and e.low is not None and below >= e.low else ""
-        table.add_row(
+        cells = [
             e.gpu_name,
             str(e.batch_size),
             f"{e.step_time_s * 1000:,.1f}",
@@ -462,7 +468,11 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             f"{e.low:,.3g}-{e.high:,.3g}",
             f"{e.mfu:.0%}" if e.mfu is not None else "-",
             share,
-        )
+        ]
+        if many:
+            scaling = f"{e.scaling_efficiency:.0%}" if e.scaling_efficiency else "-"
+            cells[5:5] = [scaling, e.link or "-"]
+        table.add_row(*cells)
     notes = [*first.assumptions, f"method: {first.method}"]
     notes.append("≈: within the band of the next GPU down, too close to rank")
     return Group(head, table, Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))

@@ -1,0 +1,102 @@
+"""Data-parallel step time: the link each GPU exchanges gradients over, and what it adds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import whichgpu.api as wg
+from tests.conftest import run_cli
+from whichgpu.catalog import load_catalog
+from whichgpu.errors import UsageError
+from whichgpu.estimate.data_parallel import (
+    data_parallel_step,
+    exchange_bytes,
+    gpu_link,
+    load_links,
+)
+from whichgpu.units import GB
+
+
+def test_links_follow_the_board_and_the_count() -> None:
+    catalog = load_catalog()
+    links = load_links()
+    h100 = catalog.resolve("h100-sxm")
+    switched = gpu_link(h100, 8)
+    assert switched.kind == "nvswitch"
+    assert h100.interconnect_bandwidth_gbps is not None
+    assert switched.peak_bytes_per_s == h100.interconnect_bandwidth_gbps / 2 * GB
+    assert switched.bus_bytes_per_s == switched.peak_bytes_per_s * links.bus_efficiency["nvswitch"]
+    a6000 = catalog.resolve("rtx-a6000")  # NVLink bridge between two cards only
+    assert gpu_link(a6000, 2).kind == "bridge"
+    assert gpu_link(a6000, 4).kind == "pcie"
+    rtx4090 = catalog.resolve("rtx-4090")
+    pcie = gpu_link(rtx4090, 4)
+    assert pcie.kind == "pcie"
+    assert rtx4090.pcie_gen is not None
+    assert pcie.peak_bytes_per_s == pytest.approx(
+        links.pcie_gbps_per_lane[rtx4090.pcie_gen] * (rtx4090.pcie_lanes or 16) * GB
+    )
+
+
+def test_exchange_volume_by_sharding() -> None:
+    gradients, parameters = 4_000, 2_000
+    assert exchange_bytes(gradients, parameters, 1, "ddp") == 0
+    assert exchange_bytes(gradients, parameters, 4, "ddp") == pytest.approx(2 * 0.75 * 4_000)
+    assert exchange_bytes(gradients, parameters, 4, "zero2") == pytest.approx(2 * 0.75 * 4_000)
+    # reduce-scatter of the gradients, and the parameters gathered for forward and backward
+    assert exchange_bytes(gradients, parameters, 4, "fsdp") == pytest.approx(
+        0.75 * 4_000 + 2 * 0.75 * 2_000
+    )
+
+
+def test_exchange_hides_behind_backward_but_for_the_last_bucket() -> None:
+    gpu = load_catalog().resolve("rtx-4090")
+    bucket = load_links().ddp_bucket_bytes
+    gradients = 40 * bucket
+    long_backward = data_parallel_step(1.0, 0.7, gradients, gradients, gpu, 4, "ddp")
+    assert long_backward.exposed_s == pytest.approx(long_backward.exchange_s / 40)
+    assert long_backward.step_time_s == pytest.approx(1.0 + long_backward.exposed_s)
+    no_backward = data_parallel_step(1.0, 0.0, gradients, gradients, gpu, 4, "ddp")
+    assert no_backward.exposed_s == pytest.approx(no_backward.exchange_s)
+    # FSDP's gathers also hide behind forward
+    fsdp = data_parallel_step(1.0, 0.0, gradients, gradients, gpu, 4, "fsdp")
+    assert fsdp.exposed_s < fsdp.exchange_s
+
+
+def test_gpus_without_pcie_data_are_refused_with_a_reason() -> None:
+    catalog = load_catalog()
+    no_pcie = next(
+        g
+        for g in catalog.all()
+        if g.pcie_gen is None and not (g.interconnect_bandwidth_gbps and g.form_factor)
+    )
+    with pytest.raises(UsageError, match="PCIe"):
+        gpu_link(no_pcie, 4)
+
+
+def test_predict_on_n_gpus_scales_below_n_and_pcie_below_nvlink() -> None:
+    one = wg.predict("bert-large", gpus=["a100-sxm4-80gb"], batch_size=8, seq_len=512)[0]
+    eight = wg.predict(
+        "bert-large", gpus=["a100-sxm4-80gb"], gpu_count=8, batch_size=8, seq_len=512
+    )[0]
+    assert eight.n_gpus == 8 and eight.link is not None and "nvlink" in eight.link
+    assert one.throughput is not None and eight.throughput is not None
+    assert eight.scaling_efficiency is not None and 0.5 < eight.scaling_efficiency <= 1.0
+    assert eight.throughput == pytest.approx(8 * one.throughput * eight.scaling_efficiency)
+    assert "exchange" in eight.time_shares
+    pcie = wg.predict("bert-large", gpus=["rtx-4090"], gpu_count=8, batch_size=8, seq_len=512)[0]
+    assert pcie.scaling_efficiency is not None
+    assert pcie.scaling_efficiency < eight.scaling_efficiency
+
+
+def test_predict_cli_on_four_gpus() -> None:
+    result = run_cli(
+        "predict", "gpt2", "--gpu", "3090", "--gpus", "4", "--batch-size", "4", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["n_gpus"] == 4
+    assert row["link"].startswith("PCIe 4.0")
+    assert 0 < row["scaling_efficiency"] <= 1
