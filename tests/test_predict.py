@@ -8,9 +8,11 @@ import sys
 import numpy as np
 import pytest
 
+import whichgpu.api as wg
 from tests.conftest import run_cli
 from whichgpu.api import predict
 from whichgpu.catalog import load_catalog
+from whichgpu.errors import UsageError
 from whichgpu.estimate.throughput import (
     OpTable,
     gpu_rates,
@@ -40,7 +42,7 @@ def _table(kinds: list[str], dtypes: list[str], flops: list[float], moved: list[
         is_matrix=np.array([k in ("gemm", "conv", "attention") for k in kinds]),
         is_half=np.array([d in ("float16", "bfloat16") for d in dtypes]),
         is_fp32=np.array([d == "float32" for d in dtypes]),
-        is_backward=np.zeros(len(kinds), dtype=bool),
+        phases=np.array(["forward"] * len(kinds)),
     )
 
 
@@ -144,3 +146,35 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert methods[0] == "whichgpu, leave one GPU out" and any("bandwidth" in m for m in methods)
     assert all(s["cases"] == len(doc["cases"]) for s in doc["summaries"])
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
+
+
+def test_inference_of_a_language_model_is_prefill_then_decode_steps() -> None:
+    h100, h200 = (
+        wg.predict(
+            "llama-3.2-1b",
+            gpus=[gpu],
+            mode="inference",
+            context=1024,
+            new_tokens=64,
+            concurrency=4,
+        )[0]
+        for gpu in ("h100-sxm", "h200-sxm")
+    )
+    for e in (h100, h200):
+        assert e.throughput_unit == "tokens/s" and e.batch_size == 4
+        assert e.prefill_s is not None and e.decode_step_s is not None
+        assert e.step_time_s == pytest.approx(e.prefill_s + 64 * e.decode_step_s)
+        assert e.throughput == pytest.approx(4 * 64 / e.step_time_s)
+    # decode streams weights and cache: it speeds up with bandwidth (4.8 vs 3.35 TB/s, same
+    # compute), by less than the ratio since the launch floor of a small model's ops does not
+    assert h100.decode_step_s is not None and h200.decode_step_s is not None
+    assert 1.1 < h100.decode_step_s / h200.decode_step_s < 4.8 / 3.35
+
+
+def test_inference_of_other_models_is_one_forward_pass() -> None:
+    train = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64)[0]
+    infer = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64, mode="inference")[0]
+    assert infer.throughput is not None and train.throughput is not None
+    assert 2 < infer.throughput / train.throughput < 5  # backward is about twice forward
+    with pytest.raises(UsageError, match="one GPU"):
+        wg.predict("llama-3.2-1b", gpus=["h100-sxm"], mode="inference", gpu_count=2)

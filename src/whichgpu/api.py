@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
@@ -28,6 +29,9 @@ from whichgpu.workloads.hf import read_config
 from whichgpu.workloads.registry import get_workload
 from whichgpu.workloads.run_config import inference_context
 from whichgpu.workloads.stored import ScalableProfile, load_stored
+
+if TYPE_CHECKING:
+    from whichgpu.estimate.memory import StepMemory
 
 
 def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfile, str]:
@@ -89,6 +93,51 @@ def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     return [g for g in catalog.all() if g.memory_gb]
 
 
+@dataclass(frozen=True)
+class _Step:
+    """A workload's step, ready to be sized on GPUs: run options resolved, profile loaded."""
+
+    run: RunConfig
+    profile: ScalableProfile
+    method: str
+    memory: StepMemory
+    seq_limit: int | None
+    """Longest sequence the model takes (minus the new tokens of an inference run)."""
+    kv_per_token: int | None
+    """KV-cache bytes per token (inference of a language model), else None."""
+
+
+def _prepare(
+    chosen: Workload,
+    run: RunConfig,
+    config: Path | str | None,
+    progress: Callable[[str], None] | None,
+) -> _Step:
+    """Resolve the run's sizes for ``chosen`` and load (or trace) its step."""
+    from whichgpu.estimate.memory import StepMemory
+
+    if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
+        run = run.model_copy(update={"batch_size": run.concurrency})
+    if chosen.info.is_sequence_model and run.seq_len is None and run.mode == "train":
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if progress is not None:
+        progress(f"profiling {chosen.info.name}")
+    profile, method = scalable_profile(chosen, run)
+    seq_limit = chosen.info.max_seq_len
+    kv_per_token = None
+    if "kv_cache" in profile.choices:  # inference of a language model
+        context, new_tokens = inference_context(chosen.info, run)
+        if seq_limit is not None:
+            seq_limit -= new_tokens
+        run = run.model_copy(
+            update={"seq_len": context, "context": context, "new_tokens": new_tokens}
+        )
+        kv_per_token = _kv_bytes_per_token(chosen, config, run)
+    elif chosen.info.is_sequence_model and run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    return _Step(run, profile, method, StepMemory(profile), seq_limit, kv_per_token)
+
+
 def fit(
     workload: str | None = None,
     *,
@@ -118,7 +167,7 @@ def fit(
     ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
     concurrency. ``serving="vllm"`` adds that engine's paged-KV-cache answer to each estimate.
     """
-    from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
+    from whichgpu.estimate.memory import estimate_on_gpu
 
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
@@ -128,32 +177,13 @@ def fit(
             raise UsageError("--serving sizes a serving engine's KV cache; add --mode inference.")
         engine = get_serving_engine(serving)
     check_for_workload(run, chosen.info)
-    if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
-        run = run.model_copy(update={"batch_size": run.concurrency})
-    if chosen.info.is_sequence_model and run.seq_len is None and run.mode == "train":
-        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
-    if progress is not None:
-        progress(f"profiling {chosen.info.name}")
-    profile, method = scalable_profile(chosen, run)
-    memory = StepMemory(profile)
-    seq_limit = chosen.info.max_seq_len
-    kv_per_token = None
-    if "kv_cache" in profile.choices:  # inference of a language model
-        context, new_tokens = inference_context(chosen.info, run)
-        if seq_limit is not None:
-            seq_limit -= new_tokens
-        run = run.model_copy(
-            update={"seq_len": context, "context": context, "new_tokens": new_tokens}
-        )
-        kv_per_token = _kv_bytes_per_token(chosen, config, run)
-    elif engine is not None:
+    step = _prepare(chosen, run, config, progress)
+    if engine is not None and step.kv_per_token is None:
         raise UsageError(
             f"--serving applies to language models that generate; {chosen.info.name} does not."
         )
-    elif chosen.info.is_sequence_model and run.seq_len is None:
-        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     catalog = load_catalog()
     estimates = []
     for gpu in targets:
@@ -161,14 +191,14 @@ def fit(
             progress(gpu.name)
         estimates.append(
             estimate_on_gpu(
-                memory,
-                run,
+                step.memory,
+                step.run,
                 gpu,
                 catalog,
                 software,
-                method=method,
-                seq_limit=seq_limit,
-                kv_per_token_bytes=kv_per_token,
+                method=step.method,
+                seq_limit=step.seq_limit,
+                kv_per_token_bytes=step.kv_per_token,
                 serving=engine,
             )
         )
@@ -188,7 +218,7 @@ def predict(
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> list[ThroughputEstimate]:
-    """How fast? Predicted training throughput on each GPU, ranked, with a band.
+    """How fast? Predicted throughput on each GPU, ranked, with a band.
 
     Without ``batch_size`` each GPU runs its own largest batch (as ``fit`` finds it; Lambda's
     convention); with it, every GPU runs that batch. Without ``gpus``, every catalog GPU the
@@ -197,61 +227,38 @@ def predict(
     ``gpu_count=N`` (the CLI's ``--gpus``) predicts N such GPUs of one node training data
     parallel (``sharding=`` as for ``fit``): throughput over all of them, and the scaling
     efficiency against N x one GPU (``whichgpu.estimate.data_parallel``).
+
+    ``mode="inference"``: a language model serves ``concurrency`` sequences (default: the
+    most that fit) of ``context`` prompt tokens and ``new_tokens`` generated ones; throughput
+    is generated tokens/s, with the prefill time (time to first token) and the decode step
+    time (time per output token). Other models: one forward pass per batch.
     """
-    from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
-    from whichgpu.estimate.throughput import (
-        error_band,
-        gpu_rates,
-        load_parameters,
-        op_table,
-        peak_flops_per_s,
-        step_time,
-    )
+    from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.estimate.throughput import gpu_rates
 
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
-    if run.mode != "train":
-        raise UsageError("predict answers training throughput for now (not --mode inference).")
     check_for_workload(run, chosen.info)
-    if chosen.info.is_sequence_model and run.seq_len is None:
-        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if run.mode == "inference" and run.gpus > 1:
+        raise UsageError(
+            "predict answers inference on one GPU; tensor-parallel serving on several is not "
+            "modelled. Drop --gpus (fit --mode inference --gpus sizes the memory)."
+        )
     named = bool(gpus)
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
-    params = load_parameters()
-    band = error_band(params, chosen.info.family)
-    if progress is not None:
-        progress(f"profiling {chosen.info.name}")
-    profile, method = scalable_profile(chosen, run)
-    memory = StepMemory(profile)
-    catalog = load_catalog()
-    unit = f"{profile.throughput_unit}/s"
-    gradient_bytes = parameter_bytes = 0
+    step = _prepare(chosen, run, config, progress)
+    state = None
     if run.gpus > 1:
-        from whichgpu.estimate.data_parallel import data_parallel_step, load_links
-
-        links = load_links()
-        gradient_bytes = sum(memory.state_sizes("gradient"))
-        parameter_bytes = sum(memory.state_sizes("parameter"))
-    assumptions = (
-        "time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
-        "peak x size ramp), bytes / (efficiency x bandwidth), launch floor)",
-        f"constants fitted on {params.fitted_on} ({params.fitted_date})",
-        f"band = +/-{band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
-        "this workload type",
-        "synthetic data, no input pipeline or host stalls",
-    )
-    if run.gpus > 1:
-        assumptions += (
-            f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the one-GPU "
-            "step on its own batch, then a ring all-reduce of the gradients over NVLink/NVSwitch "
-            "(SXM/OAM boards), the bridge (two bridged cards) or PCIe, at the share of the link "
-            "NCCL reaches in published all_reduce_perf runs ("
-            + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())
-            + "; sources in whichgpu/estimate/data/links.json)",
-            "the exchange hides behind backward (behind the whole step for zero3/fsdp) except "
-            "the last gradient bucket; the compute is not slowed by the communication beside it",
+        state = StepState(
+            gradient_bytes=sum(step.memory.state_sizes("gradient")),
+            parameter_bytes=sum(step.memory.state_sizes("parameter")),
         )
+    predictor = ThroughputPredictor(
+        step.profile, step.run, family=chosen.info.family, method=step.method, state=state
+    )
+    catalog = load_catalog()
     out = []
     for gpu in targets:
         try:
@@ -263,77 +270,134 @@ def predict(
         if progress is not None:
             progress(gpu.name)
         estimate = estimate_on_gpu(
-            memory, run, gpu, catalog, software, method=method, search_seq_len=False
+            step.memory,
+            step.run,
+            gpu,
+            catalog,
+            software,
+            method=step.method,
+            search_seq_len=False,
+            kv_per_token_bytes=step.kv_per_token,
         )
         if not estimate.fits and not named:
             continue
-        base = {
-            "gpu": gpu.id,
-            "gpu_name": gpu.name,
-            "workload": chosen.info.name,
-            "run": estimate.run,
-            "batch_size": estimate.batch_size,
-            "seq_len": estimate.seq_len,
-            "fits": estimate.fits,
-            "n_gpus": run.gpus,
-            "throughput_unit": unit,
-            "band": band,
-            "assumptions": assumptions,
-            "method": f"{method}; {params.method}",
-        }
-        if not estimate.fits:
-            out.append(
-                ThroughputEstimate(
-                    **base,
-                    step_time_s=None,
-                    throughput=None,
-                    low=None,
-                    high=None,
-                    mfu=None,
-                    scaling_efficiency=None,
-                    time_shares={},
-                    tensor_flops_share=0.0,
-                )
-            )
-            continue
-        table = op_table(profile, estimate.batch_size, estimate.seq_len)
-        step = step_time(table, rates, run.precision, params)
-        seconds = step.step_time_s
-        shares = {
-            "matrix": step.matrix_s / seconds,
-            "memory": step.memory_s / seconds,
-            "launch": step.launch_s / seconds,
-        }
-        scaling = None
-        if run.gpus > 1:
-            parallel = data_parallel_step(
-                seconds,
-                step.backward_s,
-                gradient_bytes,
-                parameter_bytes,
-                gpu,
-                run.gpus,
-                run.sharding,
-                links,
-            )
-            seconds = parallel.step_time_s
-            scaling = step.step_time_s / seconds
-            shares = {k: v * step.step_time_s / seconds for k, v in shares.items()}
-            shares["exchange"] = parallel.exposed_s / seconds
-            base["link"] = parallel.link.description
-        throughput = run.gpus * table.units_per_step / seconds
-        out.append(
-            ThroughputEstimate(
-                **base,
-                step_time_s=seconds,
-                throughput=throughput,
-                low=throughput * (1 - band),
-                high=throughput * (1 + band),
-                mfu=step.flops / seconds / peak_flops_per_s(rates, run.precision),
-                scaling_efficiency=scaling,
-                time_shares=shares,
-                tensor_flops_share=step.tensor_flops_share,
-            )
-        )
+        out.append(predictor.on_gpu(gpu, rates, estimate))
     out.sort(key=lambda e: -(e.throughput or 0.0))
     return out
+
+
+# --- bench: measure on a real device ---------------------------------------------------------
+
+from whichgpu.bench.jobs import BenchProgress  # noqa: E402 - the bench API is one appended block
+from whichgpu.schema import BenchResult  # noqa: E402
+
+
+def bench(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    device: str = "cuda",
+    gpu_count: int | None = None,
+    find_max_batch: bool = False,
+    max_batch_resolution: int = 1,
+    find_max_seq_len: bool = False,
+    memory_limit_gib: float | None = None,
+    compile: bool = False,
+    channels_last: bool = False,
+    min_seconds: float | None = None,
+    min_iters: int | None = None,
+    timeout_s: float | None = None,
+    progress: Callable[[BenchProgress], None] | None = None,
+    on_result: Callable[[BenchResult], None] | None = None,
+    **run_options: Any,
+) -> list[BenchResult]:
+    """Measure it: throughput, memory and power of a workload on a real device.
+
+    ``device`` is ``"cuda"``, ``"cuda:N"``, ``"cpu"``, ``"mps"`` (or ``"fake"``, a simulated
+    device). ``run_options`` are the run configuration, as for ``fit``; ``gpu_count=N`` also
+    measures N GPUs of this node together (DDP), after one alone, for the scaling efficiency.
+    ``find_max_batch`` searches the largest batch (doubling, then bisection to
+    ``max_batch_resolution``; 1 = exact) and measures at it; ``find_max_seq_len`` searches the
+    longest sequence at the batch. ``memory_limit_gib`` caps the memory a step may use (on the
+    CPU a search needs it). Timing warms up until steady, then runs at least ``min_iters``
+    steps and ``min_seconds`` seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
+    child process that makes no progress for that long.
+
+    Returns one result per measurement (two with ``gpu_count`` > 1), each also passed to
+    ``on_result`` as soon as it is measured; ``progress`` receives ``BenchProgress`` events.
+    The catalog id of the GPU and the MFU (model FLOPs per second over the catalog's dense
+    peak for the precision) are filled in here, where the device's name resolves to a
+    catalog GPU.
+    """
+    from whichgpu.bench import BenchOptions, TimingRule, WorkloadRef, parse_device, run_bench
+    from whichgpu.units import gib_to_bytes
+
+    chosen = _select(workload, config, task, model)
+    run = run_config(gpus=gpu_count, **run_options)
+    check_for_workload(run, chosen.info)
+    defaults = TimingRule()
+    options = BenchOptions(
+        find_max_batch=find_max_batch,
+        max_batch_resolution=max_batch_resolution,
+        find_max_seq_len=find_max_seq_len,
+        memory_limit_bytes=None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib),
+        compile=compile,
+        channels_last=channels_last,
+        rule=TimingRule(
+            min_iters=defaults.min_iters if min_iters is None else min_iters,
+            min_seconds=defaults.min_seconds if min_seconds is None else min_seconds,
+        ),
+        timeout_s=600.0 if timeout_s is None else timeout_s,
+    )
+    if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
+        raise UsageError(
+            "--min-iters must be at least 1, --min-seconds at least 0 and --timeout more than 0."
+        )
+    target = WorkloadRef.of(
+        chosen.info.name if model is None and config is None else None, config, task, model
+    )
+
+    def completed(result: BenchResult) -> None:
+        result = _bench_on_catalog(result)
+        out.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    out: list[BenchResult] = []
+    run_bench(target, run, parse_device(device), options, progress=progress, on_result=completed)
+    return out
+
+
+def _bench_on_catalog(result: BenchResult) -> BenchResult:
+    """``result`` with its catalog GPU and MFU, or a note saying why there are none."""
+    from whichgpu.errors import GpuLookupError
+    from whichgpu.estimate.throughput import gpu_rates, peak_flops_per_s
+    from whichgpu.units import TERA, bytes_to_gb
+
+    env = result.environment
+    if env.device_kind != "cuda":
+        note = f"no catalog GPU and no MFU: the device is {env.device_kind}, not a CUDA GPU"
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    memory_gb = bytes_to_gb(env.memory_total_bytes) if env.memory_total_bytes else None
+    try:
+        gpu = load_catalog().resolve(result.device_name, memory_gb=memory_gb)
+    except GpuLookupError as exc:
+        note = f"no catalog GPU and no MFU: '{result.device_name}' is not in the catalog ({exc})"
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    update: dict[str, Any] = {"gpu": gpu.id}
+    notes = list(result.notes)
+    if result.flops_per_step and result.step_time_s:
+        try:
+            peak = peak_flops_per_s(gpu_rates(gpu), result.run.precision)
+        except UsageError as exc:
+            notes.append(f"no MFU: {exc}")
+        else:
+            update["mfu"] = result.flops_per_step * result.n_gpus / result.step_time_s / peak
+            notes.append(
+                f"MFU: model FLOPs per second over {gpu.name}'s dense {result.precision} peak of "
+                f"{peak / TERA:.4g} TFLOP/s per GPU (catalog)"
+            )
+    update["notes"] = tuple(notes)
+    return result.model_copy(update=update)

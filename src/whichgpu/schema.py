@@ -809,7 +809,11 @@ class MemoryValidation(_Frozen):
 
 
 class ThroughputEstimate(_Frozen):
-    """Predicted training throughput of a workload on one GPU, with its band."""
+    """Predicted throughput of a workload on a GPU (or N data parallel), with its band.
+
+    Training: ``step_time_s`` is one step. Inference of a language model: ``step_time_s`` is
+    one request batch (prefill and every decode step) and ``throughput`` generated tokens/s.
+    """
 
     gpu: str
     """Catalog id of the GPU."""
@@ -848,6 +852,10 @@ class ThroughputEstimate(_Frozen):
     time_shares: dict[str, float]
     """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``, and on
     N GPUs the gradient ``exchange`` that does not hide behind backward."""
+    prefill_s: float | None = None
+    """Inference of a language model: time of the prompt's prefill (time to first token), s."""
+    decode_step_s: float | None = None
+    """Inference of a language model: time of one decode step (time per output token), s."""
     tensor_flops_share: float
     """Share of the FLOPs on tensor cores."""
     assumptions: tuple[str, ...]

@@ -21,6 +21,7 @@ def predict(
     config: o.ConfigOption = None,
     model: o.ModelOption = None,
     task: o.TaskOption = None,
+    mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
     batch_size: o.BatchOption = None,
     seq_len: o.SeqOption = None,
@@ -31,9 +32,12 @@ def predict(
     lora_targets: o.LoraTargetsOption = None,
     gpus: o.GpusOption = None,
     sharding: o.ShardingOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
     json: o.JsonOption = False,
 ) -> None:
-    """How fast will a training step run on each GPU? Predicted throughput, ranked.
+    """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
 
     Each operator of the model's real training step (traced on the CPU, or stored for named
     workloads) is timed on each GPU by a roofline — FLOPs over the peak of the engine its
@@ -48,6 +52,10 @@ def predict(
     part of that exchange backward cannot hide is added to the step, and the scaling column
     says what share of N x one GPU is left.
 
+    With --mode inference a language model serves --concurrency sequences (default: the most
+    that fit) of --context prompt tokens and --new-tokens generated ones: generated tokens/s,
+    time to first token (the prefill) and time per output token (a decode step).
+
     Examples:
 
       whichgpu predict resnet50 --precision fp32 --gpu 2080ti --gpu 3090 --gpu 4090
@@ -57,10 +65,13 @@ def predict(
       whichgpu predict bert-large --batch-size 16 --json
 
       whichgpu predict llama-3.1-8b --gpus 8 --sharding fsdp --gpu h100-sxm --gpu a100-80gb
+
+      whichgpu predict llama-3.1-8b --mode inference --context 4096 --concurrency 8
     """
     from whichgpu.api import predict as predict_throughput
 
     options: dict[str, Any] = {
+        "mode": mode,
         "precision": precision,
         "batch_size": batch_size,
         "seq_len": seq_len,
@@ -70,6 +81,9 @@ def predict(
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
         "sharding": sharding,
+        "context": context,
+        "new_tokens": new_tokens,
+        "concurrency": concurrency,
     }
     with progress_note("Predicting step times (tracing the step if it is not stored)"):
         estimates = predict_throughput(

@@ -110,6 +110,25 @@ def load_parameters() -> PerfParameters:
     )
 
 
+@dataclass(frozen=True)
+class InferenceParameters:
+    """Constants of inference steps that the training fit does not cover."""
+
+    decode_memory_efficiency: float
+    """Fraction of DRAM bandwidth a decode step's streaming operators reach."""
+    source: str
+    """Where it comes from."""
+
+
+def load_inference_parameters() -> InferenceParameters:
+    """The shipped inference constants (``data/throughput.json``, ``inference``)."""
+    ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
+    doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))["inference"]
+    return InferenceParameters(
+        decode_memory_efficiency=float(doc["decode_memory_efficiency"]), source=str(doc["source"])
+    )
+
+
 def with_values(params: PerfParameters, values: npt.NDArray[np.float64]) -> PerfParameters:
     """``params`` with the fitted fields replaced by ``values`` (in ``FIT_FIELDS`` order)."""
     fields = dict(zip(FIT_FIELDS, (float(v) for v in values), strict=True))
@@ -146,8 +165,8 @@ class OpTable:
     """Which operators take FP16/BF16 inputs."""
     is_fp32: npt.NDArray[np.bool_]
     """Which operators take FP32 inputs."""
-    is_backward: npt.NDArray[np.bool_]
-    """Which operators belong to the backward pass."""
+    phases: npt.NDArray[np.str_]
+    """Where in the step each operator runs (``forward``, ``backward``, ``decode`` …)."""
 
 
 def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
@@ -167,7 +186,25 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         is_matrix=np.array([op.kind in MATRIX_KINDS for op in ops], dtype=bool),
         is_half=np.array([op.dtype in _HALF for op in ops], dtype=bool),
         is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
-        is_backward=np.array([op.phase == "backward" for op in ops], dtype=bool),
+        phases=np.array([op.phase for op in ops]),
+    )
+
+
+def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
+    """The operators of ``table`` that run in ``phases``."""
+    keep = np.isin(table.phases, phases)
+    return OpTable(
+        kinds=tuple(k for k, kept in zip(table.kinds, keep, strict=True) if kept),
+        dtypes=tuple(d for d, kept in zip(table.dtypes, keep, strict=True) if kept),
+        flops=table.flops[keep],
+        bytes_moved=table.bytes_moved[keep],
+        units_per_step=table.units_per_step,
+        batch_size=table.batch_size,
+        seq_len=table.seq_len,
+        is_matrix=table.is_matrix[keep],
+        is_half=table.is_half[keep],
+        is_fp32=table.is_fp32[keep],
+        phases=table.phases[keep],
     )
 
 
@@ -254,8 +291,9 @@ class StepTime:
     """Time of operators bound by DRAM bandwidth."""
     launch_s: float
     """Time of operators bound by the host's dispatch (too small to fill the GPU)."""
-    backward_s: float
-    """Time of the backward pass's operators (what a data-parallel exchange can hide behind)."""
+    phase_s: dict[str, float]
+    """Time by phase of the step (``backward``: what a data-parallel exchange can hide behind;
+    ``prefill`` and ``decode`` of an inference step)."""
     flops: float
     """FLOPs of the step."""
     tensor_flops_share: float
@@ -298,7 +336,7 @@ def step_time(
         matrix_s=float(times[bound_compute].sum()),
         memory_s=float(times[bound_memory].sum()),
         launch_s=float(times[bound_launch].sum()),
-        backward_s=float(times[table.is_backward].sum()),
+        phase_s={str(ph): float(times[table.phases == ph].sum()) for ph in set(table.phases)},
         flops=total_flops,
         tensor_flops_share=tensor_flops / total_flops if total_flops else 0.0,
     )

@@ -440,15 +440,26 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     first = estimates[0]
     seq = f", sequence length {first.seq_len}" if first.seq_len else ""
     many = first.n_gpus > 1
+    serving = first.prefill_s is not None
     gpus = f", {first.n_gpus} GPUs data parallel ({first.run.sharding})" if many else ""
-    head = Text.assemble(
-        (first.workload, "bold"),
-        f"  train, {first.run.precision}, {first.run.optimizer}{seq}{gpus}",
-    )
+    if first.run.mode == "inference":
+        what = f"  inference, {first.run.precision}"
+        if first.run.context:
+            what += f", context {first.run.context}, {first.run.new_tokens} new tokens"
+        head = Text.assemble((first.workload, "bold"), what)
+    else:
+        head = Text.assemble(
+            (first.workload, "bold"),
+            f"  train, {first.run.precision}, {first.run.optimizer}{seq}{gpus}",
+        )
     table = Table(header_style="bold", title_justify="left")
-    columns = ["GPU", "batch", "step ms", first.throughput_unit, "band", "MFU", "bound by"]
+    batch = "sequences" if serving else "batch"
+    step = "request ms" if serving else "step ms"
+    columns = ["GPU", batch, step, first.throughput_unit, "band", "MFU", "bound by"]
     if many:
         columns[5:5] = ["scaling", "link"]
+    if serving:
+        columns[5:5] = ["first token ms", "per token ms"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("GPU", "bound by") else "right")
     for i, e in enumerate(estimates):
@@ -472,6 +483,11 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         if many:
             scaling = f"{e.scaling_efficiency:.0%}" if e.scaling_efficiency else "-"
             cells[5:5] = [scaling, e.link or "-"]
+        if serving:
+            cells[5:5] = [
+                f"{(e.prefill_s or 0) * 1000:,.1f}",
+                f"{(e.decode_step_s or 0) * 1000:,.2f}",
+            ]
         table.add_row(*cells)
     notes = [*first.assumptions, f"method: {first.method}"]
     notes.append("≈: within the band of the next GPU down, too close to rank")

@@ -1,0 +1,200 @@
+"""Predicted throughput of a workload's step on a GPU: training (one GPU or N data parallel)
+and inference, as a ``ThroughputEstimate`` with its band and assumptions.
+
+The operator-time model is ``estimate.throughput``; the gradient exchange of N GPUs is
+``estimate.data_parallel``; the batch each GPU runs comes from the memory estimate
+(``estimate.memory``). Inference of a language model is a prefill of the context and then one
+decode step per new token: the request batch takes ``prefill + new_tokens x decode`` and makes
+``concurrency x new_tokens`` tokens. A decode step streams the weights and the KV cache, so its
+streaming operators use the decode bandwidth share (``data/throughput.json``, ``inference``)
+instead of the training fit's. Other models' inference is one forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from whichgpu.estimate.data_parallel import data_parallel_step, load_links
+from whichgpu.estimate.throughput import (
+    GpuRates,
+    PerfParameters,
+    StepTime,
+    error_band,
+    load_inference_parameters,
+    load_parameters,
+    op_table,
+    peak_flops_per_s,
+    restrict,
+    step_time,
+)
+from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
+from whichgpu.workloads.stored import ScalableProfile
+
+
+@dataclass(frozen=True)
+class StepState:
+    """Bytes of the model state a data-parallel exchange moves."""
+
+    gradient_bytes: int
+    """Gradients of one step."""
+    parameter_bytes: int
+    """Parameters (what ZeRO-3/FSDP gather)."""
+
+
+class ThroughputPredictor:
+    """Predicts one workload's run on GPU after GPU (the per-run parts computed once)."""
+
+    def __init__(
+        self,
+        profile: ScalableProfile,
+        run: RunConfig,
+        *,
+        family: str,
+        method: str,
+        state: StepState | None = None,
+        params: PerfParameters | None = None,
+    ) -> None:
+        self.profile = profile
+        self.run = run
+        self.params = params or load_parameters()
+        self.band = error_band(self.params, family)
+        self.method = f"{method}; {self.params.method}"
+        self.state = state or StepState(0, 0)
+        self.serving = "kv_cache" in profile.choices
+        self.inference = load_inference_parameters() if run.mode == "inference" else None
+        self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
+        self.assumptions = self._assumptions()
+
+    def _assumptions(self) -> tuple[str, ...]:
+        params, run = self.params, self.run
+        notes: tuple[str, ...] = (
+            "time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
+            "peak x size ramp), bytes / (efficiency x bandwidth), launch floor)",
+            f"constants fitted on {params.fitted_on} ({params.fitted_date})",
+            f"band = +/-{self.band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
+            "this workload type in training",
+            "synthetic data, no input pipeline or host stalls",
+        )
+        if self.serving and self.inference is not None:
+            notes += (
+                f"inference: a prefill of {run.context} tokens per sequence, then "
+                f"{run.new_tokens} decode steps each attending over the whole static cache "
+                "(a paged engine reads only the filled part: somewhat faster); throughput = "
+                "generated tokens per second over all sequences",
+                "decode streams at "
+                f"{self.inference.decode_memory_efficiency:.0%} of DRAM bandwidth: "
+                f"{self.inference.source}",
+            )
+        elif run.mode == "inference":
+            notes += ("inference: one forward pass without gradients per batch",)
+        if run.gpus > 1:
+            links = load_links()
+            notes += (
+                f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the "
+                "one-GPU step on its own batch, then a ring all-reduce of the gradients over "
+                "NVLink/NVSwitch (SXM/OAM boards), the bridge (two bridged cards) or PCIe, at the "
+                "share of the link NCCL reaches in published all_reduce_perf runs ("
+                + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())
+                + "; sources in whichgpu/estimate/data/links.json)",
+                "the exchange hides behind backward (behind the whole step for zero3/fsdp) "
+                "except the last gradient bucket; the compute is not slowed by the "
+                "communication beside it, so the scaling is an upper bound",
+            )
+        return notes
+
+    def on_gpu(self, gpu: GpuSpec, rates: GpuRates, memory: MemoryEstimate) -> ThroughputEstimate:
+        """The prediction on ``gpu`` at the batch of ``memory`` (its largest, unless given)."""
+        base = {
+            "gpu": gpu.id,
+            "gpu_name": gpu.name,
+            "workload": self.profile.workload,
+            "run": memory.run,
+            "batch_size": memory.batch_size,
+            "seq_len": memory.seq_len,
+            "fits": memory.fits,
+            "n_gpus": self.run.gpus,
+            "throughput_unit": self.unit,
+            "band": self.band,
+            "assumptions": self.assumptions,
+            "method": self.method,
+        }
+        if not memory.fits:
+            return ThroughputEstimate(
+                **base,
+                step_time_s=None,
+                throughput=None,
+                low=None,
+                high=None,
+                mfu=None,
+                scaling_efficiency=None,
+                time_shares={},
+                tensor_flops_share=0.0,
+            )
+        table = op_table(self.profile, memory.batch_size, memory.seq_len)
+        precision = self.run.precision
+        if self.serving and self.inference is not None:
+            prefill = step_time(restrict(table, ("prefill",)), rates, precision, self.params)
+            decode_params = replace(
+                self.params, memory_efficiency=self.inference.decode_memory_efficiency
+            )
+            decode = step_time(restrict(table, ("decode",)), rates, precision, decode_params)
+            new_tokens = self.run.new_tokens or 1
+            seconds = prefill.step_time_s + new_tokens * decode.step_time_s
+            units = memory.batch_size * new_tokens
+            flops = prefill.flops + new_tokens * decode.flops
+            shares = _shares([prefill, *([decode] * new_tokens)], seconds)
+            return ThroughputEstimate(
+                **base,
+                step_time_s=seconds,
+                throughput=units / seconds,
+                low=units / seconds * (1 - self.band),
+                high=units / seconds * (1 + self.band),
+                mfu=flops / seconds / peak_flops_per_s(rates, precision),
+                scaling_efficiency=None,
+                time_shares=shares,
+                tensor_flops_share=prefill.tensor_flops_share,
+                prefill_s=prefill.step_time_s,
+                decode_step_s=decode.step_time_s,
+            )
+        if self.run.mode == "inference":
+            table = restrict(table, ("forward",))
+        step = step_time(table, rates, precision, self.params)
+        seconds = step.step_time_s
+        shares = _shares([step], seconds)
+        scaling = None
+        if self.run.gpus > 1:
+            parallel = data_parallel_step(
+                seconds,
+                step.phase_s.get("backward", 0.0),
+                self.state.gradient_bytes,
+                self.state.parameter_bytes,
+                gpu,
+                self.run.gpus,
+                self.run.sharding,
+            )
+            seconds = parallel.step_time_s
+            scaling = step.step_time_s / seconds
+            shares = {k: v * step.step_time_s / seconds for k, v in shares.items()}
+            shares["exchange"] = parallel.exposed_s / seconds
+            base["link"] = parallel.link.description
+        throughput = self.run.gpus * table.units_per_step / seconds
+        return ThroughputEstimate(
+            **base,
+            step_time_s=seconds,
+            throughput=throughput,
+            low=throughput * (1 - self.band),
+            high=throughput * (1 + self.band),
+            mfu=step.flops / seconds / peak_flops_per_s(rates, precision),
+            scaling_efficiency=scaling,
+            time_shares=shares,
+            tensor_flops_share=step.tensor_flops_share,
+        )
+
+
+def _shares(steps: list[StepTime], seconds: float) -> dict[str, float]:
+    """Share of ``seconds`` bound by matrix engines, memory bandwidth and launches."""
+    return {
+        "matrix": sum(s.matrix_s for s in steps) / seconds,
+        "memory": sum(s.memory_s for s in steps) / seconds,
+        "launch": sum(s.launch_s for s in steps) / seconds,
+    }
