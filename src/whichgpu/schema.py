@@ -1053,3 +1053,304 @@ class BenchResult(_Frozen):
     """Machine and software."""
     created_at: dt.datetime
     """When it was measured (UTC)."""
+
+
+# --- Cost: regions, build classes, energy, break-even, value, build checks -------------------
+
+CheckStatus = Literal["ok", "warn", "fail"]
+"""Outcome of one build check: ``ok``, ``warn`` (it works with a caveat the reason names) or
+``fail`` (it does not work as asked)."""
+BuildCheckName = Literal["power", "slots", "cooling", "pcie", "nvlink"]
+"""What a build check looks at: power supply, slot width, cooling, PCIe lanes, NVLink."""
+ThroughputSource = Literal["given", "proxy"]
+"""Where a value row's throughput comes from: the caller (predicted or measured) or the
+catalog's dense AMP tensor rate standing in for it."""
+
+
+class GridRegion(_Frozen):
+    """A region's average electricity price and grid carbon intensity (``data/v1/cost``)."""
+
+    id: str
+    """Region id (``us``, ``de``, ``world``), the value of ``--region``."""
+    label: str
+    """What the figures are for, in words (``United States (national average)``)."""
+    default: bool = False
+    """Whether cost commands use this region unless told otherwise (exactly one is)."""
+    electricity_usd_per_kwh: float | None = Field(default=None, gt=0)
+    """Average retail electricity price, USD per kWh (None: not in the data)."""
+    grid_gco2_per_kwh: float | None = Field(default=None, ge=0)
+    """Carbon intensity of the electricity, grams of CO2 (or CO2e, see the note) per kWh."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where each value comes from."""
+
+
+class UtilizationProfile(_Frozen):
+    """A named share of the time a machine does work (the guides' typical utilisations)."""
+
+    id: str
+    """Profile id (``phd-desktop``), accepted by ``--utilization``."""
+    label: str
+    """Who works like this."""
+    utilization: float = Field(gt=0, le=1)
+    """Share of the hours of a year the GPUs run (0-1)."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where the value comes from."""
+
+
+class BuildClass(_Frozen):
+    """A kind of machine for 1-2, 3-4 or 5-8 GPUs: its base cost, power and board layout.
+
+    The base system is everything but the GPUs: barebones (board, case), CPU, RAM, power
+    supply and storage. Slot positions count expansion-slot widths from the first GPU slot.
+    """
+
+    id: str
+    """Class id (``desktop``, ``workstation``, ``server``)."""
+    label: str
+    """What machine it is, in words."""
+    gpus: int = Field(ge=1)
+    """Most GPUs a machine of this class holds; a build of N GPUs uses the smallest class
+    with at least N."""
+    base_system_usd: float | None = Field(default=None, gt=0)
+    """Price of the machine without GPUs, USD (None: no sourced price)."""
+    cpu_w: float = Field(ge=0)
+    """Power of the CPU counted by the power-supply rule and the energy figures, W."""
+    psu_w: float | None = Field(default=None, gt=0)
+    """Power supply of the reference build, W (None: not known; give one to check it)."""
+    gpu_lanes: int = Field(ge=1)
+    """PCIe lanes the platform gives its GPU slots in all."""
+    gpu_slot_positions: tuple[int, ...]
+    """Positions of the x16 slots usable for GPUs, in slot widths from the first one."""
+    expansion_slots: int = Field(ge=1)
+    """Expansion-slot widths the case offers from the first GPU slot on (a card must end
+    within them)."""
+    server_airflow: bool = False
+    """Whether the chassis pushes air through the cards (passive datacenter cards need it)."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where each value comes from."""
+
+
+class CostRules(_Frozen):
+    """The rules of thumb the cost and build computations use, each sourced."""
+
+    psu_margin_fraction: float = Field(ge=0)
+    """Headroom asked of a power supply above the summed load (0.10 = 10 %)."""
+    psu_rest_w: float = Field(ge=0)
+    """Power counted for the motherboard, RAM, drives and fans, W."""
+    largest_desktop_psu_w: float = Field(gt=0)
+    """Largest common desktop (ATX) power supply, W; above it a build needs two supplies or a
+    server chassis."""
+    lanes_per_gpu_good: int = Field(ge=1)
+    """PCIe lanes per GPU with which multi-GPU training loses nothing worth mentioning."""
+    lanes_per_gpu_min: int = Field(ge=1)
+    """Fewest PCIe lanes per GPU that still work well (below ``lanes_per_gpu_good`` it costs
+    a few per cent with 3 or more GPUs)."""
+    cooling_gap_slots: int = Field(ge=0)
+    """Free slot widths between two open-air cards for them to cool themselves."""
+    default_utilization: float = Field(gt=0, le=1)
+    """Utilisation used when none is given."""
+    default_years: float = Field(gt=0)
+    """Years of ownership used when none are given."""
+    provenance: dict[str, Provenance] = Field(default_factory=dict)
+    """Where each value comes from."""
+
+
+class CostPoint(_Frozen):
+    """Cumulative cost of renting and of owning after some days (a point of the break-even
+    curve)."""
+
+    days: float
+    """Days since the purchase."""
+    cloud_usd: float
+    """Rent paid by then, USD."""
+    own_usd: float
+    """Purchase price plus electricity by then, USD (no resale)."""
+
+
+class Breakeven(_Frozen):
+    """Renting against owning: yearly costs, the break-even day and the cost of N years.
+
+    ``own`` is a machine bought for ``system_cost_usd`` that draws ``gpu_w + cpu_w`` while it
+    works, ``utilization`` of the time; ``cloud`` rents the same capacity for the same hours at
+    ``cloud_usd_per_hour``. The formulas are in ``docs/cost.md``.
+    """
+
+    system_cost_usd: float
+    """Price of the owned machine (GPUs and the rest), USD."""
+    gpu_w: float
+    """Power of its GPUs while working, W."""
+    cpu_w: float
+    """Power of the CPU and the rest of the machine while working, W."""
+    utilization: float
+    """Share of the hours of a year the machine (or the rented instance) works."""
+    electricity_usd_per_kwh: float
+    """Electricity price, USD per kWh."""
+    cloud_usd_per_hour: float
+    """Rent of the equivalent cloud capacity, USD per hour of use."""
+    years: float
+    """Years of ownership for the total cost."""
+    resale_usd: float
+    """What the machine sells for after ``years``, USD."""
+    energy_kwh_per_year: float
+    """Electricity the machine uses in a year: (gpu_w + cpu_w) / 1000 x 24 x 365 x utilization."""
+    electricity_usd_per_year: float
+    """``energy_kwh_per_year x electricity_usd_per_kwh``."""
+    cloud_usd_per_year: float
+    """Rent for a year: ``cloud_usd_per_hour x 24 x 365 x utilization``."""
+    own_usd_per_year: float
+    """Owning, per year over ``years``: electricity plus (system cost - resale) / years."""
+    breakeven_days: float | None
+    """Day on which the rent paid equals the purchase plus the electricity used (None: renting
+    stays cheaper, its daily cost not above the electricity's)."""
+    breakeven_use_hours: float | None
+    """Hours of actual use up to that day (``breakeven_days x 24 x utilization``)."""
+    own_tco_usd: float
+    """Total cost of owning for ``years``: system cost + electricity - resale."""
+    cloud_tco_usd: float
+    """Total rent for ``years``."""
+    grid_gco2_per_kwh: float | None = None
+    """Carbon intensity used for ``co2_kg_per_year`` (None: no region figure)."""
+    co2_kg_per_year: float | None = None
+    """CO2 of the owned machine's electricity in a year, kg (None: no carbon intensity)."""
+    curve: tuple[CostPoint, ...] = ()
+    """Cumulative costs month by month over ``years`` (for a break-even chart)."""
+    inputs: dict[str, str] = Field(default_factory=dict)
+    """Where each input came from: ``given``, or the catalog record and source it was read
+    from."""
+    assumptions: tuple[str, ...] = ()
+    """What the comparison assumes, in words."""
+
+
+class JobEnergy(_Frozen):
+    """Electricity, its cost and its CO2 for one job (a training run) or one period."""
+
+    power_w: float
+    """Power drawn while the job runs (GPUs and the rest of the machine), W."""
+    hours: float
+    """How long the job runs, h."""
+    energy_kwh: float
+    """``power_w / 1000 x hours``."""
+    electricity_usd_per_kwh: float | None
+    """Electricity price used (None: no price given or in the region's data)."""
+    electricity_usd: float | None
+    """Cost of that electricity, USD."""
+    grid_gco2_per_kwh: float | None
+    """Carbon intensity used, g CO2 per kWh (None: none given or in the region's data)."""
+    co2_kg: float | None
+    """CO2 of that electricity, kg."""
+    region: str | None = None
+    """Region the defaults came from."""
+    assumptions: tuple[str, ...] = ()
+    """What the figures assume."""
+
+
+class ValueRow(_Frozen):
+    """Performance per dollar of one GPU (alone or in a machine), bought or rented."""
+
+    gpu: str
+    """Catalog id."""
+    gpu_name: str
+    """Its name."""
+    count: int
+    """GPUs counted (1 for the GPU alone)."""
+    price_kind: str
+    """Which price: ``new``, ``used``, ``launch``, ``buy`` (newest new, else used, else
+    launch), ``cloud`` (cheapest on-demand) or ``cloud-spot``."""
+    gpu_price_usd: float
+    """Price of one GPU: USD per unit, or USD per GPU-hour for cloud kinds."""
+    price_note: str
+    """Where that price comes from (kind, provider, date, source)."""
+    base_system_usd: float | None
+    """The build class's machine without GPUs, USD (None: the GPU alone, or rented)."""
+    total_usd: float | None
+    """What is bought: count x GPU price + base system, USD (None for cloud kinds)."""
+    usd_per_hour: float | None
+    """Rent of ``count`` GPUs per hour, USD (None for purchases)."""
+    throughput: float
+    """Throughput of the ``count`` GPUs together (count x per-GPU; linear scaling assumed)."""
+    throughput_per_gpu: float
+    """Throughput of one GPU."""
+    throughput_unit: str
+    """Unit of ``throughput`` (``tokens/s``, or ``AMP TFLOPS`` for the proxy)."""
+    throughput_source: ThroughputSource
+    """``given`` by the caller or ``proxy`` (the catalog's dense AMP tensor rate)."""
+    throughput_per_kusd: float | None
+    """Purchases: throughput per USD 1,000 spent (None for cloud kinds)."""
+    units_per_usd: float | None
+    """Cloud: units processed per USD of rent (throughput x 3600 / usd_per_hour)."""
+    usd_per_million_units: float | None
+    """Cloud: rent per million units (for a throughput in TFLOPS, per million TFLOP)."""
+    relative: float
+    """Performance per dollar divided by the reference row's (1.0 = as good; higher is better)."""
+
+
+class ValueTable(_Frozen):
+    """Performance per dollar of several GPUs, normalised to a reference (charts-ready)."""
+
+    price_kind: str
+    """Price kind of every row."""
+    count: int | None
+    """GPUs per machine; None for the GPU alone (no base system)."""
+    build_class: str | None
+    """Build class whose base cost is added (None for the GPU alone or rented)."""
+    base_system_usd: float | None
+    """That base cost, USD."""
+    reference: str
+    """Catalog id of the row every ``relative`` is divided by."""
+    rows: tuple[ValueRow, ...]
+    """One row per GPU, best value first."""
+    skipped: tuple[str, ...] = ()
+    """GPUs left out, each with why (no price of the kind, no throughput)."""
+    assumptions: tuple[str, ...] = ()
+    """What the comparison assumes."""
+
+
+class BuildCheck(_Frozen):
+    """One check of a multi-GPU build, with its verdict and the reason in a sentence."""
+
+    name: BuildCheckName
+    """What is checked."""
+    status: CheckStatus
+    """``ok``, ``warn`` or ``fail``."""
+    reason: str
+    """Why, with the numbers and what to do about a ``warn`` or ``fail``."""
+
+
+class BuildReport(_Frozen):
+    """Can N of a GPU go into one machine? Power supply, slots, cooling, PCIe and NVLink."""
+
+    gpu: str
+    """Catalog id."""
+    gpu_name: str
+    """Its name."""
+    count: int
+    """GPUs in the machine."""
+    build_class: str
+    """Build class used for the base platform (``desktop``, ``workstation``, ``server``)."""
+    build_label: str
+    """That class in words."""
+    gpu_tdp_w: float | None
+    """Board power of one GPU, W (None: not in the catalog)."""
+    cpu_w: float
+    """CPU power counted, W."""
+    rest_w: float
+    """Motherboard, RAM, drives and fans counted, W."""
+    load_w: float | None
+    """count x gpu_tdp_w + cpu_w + rest_w, W."""
+    recommended_psu_w: float | None
+    """``load_w`` plus the margin, W."""
+    psu_w: float | None
+    """Power supply checked against, W (given, or the class's reference build)."""
+    slot_width: float | None
+    """Slots one card occupies."""
+    gpus_that_fit: int | None
+    """Cards of that width the class's board and case take (None: not a PCIe card)."""
+    lanes_per_gpu: int | None
+    """PCIe lanes each GPU gets at this count."""
+    checks: tuple[BuildCheck, ...]
+    """The checks, in order: power, slots, cooling, pcie, nvlink."""
+    status: CheckStatus
+    """The worst status among the checks."""
+    assumptions: tuple[str, ...] = ()
+    """What the checks assume."""
+

@@ -54,3 +54,23 @@ def bytes_to_gib(n_bytes: float) -> float:
 def tflops_to_flops(tflops: float) -> float:
     """TFLOP/s to FLOP/s."""
     return tflops * TERA
+
+
+# --- energy, mass and money (cost) -----------------------------------------------------------
+
+WATTS_PER_KILOWATT: Final = 1_000.0
+GRAMS_PER_KILOGRAM: Final = 1_000.0
+USD_PER_KUSD: Final = 1_000.0
+"""Dollars in the "per $1,000" of value figures."""
+MILLION: Final = 1_000_000.0
+"""The "per million" of per-unit prices (USD per million tokens or samples)."""
+
+
+def watts_to_kilowatts(watts: float) -> float:
+    """W to kW."""
+    return watts / WATTS_PER_KILOWATT
+
+
+def grams_to_kilograms(grams: float) -> float:
+    """g to kg."""
+    return grams / GRAMS_PER_KILOGRAM

@@ -11,6 +11,7 @@ import datetime as dt
 import sys
 from collections.abc import Iterable
 
+from whichgpu.catalog.cost_data import read_cost_data
 from whichgpu.catalog.loader import CatalogData, read_data_dir
 from whichgpu.catalog.names import alias_keys, normalize
 from whichgpu.catalog.stacks import read_serving_engines, read_stacks
@@ -112,6 +113,7 @@ def audit(data: CatalogData, today: dt.date | None = None) -> list[str]:
     used_sources |= {p.source for p in data.prices}
     used_sources |= {prov.source for s in read_stacks() for prov in s.provenance.values()}
     used_sources |= {prov.source for e in read_serving_engines() for prov in e.provenance.values()}
+    used_sources |= {prov.source for prov in read_cost_data().provenance}
     problems.extend(
         f"source '{key}' is not used by any value"
         for key in sorted(set(data.sources) - used_sources)

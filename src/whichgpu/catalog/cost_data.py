@@ -1,0 +1,288 @@
+"""Cost data: electricity and carbon by region, build classes, and the rules of thumb.
+
+Read from ``data/v1/cost/*.yaml`` (documented in ``data/README.md``, "Cost data"). Every value
+is a scalar or ``{value, source, confidence, method, note}`` like the GPU records, and cites the
+same source table. A malformed file raises ``CatalogError`` naming the file, the record and the
+field. The cost package (``whichgpu.cost``) computes with these; this module only reads them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from whichgpu.catalog.loader import DATA_DIR, _first_error, _read_yaml, _split_value, read_sources
+from whichgpu.errors import CatalogError, UsageError
+from whichgpu.schema import (
+    BuildClass,
+    CostRules,
+    GridRegion,
+    Provenance,
+    Source,
+    UtilizationProfile,
+)
+
+COST_FOLDER = "cost"
+"""Sub-folder of a data folder that holds the cost files."""
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+_REGION_VALUES = ("electricity_usd_per_kwh", "grid_gco2_per_kwh")
+_CLASS_VALUES = (
+    "base_system_usd",
+    "cpu_w",
+    "psu_w",
+    "gpu_lanes",
+    "gpu_slot_positions",
+    "expansion_slots",
+    "server_airflow",
+)
+_CLASS_REQUIRED = ("cpu_w", "gpu_lanes", "gpu_slot_positions", "expansion_slots")
+_RULE_VALUES = tuple(name for name in CostRules.model_fields if name != "provenance")
+
+
+@dataclass(frozen=True)
+class CostData:
+    """Everything read from the cost files of one data folder, validated."""
+
+    regions: tuple[GridRegion, ...]
+    """Electricity price and carbon intensity by region."""
+    build_classes: tuple[BuildClass, ...]
+    """Machine classes, fewest GPUs first."""
+    utilization_profiles: tuple[UtilizationProfile, ...]
+    """Named utilisations."""
+    rules: CostRules
+    """Rules of thumb."""
+
+    @property
+    def provenance(self) -> tuple[Provenance, ...]:
+        """Every value's provenance (the audit checks that every cost source is used)."""
+        records: list[Mapping[str, Provenance]] = [r.provenance for r in self.regions]
+        records += [c.provenance for c in self.build_classes]
+        records += [p.provenance for p in self.utilization_profiles]
+        records.append(self.rules.provenance)
+        return tuple(prov for record in records for prov in record.values())
+
+
+def _parse(
+    model: type[_Model],
+    record: Any,
+    *,
+    identity: tuple[str, ...],
+    values: tuple[str, ...],
+    required: tuple[str, ...],
+    sources: Mapping[str, Source],
+    where: str,
+) -> _Model:
+    """Validate one record: plain identity fields, sourced value fields, into ``model``."""
+    if not isinstance(record, Mapping):
+        raise CatalogError(f"{where}: expected a mapping of fields.")
+    unknown = set(record) - set(identity) - set(values)
+    if unknown:
+        raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
+    fields: dict[str, Any] = {k: record[k] for k in identity if k in record}
+    provenance: dict[str, Provenance] = {}
+    for name in values:
+        if name not in record or record[name] is None:
+            if name in required:
+                raise CatalogError(f"{where}, field '{name}': missing.")
+            continue
+        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
+        fields[name] = tuple(value) if isinstance(value, list) else value
+        provenance[name] = prov
+    try:
+        return model(**fields, provenance=provenance)
+    except ValidationError as exc:
+        raise CatalogError(f"{where}: {_first_error(exc)}") from exc
+
+
+def _records(doc: Mapping[str, Any], key: str, path: Path) -> list[Any]:
+    records = doc.get(key) or []
+    if not isinstance(records, list):
+        raise CatalogError(f"{path}: '{key}:' must be a list.")
+    return records
+
+
+def _check_build_class(build: BuildClass, where: str) -> None:
+    positions = build.gpu_slot_positions
+    if not positions or list(positions) != sorted(set(positions)) or positions[0] < 0:
+        raise CatalogError(
+            f"{where}, field 'gpu_slot_positions': give increasing, non-negative positions."
+        )
+    if positions[-1] >= build.expansion_slots:
+        raise CatalogError(
+            f"{where}, field 'expansion_slots': {build.expansion_slots} does not reach the last "
+            f"slot position {positions[-1]}."
+        )
+    if len(positions) < build.gpus:
+        raise CatalogError(
+            f"{where}, field 'gpu_slot_positions': {len(positions)} positions for a class of "
+            f"{build.gpus} GPUs."
+        )
+
+
+def read_cost_data(data_dir: Path = DATA_DIR) -> CostData:
+    """Read and validate the cost files of a data folder."""
+    sources = read_sources(sorted((data_dir / "sources").glob("*.yaml")))
+    regions: list[GridRegion] = []
+    classes: list[BuildClass] = []
+    profiles: list[UtilizationProfile] = []
+    rules: CostRules | None = None
+    for path in sorted((data_dir / COST_FOLDER).glob("*.yaml")):
+        doc = _read_yaml(path) or {}
+        if not isinstance(doc, Mapping):
+            raise CatalogError(f"{path}: expected a mapping at the top level.")
+        unknown = set(doc) - {"regions", "build_classes", "utilization_profiles", "rules"}
+        if unknown:
+            raise CatalogError(f"{path}: unknown sections {sorted(unknown)}.")
+        for record in _records(doc, "regions", path):
+            where = f"{path}: region '{_id(record)}'"
+            regions.append(
+                _parse(
+                    GridRegion,
+                    record,
+                    identity=("id", "label", "default"),
+                    values=_REGION_VALUES,
+                    required=(),
+                    sources=sources,
+                    where=where,
+                )
+            )
+        for record in _records(doc, "build_classes", path):
+            where = f"{path}: build class '{_id(record)}'"
+            build = _parse(
+                BuildClass,
+                record,
+                identity=("id", "label", "gpus"),
+                values=_CLASS_VALUES,
+                required=_CLASS_REQUIRED,
+                sources=sources,
+                where=where,
+            )
+            _check_build_class(build, where)
+            classes.append(build)
+        for record in _records(doc, "utilization_profiles", path):
+            where = f"{path}: utilization profile '{_id(record)}'"
+            profiles.append(
+                _parse(
+                    UtilizationProfile,
+                    record,
+                    identity=("id", "label"),
+                    values=("utilization",),
+                    required=("utilization",),
+                    sources=sources,
+                    where=where,
+                )
+            )
+        if "rules" in doc:
+            if rules is not None:
+                raise CatalogError(f"{path}: 'rules:' is also given in another cost file.")
+            rules = _parse(
+                CostRules,
+                doc["rules"],
+                identity=(),
+                values=_RULE_VALUES,
+                required=_RULE_VALUES,
+                sources=sources,
+                where=f"{path}: rules",
+            )
+    folder = data_dir / COST_FOLDER
+    if rules is None:
+        raise CatalogError(f"{folder}: no cost file has a 'rules:' section.")
+    for kind, ids in (
+        ("region", [r.id for r in regions]),
+        ("build class", [c.id for c in classes]),
+        ("utilization profile", [p.id for p in profiles]),
+    ):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        if twice:
+            raise CatalogError(f"{folder}: {kind} id(s) {twice} defined twice.")
+    if sum(r.default for r in regions) != 1:
+        raise CatalogError(f"{folder}: exactly one region must be the default.")
+    if not classes:
+        raise CatalogError(f"{folder}: no build classes.")
+    sizes = [c.gpus for c in sorted(classes, key=lambda c: c.gpus)]
+    if len(set(sizes)) != len(sizes):
+        raise CatalogError(f"{folder}: two build classes hold the same number of GPUs.")
+    return CostData(
+        regions=tuple(regions),
+        build_classes=tuple(sorted(classes, key=lambda c: c.gpus)),
+        utilization_profiles=tuple(profiles),
+        rules=rules,
+    )
+
+
+def _id(record: Any) -> str:
+    return str(record.get("id", "?")) if isinstance(record, Mapping) else "?"
+
+
+@functools.cache
+def shipped_cost_data() -> CostData:
+    """The cost data shipped with whichgpu (read once per process)."""
+    return read_cost_data()
+
+
+def get_region(region_id: str | None = None, data: CostData | None = None) -> GridRegion:
+    """The region ``region_id``, or the default; an unknown id lists the known ones."""
+    data = data or shipped_cost_data()
+    if region_id is None:
+        return next(r for r in data.regions if r.default)
+    key = region_id.strip().lower()
+    for region in data.regions:
+        if region.id == key:
+            return region
+    known = ", ".join(r.id for r in data.regions)
+    raise UsageError(f"--region: unknown region '{region_id}'. Known regions: {known}.")
+
+
+def build_class_for(
+    count: int, class_id: str | None = None, data: CostData | None = None
+) -> BuildClass:
+    """The build class named ``class_id``, else the smallest that holds ``count`` GPUs."""
+    data = data or shipped_cost_data()
+    if count < 1:
+        raise UsageError(f"--count: a build needs at least one GPU, not {count}.")
+    if class_id is not None:
+        for build in data.build_classes:
+            if build.id == class_id:
+                if count > build.gpus:
+                    raise UsageError(
+                        f"--build-class: a {build.id} holds at most {build.gpus} GPUs, not {count}."
+                    )
+                return build
+        known = ", ".join(c.id for c in data.build_classes)
+        raise UsageError(f"--build-class: unknown class '{class_id}'. Known: {known}.")
+    for build in data.build_classes:
+        if build.gpus >= count:
+            return build
+    largest = data.build_classes[-1]
+    raise UsageError(
+        f"--count: {count} GPUs is more than one machine of the catalog holds "
+        f"({largest.gpus}, a {largest.id}); plan several machines."
+    )
+
+
+def utilization_value(text: str, data: CostData | None = None) -> tuple[float, str]:
+    """A utilisation from a number (0-1, or a percentage with ``%``) or a profile id.
+
+    Returns the fraction and where it came from.
+    """
+    data = data or shipped_cost_data()
+    raw = text.strip()
+    for profile in data.utilization_profiles:
+        if raw.lower() == profile.id:
+            return profile.utilization, f"profile {profile.id}: {profile.label}"
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        known = ", ".join(p.id for p in data.utilization_profiles)
+        raise UsageError(
+            f"--utilization: '{text}' is neither a fraction (0.15), a percentage (15%) nor a "
+            f"profile ({known})."
+        ) from None
+    return value, "given"

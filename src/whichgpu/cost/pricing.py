@@ -1,0 +1,118 @@
+"""Which price a cost computation uses: purchase kinds, cloud rates by provider, resale.
+
+Prices come from the catalog (``Catalog.prices``, user price files included). Purchases use
+the newest price of the kind asked; ``buy`` takes the newest new price, else used, else the
+launch price (as ``whichgpu compare`` does). Cloud rates are per GPU-hour; without a provider
+the cheapest one is taken.
+
+Resale assumption: a GPU keeps, each year, the share of its value that its used street price
+shows it kept since launch: ``retention = (used / launch) ** (1 / years since launch)``, never
+above 1 (a card is not assumed to gain value). The rest of the machine is assumed to sell for
+nothing. Without a used and a launch price no resale is assumed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal, cast, get_args
+
+from whichgpu.catalog.query import Catalog
+from whichgpu.errors import UsageError
+from whichgpu.schema import GpuSpec, Price, PriceKind
+from whichgpu.units import DAYS_PER_YEAR
+
+PriceChoice = Literal["buy", "new", "used", "launch", "cloud", "cloud-spot"]
+"""Price kinds a value or break-even computation accepts (``buy``: newest new, else used, else
+launch; ``cloud``: cheapest on-demand rate; ``cloud-spot``: cheapest spot rate)."""
+PRICE_CHOICES: tuple[str, ...] = get_args(PriceChoice)
+CLOUD_CHOICES = ("cloud", "cloud-spot")
+
+
+def check_price_choice(kind: str) -> PriceChoice:
+    """``kind`` as a ``PriceChoice``; anything else is a usage error listing the choices."""
+    if kind in PRICE_CHOICES:
+        return cast(PriceChoice, kind)
+    raise UsageError(f"--price-kind: '{kind}' is not one of {', '.join(PRICE_CHOICES)}.")
+
+
+def purchase_price(catalog: Catalog, gpu_id: str, kind: PriceChoice = "buy") -> Price | None:
+    """The price of one GPU: the newest of ``kind`` (``buy``: new, else used, else launch)."""
+    if kind == "buy":
+        return catalog.purchase_price(gpu_id)
+    if kind in CLOUD_CHOICES:
+        raise UsageError(f"'{kind}' is a rental rate, not a purchase price.")
+    rows = catalog.prices(gpu_id, cast(PriceKind, kind))
+    return rows[0] if rows else None
+
+
+def _cloud_rows(catalog: Catalog, gpu_ids: Iterable[str], spot: bool) -> list[Price]:
+    kind: PriceKind = "cloud-spot" if spot else "cloud-on-demand"
+    return [p for gpu_id in gpu_ids for p in catalog.prices(gpu_id, kind)]
+
+
+def known_providers(catalog: Catalog) -> list[str]:
+    """Every provider with a cloud price in the catalog (user price files included)."""
+    rows = _cloud_rows(catalog, (g.id for g in catalog.all()), False)
+    rows += _cloud_rows(catalog, (g.id for g in catalog.all()), True)
+    return sorted({p.provider for p in rows if p.provider})
+
+
+def cloud_price(
+    catalog: Catalog, spec: GpuSpec, provider: str | None = None, *, spot: bool = False
+) -> Price:
+    """The rate per GPU-hour of ``spec``: the provider's cheapest, or the cheapest of all."""
+    rows = _cloud_rows(catalog, [spec.id], spot)
+    kind = "spot" if spot else "on-demand"
+    if provider is not None:
+        name = provider.strip().lower()
+        providers = known_providers(catalog)
+        if name not in providers:
+            raise UsageError(
+                f"--provider: unknown provider '{provider}'. Providers with cloud prices in "
+                f"the catalog: {', '.join(providers)}."
+            )
+        offered = sorted({p.provider for p in rows if p.provider})
+        rows = [p for p in rows if p.provider == name]
+        if not rows:
+            others = f" Providers that rent it: {', '.join(offered)}." if offered else ""
+            raise UsageError(
+                f"--provider: {name} has no {kind} price for {spec.name} in the catalog.{others} "
+                "Give the rate with --cloud-rate, or add it to a price file (--prices)."
+            )
+    if not rows:
+        raise UsageError(
+            f"No cloud {kind} price for {spec.name} in the catalog. Give the rate with "
+            "--cloud-rate, compare with another cloud GPU (--cloud-gpu), or add a price file "
+            "(--prices)."
+        )
+    return min(rows, key=lambda p: p.usd)
+
+
+def price_note(price: Price) -> str:
+    """Which price it is, in a few words: kind, provider, amount, date, source."""
+    where = f", {price.provider}" if price.provider else ""
+    per = "/h" if price.per == "hour" else ""
+    mine = ", your file" if price.user else ""
+    return f"{price.kind}{where}: ${price.usd:,.2f}{per} on {price.as_of} ({price.source}{mine})"
+
+
+def retention_per_year(catalog: Catalog, spec: GpuSpec) -> tuple[float, str] | None:
+    """Share of its value a GPU keeps per year, from its used and launch prices, with how.
+
+    None when the catalog lacks a used price, a launch price or a launch date.
+    """
+    used = catalog.prices(spec.id, "used")
+    if not used or spec.launch_price_usd is None or spec.launch_date is None:
+        return None
+    newest = used[0]
+    years = (newest.as_of - spec.launch_date).days / DAYS_PER_YEAR
+    if years <= 0:
+        return None
+    ratio = newest.usd / spec.launch_price_usd
+    retention = min(1.0, ratio ** (1 / years))
+    how = (
+        f"{spec.id}: used ${newest.usd:,.0f} ({newest.as_of}, {newest.source}) against the "
+        f"${spec.launch_price_usd:,.0f} launch price ({spec.launch_date}) = {ratio:.0%} after "
+        f"{years:.1f} years, i.e. {retention:.1%} kept per year"
+    )
+    return retention, how
