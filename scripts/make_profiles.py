@@ -32,9 +32,16 @@ INFERENCE_FAMILIES = {"llm"}
 and context are the profile's variables) is stored too."""
 
 
+FINETUNED = {"llama-3.1-8b"}
+"""Workloads whose QLoRA fine-tuning with gradient checkpointing (the usual recipe on one
+card; `whichgpu recommend --for llm-finetune`) is stored too."""
+
+
 def stored_runs(workload: Workload) -> list[RunConfig]:
     """The run configurations stored for a workload."""
     runs = [run_config()]
+    if workload.info.name in FINETUNED:
+        runs.append(run_config(method="qlora", checkpointing=True))
     if workload.info.family in SEED_FAMILIES or workload.info.family in {"encoders", "vision"}:
         runs.append(run_config(precision="fp32"))
     if workload.info.family == "seed_translation":

@@ -22,7 +22,16 @@ from typing import TYPE_CHECKING, Any
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.errors import UsageError
-from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
+from whichgpu.schema import (
+    BenchResult,
+    GpuSpec,
+    JobSize,
+    MemoryEstimate,
+    Ranking,
+    RankMetric,
+    RunConfig,
+    ThroughputEstimate,
+)
 from whichgpu.workloads import check_for_workload, run_config, select_workload
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import read_config
@@ -31,6 +40,7 @@ from whichgpu.workloads.run_config import inference_context
 from whichgpu.workloads.stored import ScalableProfile, load_stored
 
 if TYPE_CHECKING:
+    from whichgpu.bench.jobs import BenchProgress
     from whichgpu.estimate.memory import StepMemory
 
 
@@ -288,9 +298,6 @@ def predict(
 
 # --- bench: measure on a real device ---------------------------------------------------------
 
-from whichgpu.bench.jobs import BenchProgress  # noqa: E402 - the bench API is one appended block
-from whichgpu.schema import BenchResult  # noqa: E402
-
 
 def bench(
     workload: str | None = None,
@@ -401,3 +408,250 @@ def _bench_on_catalog(result: BenchResult) -> BenchResult:
             )
     update["notes"] = tuple(notes)
     return result.model_copy(update=update)
+
+
+def recommend(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    preset: str | None = None,
+    acquire: str | None = None,
+    budget_usd: float | None = None,
+    used: bool = False,
+    gpu_only: bool = False,
+    provider: str | None = None,
+    gpu_count: int | str | None = None,
+    gpus: Sequence[str] | None = None,
+    hours: float | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    min_batch: int | None = None,
+    region: str | None = None,
+    top: int | None = None,
+    sort: str | None = None,
+    stack: str | None = None,
+    store: Path | str | None = None,
+    progress: Callable[[str], None] | None = None,
+    **run_options: Any,
+) -> Ranking:
+    """Which GPU? Every catalog GPU (or ``gpus``) that fits, ranked for the question, with why.
+
+    ``acquire``: ``"buy"`` (purchase + electricity; ``used=True`` for used prices;
+    ``gpu_only=True`` when the computer is already there) or ``"rent"``
+    (cloud rate; ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
+    ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
+    per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
+    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``.
+    ``preset`` is one of the guides' personas (``whichgpu.recommend.presets``); explicit
+    arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
+    same run when ``store`` (default: the user's results store) has one, else from ``predict``.
+    """
+    from whichgpu.catalog.cost_data import get_region
+    from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.estimate.throughput import gpu_rates
+    from whichgpu.recommend.presets import get_preset
+    from whichgpu.recommend.ranking import Option, Question, rank
+
+    chosen_preset = get_preset(preset) if preset is not None else None
+    if chosen_preset is not None:
+        if workload is None and config is None and model is None:
+            workload = chosen_preset.workload
+        run_options = {
+            **chosen_preset.run,
+            **{k: v for k, v in run_options.items() if v is not None},
+        }
+        asked = chosen_preset.question
+        acquire = acquire or asked.get("mode")
+        budget_usd = budget_usd if budget_usd is not None else asked.get("budget_usd")
+        min_batch = min_batch if min_batch is not None else asked.get("min_batch")
+        gpu_count = gpu_count if gpu_count is not None else asked.get("gpus")
+        if hours is None and samples is None and tokens is None and epochs is None:
+            hours, samples, tokens = asked.get("hours"), asked.get("samples"), asked.get("tokens")
+    acquire = acquire or "buy"
+    if acquire not in ("buy", "rent"):
+        raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
+    if budget_usd is not None and budget_usd <= 0:
+        raise UsageError(f"--budget must be more than 0, not {budget_usd}.")
+    job = _job_size(hours, samples, tokens, epochs, dataset_size)
+    metric = _metric(sort)
+    chosen = _select(workload, config, task, model)
+    counts = _gpu_counts(gpu_count)
+    targets = resolve_gpus(gpus)
+    software = get_stack(stack)
+    catalog = load_catalog()
+    place = get_region(region)
+    options: list[Option] = []
+    measured: dict[tuple[str, int], BenchResult] = {}
+    run = run_config(**run_options)
+    units_per_sample = 1
+    for count in counts:
+        run = run_config(gpus=count, **run_options)
+        check_for_workload(run, chosen.info)
+        if run.mode == "inference" and count > 1:
+            continue
+        step = _prepare(chosen, run, config, progress if count == counts[0] else None)
+        if count == counts[0]:
+            measured = _measurements(chosen.info.name, step.run, store)
+        state = None
+        if count > 1:
+            state = StepState(
+                gradient_bytes=sum(step.memory.state_sizes("gradient")),
+                parameter_bytes=sum(step.memory.state_sizes("parameter")),
+            )
+        predictor = ThroughputPredictor(
+            step.profile, step.run, family=chosen.info.family, method=step.method, state=state
+        )
+        units_per_sample = (
+            (step.run.new_tokens or 1) if predictor.serving else (step.run.seq_len or 1)
+        )
+        for gpu in targets:
+            if progress is not None:
+                progress(f"{count} x {gpu.name}" if count > 1 else gpu.name)
+            memory = estimate_on_gpu(
+                step.memory,
+                step.run,
+                gpu,
+                catalog,
+                software,
+                method=step.method,
+                search_seq_len=False,
+                kv_per_token_bytes=step.kv_per_token,
+            )
+            speed = None
+            if memory.fits:
+                try:
+                    speed = predictor.on_gpu(gpu, gpu_rates(gpu), memory)
+                except UsageError:
+                    speed = None
+            found = measured.get((gpu.id, count))
+            options.append(Option(gpu=gpu, count=count, memory=memory, speed=speed, measured=found))
+        run = step.run
+    if run.mode == "inference" and any(c > 1 for c in counts):
+        run = run.model_copy(update={"gpus": 1})
+    question = Question(
+        mode=acquire,  # type: ignore[arg-type]
+        metric=metric,
+        job=job,
+        budget_usd=budget_usd,
+        region=place.id,
+        used=used,
+        gpu_only=gpu_only,
+        provider=provider,
+        min_batch=min_batch,
+        top=top,
+        preset=chosen_preset.id if chosen_preset else None,
+    )
+    return rank(
+        options,
+        workload=chosen.info.name,
+        run=run,
+        question=question,
+        units_per_sample=units_per_sample,
+        catalog=catalog,
+        region=place.id,
+    )
+
+
+def _job_size(
+    hours: float | None,
+    samples: float | None,
+    tokens: float | None,
+    epochs: float | None,
+    dataset_size: int | None,
+) -> JobSize | None:
+    """The job from its one given size, or None; two sizes at once are a usage error."""
+    given = [
+        n
+        for n, v in (
+            ("--hours", hours),
+            ("--samples", samples),
+            ("--tokens", tokens),
+            ("--epochs", epochs),
+        )
+        if v is not None
+    ]
+    if len(given) > 1:
+        raise UsageError(f"Give one job size, not {' and '.join(given)}.")
+    if epochs is not None and dataset_size is None:
+        raise UsageError("--epochs needs --dataset-size (samples per epoch).")
+    if dataset_size is not None and epochs is None:
+        raise UsageError("--dataset-size goes with --epochs.")
+    if not given:
+        return None
+    for name, v in (
+        ("--hours", hours),
+        ("--samples", samples),
+        ("--tokens", tokens),
+        ("--epochs", epochs),
+        ("--dataset-size", dataset_size),
+    ):
+        if v is not None and v <= 0:
+            raise UsageError(f"{name} must be more than 0, not {v}.")
+    return JobSize(
+        hours=hours, samples=samples, tokens=tokens, epochs=epochs, dataset_size=dataset_size
+    )
+
+
+def _metric(sort: str | None) -> RankMetric | None:
+    choices = ("cost", "perf-per-dollar", "time", "throughput")
+    if sort is None:
+        return None
+    if sort not in choices:
+        raise UsageError(f"--sort: '{sort}' is not one of {', '.join(choices)}.")
+    return sort  # type: ignore[return-value]
+
+
+def _gpu_counts(spec: int | str | None) -> list[int]:
+    """``--gpus``: a count, ``auto`` (1, 2, 4, 8) or a range ``A-B`` (the powers of 2 in it)."""
+    if spec is None:
+        return [1]
+    if isinstance(spec, int):
+        counts = [spec]
+    else:
+        text = str(spec).strip().lower()
+        try:
+            if text == "auto":
+                counts = [1, 2, 4, 8]
+            elif "-" in text:
+                low, high = (int(x) for x in text.split("-", 1))
+                counts = [n for n in (1, 2, 4, 8, 16) if low <= n <= high] or [low]
+            else:
+                counts = [int(text)]
+        except ValueError as exc:
+            raise UsageError(
+                f"--gpus: '{spec}' is not a count, 'auto' or a range like 1-4."
+            ) from exc
+    if any(n < 1 for n in counts):
+        raise UsageError(f"--gpus: counts start at 1, not {spec}.")
+    return counts
+
+
+def _measurements(
+    workload: str, run: RunConfig, store: Path | str | None
+) -> dict[tuple[str, int], BenchResult]:
+    """Stored bench results of ``workload`` run as ``run`` asks (mode, precision, length,
+    method, optimizer, checkpointing) on catalog GPUs: the newest per (GPU, count). A missing
+    or unreadable store gives none, and the predictions are used."""
+    from whichgpu.errors import StoreError
+    from whichgpu.store import ResultStore
+
+    try:
+        results = ResultStore(Path(store) if store else None).list(workload=workload)
+    except StoreError:
+        return {}
+    same = ("mode", "precision", "method", "optimizer", "checkpointing")
+    found: dict[tuple[str, int], BenchResult] = {}
+    for r in results:  # newest first
+        if r.gpu is None or not r.throughput:
+            continue
+        if any(getattr(r.run, k) != getattr(run, k) for k in same):
+            continue
+        if run.seq_len is not None and r.seq_len != run.seq_len:
+            continue
+        found.setdefault((r.gpu, r.n_gpus), r)
+    return found

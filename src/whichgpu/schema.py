@@ -1354,3 +1354,136 @@ class BuildReport(_Frozen):
     assumptions: tuple[str, ...] = ()
     """What the checks assume."""
 
+
+# --- Recommendation -------------------------------------------------------------------------
+
+AcquireMode = Literal["buy", "rent"]
+"""Whether the GPUs are bought (purchase + electricity) or rented (cloud rate per hour)."""
+RankMetric = Literal["cost", "perf-per-dollar", "time", "throughput"]
+"""What a ranking orders by: cost to finish the job, throughput per dollar, time to finish,
+throughput."""
+
+
+class JobSize(_Frozen):
+    """How much work the user wants done: a time, or an amount of samples or tokens."""
+
+    hours: float | None = Field(default=None, gt=0)
+    """Hours of use (then the cost is of those hours and more throughput is more work)."""
+    samples: float | None = Field(default=None, gt=0)
+    """Samples (sequences, images) to process."""
+    tokens: float | None = Field(default=None, gt=0)
+    """Tokens to process (language models)."""
+    epochs: float | None = Field(default=None, gt=0)
+    """Passes over ``dataset_size`` samples."""
+    dataset_size: int | None = Field(default=None, gt=0)
+    """Samples in the dataset (with ``epochs``)."""
+
+    def describe(self) -> str:
+        """The job in words."""
+        if self.hours is not None:
+            return f"{self.hours:g} hours of use"
+        if self.tokens is not None:
+            return f"{self.tokens:,.0f} tokens"
+        if self.samples is not None:
+            return f"{self.samples:,.0f} samples"
+        return f"{self.epochs:g} epochs of {self.dataset_size:,} samples"
+
+
+class Candidate(_Frozen):
+    """One GPU (or N of it) that can do the job, with what it gives and what it costs."""
+
+    rank: int
+    """Position in the ranking (1 = best)."""
+    gpu: str
+    """Catalog id."""
+    gpu_name: str
+    """Name."""
+    count: int
+    """GPUs in the machine (data parallel when more than one)."""
+    fits: bool
+    """Whether the run fits in memory (always true for a ranked candidate)."""
+    max_batch_size: int
+    """Largest batch (concurrency for inference) per GPU that fits."""
+    batch_size: int
+    """Batch per GPU the speed is for."""
+    throughput: float
+    """Units per second over all GPUs."""
+    throughput_unit: str
+    """``images/s``, ``tokens/s`` …"""
+    throughput_low: float
+    """Lower end of the throughput band (the measurement itself when measured)."""
+    throughput_high: float
+    """Upper end."""
+    throughput_source: Literal["predicted", "measured"]
+    """Whether the throughput is ``whichgpu predict``'s or a stored ``whichgpu bench`` result."""
+    time_s: float | None
+    """Time to finish the job, s (None without a job size, or for a job given in hours)."""
+    cost_usd: float
+    """Buy: the machine (GPUs + base system) plus electricity for the job. Rent: the rental of
+    the job (one hour's rate without a job size)."""
+    purchase_usd: float | None
+    """Buy: GPUs plus the base system of the build class."""
+    hourly_usd: float | None
+    """Rent: rate of all the GPUs per hour."""
+    energy_kwh: float | None
+    """Electricity of the job (buy), kWh."""
+    electricity_usd: float | None
+    """Its cost."""
+    co2_kg: float | None
+    """Its CO2 at the region's grid intensity."""
+    perf_per_dollar: float
+    """Buy: throughput per $1,000 of machine. Rent: units per dollar of rental."""
+    perf_per_dollar_unit: str
+    """Unit of ``perf_per_dollar``."""
+    price_note: str
+    """Which price was used (kind, provider, date, source)."""
+    reasons: tuple[str, ...]
+    """Why it ranks where it does, and what to know about it."""
+
+
+class Exclusion(_Frozen):
+    """A GPU that cannot do the job as asked, and why, in one line."""
+
+    gpu: str
+    """Catalog id."""
+    gpu_name: str
+    """Name."""
+    count: int
+    """GPUs in the machine considered."""
+    kind: Literal["memory", "batch", "speed", "price", "budget"]
+    """What rules it out: it does not fit, its largest batch is below ``--min-batch``, its speed
+    cannot be predicted, it has no price for the mode, or it is over budget."""
+    reason: str
+    """Why (``needs 13.1 GB, has 12``; ``over budget by $400`` …)."""
+
+
+class Ranking(_Frozen):
+    """``whichgpu recommend``: candidates ranked for a workload, a job and a budget."""
+
+    workload: str
+    """Workload."""
+    run: RunConfig
+    """Run configuration."""
+    mode: AcquireMode
+    """Buy or rent."""
+    metric: RankMetric
+    """What the ranking orders by."""
+    job: JobSize | None
+    """The job, when a size was given."""
+    budget_usd: float | None
+    """Budget (buy: machine price; rent: the job's rental)."""
+    region: str
+    """Region whose electricity price and grid intensity are used."""
+    preset: str | None
+    """The persona preset the question came from (``--for``)."""
+    ranking: tuple[Candidate, ...]
+    """Candidates, best first."""
+    excluded: tuple[Exclusion, ...]
+    """GPUs that cannot do it, with why."""
+    answer: str
+    """The recommendation in a sentence or two."""
+    closeness: tuple[str, ...]
+    """Neighbours among the leaders (``A ≈ B``) whose places the speed prediction's band could
+    swap: too close to rank on speed."""
+    assumptions: tuple[str, ...]
+    """What the numbers assume."""

@@ -1,0 +1,211 @@
+"""``whichgpu recommend``: which GPU to buy or rent for a workload, a job and a budget."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Optional
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_json, progress_note
+from whichgpu.errors import UsageError
+from whichgpu.report.recommend import recommend_doc, recommend_view
+
+_ASK = "Question"
+
+
+def recommend(
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+    ] = None,
+    preset: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--for",
+            help="A persona of the seed guides: learning, kaggle, cv-research, nlp-research, "
+            "llm-finetune, inference, startup-cluster. Sets a workload and constraints; your "
+            "flags win.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    buy: Annotated[
+        bool, typer.Option("--buy", help="Buy the GPUs (default).", rich_help_panel=_ASK)
+    ] = False,
+    rent: Annotated[
+        bool, typer.Option("--rent", help="Rent them by the hour.", rich_help_panel=_ASK)
+    ] = False,
+    used: Annotated[
+        bool, typer.Option("--used", help="Buy used (used prices).", rich_help_panel=_ASK)
+    ] = False,
+    gpu_only: Annotated[
+        bool,
+        typer.Option(
+            "--gpu-only",
+            help="You have the computer: count the GPUs' price only, no base system.",
+            rich_help_panel=_ASK,
+        ),
+    ] = False,
+    budget: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--budget",
+            help="USD. Buy: the machine's price. Rent: the job's rental.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    provider: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--provider", help="Rent from this provider only.", rich_help_panel=_ASK),
+    ] = None,
+    gpus: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--gpus",
+            help="GPUs per machine: N, auto (1, 2, 4, 8) or a range like 1-4.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    hours: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--hours", help="Job: hours of use.", rich_help_panel=_ASK),
+    ] = None,
+    samples: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--samples", help="Job: samples to process.", rich_help_panel=_ASK),
+    ] = None,
+    tokens: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--tokens", help="Job: tokens to process.", rich_help_panel=_ASK),
+    ] = None,
+    epochs: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--epochs", help="Job: epochs of --dataset-size.", rich_help_panel=_ASK),
+    ] = None,
+    dataset_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--dataset-size", help="Samples per epoch.", rich_help_panel=_ASK),
+    ] = None,
+    min_batch: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--min-batch",
+            help="Leave out GPUs whose largest batch is smaller.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    region: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--region",
+            help="Electricity price and grid carbon of this region (see docs/cost.md).",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    top: Annotated[
+        int, typer.Option("--top", help="Candidates to list.", rich_help_panel=_ASK)
+    ] = 10,
+    sort: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--sort",
+            help="cost, perf-per-dollar, time or throughput (default: cost "
+            "with a job size, else perf-per-dollar).",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    store: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--store", help="Results store whose bench measurements to use.", metavar="PATH"
+        ),
+    ] = None,
+    gpu: o.GpuListOption = None,
+    stack: o.StackOption = None,
+    config: o.ConfigOption = None,
+    model: o.ModelOption = None,
+    task: o.TaskOption = None,
+    mode: o.ModeOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    sharding: o.ShardingOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
+    json: o.JsonOption = False,
+) -> None:
+    """Which GPU should you buy or rent for this model? Ranked, priced and explained.
+
+    Every catalog GPU (or each --gpu) is sized for your run (`whichgpu fit`), timed
+    (`whichgpu predict`, or your own `whichgpu bench` result when the store has one) and
+    priced (`whichgpu cost`). Those that fit, have a price and stay within the budget are
+    ranked: by the cost to finish the job when you give its size (--hours, --samples,
+    --tokens, --epochs with --dataset-size), else by throughput per dollar. Each GPU left out
+    gets one line on why, and leaders within the prediction's uncertainty are flagged.
+
+    Examples:
+
+      whichgpu recommend llama-3.1-8b --method qlora --checkpointing --seq-len 2048 --budget 1500
+
+      whichgpu recommend bert-large --seq-len 512 --epochs 10 --dataset-size 1000000 --rent
+
+      whichgpu recommend llama-3.1-70b --mode inference --concurrency 8 --context 4096 --rent
+
+      whichgpu recommend --for kaggle
+    """
+    from whichgpu.api import recommend as recommend_gpus
+
+    if buy and rent:
+        raise UsageError("Choose one of --buy and --rent.")
+    options: dict[str, Any] = {
+        "mode": mode,
+        "precision": precision,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "optimizer": optimizer,
+        "checkpointing": checkpointing or None,
+        "method": method,
+        "lora_rank": lora_rank,
+        "sharding": sharding,
+        "context": context,
+        "new_tokens": new_tokens,
+        "concurrency": concurrency,
+    }
+    if top < 1:
+        raise UsageError(f"--top must be at least 1, not {top}.")
+    with progress_note("Sizing, timing and pricing every candidate"):
+        ranking = recommend_gpus(
+            workload,
+            config=config,
+            task=task,
+            model=model,
+            preset=preset,
+            acquire="rent" if rent else "buy" if buy else None,
+            budget_usd=budget,
+            used=used,
+            gpu_only=gpu_only,
+            provider=provider,
+            gpu_count=gpus,
+            gpus=gpu,
+            hours=hours,
+            samples=samples,
+            tokens=tokens,
+            epochs=epochs,
+            dataset_size=dataset_size,
+            min_batch=min_batch,
+            region=region,
+            top=top,
+            sort=sort,
+            stack=stack,
+            store=store,
+            **options,
+        )
+    if json:
+        emit_json(recommend_doc(ranking))
+        return
+    emit(recommend_view(ranking))

@@ -1,0 +1,7 @@
+"""Which GPU? Rank candidates for a workload, a job and a budget, with reasons.
+
+``ranking`` prices and orders what the estimators found; ``presets`` are the seed guides'
+personas as questions. The entry point for users is ``whichgpu.api.recommend``.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,505 @@
+"""Join fit, speed and prices into a ranking with reasons (``whichgpu recommend``).
+
+The caller (``whichgpu.api.recommend``) sizes the step on every candidate GPU and count
+(``estimate.memory``), predicts its speed (``estimate.prediction``) and finds any stored
+measurement of it; this module prices each option (``whichgpu.cost``), applies the user's
+constraints, orders the survivors by the metric the question calls for and writes down why.
+
+- The metric: the cost to finish the job when a job size is given, else performance per
+  dollar (buy: throughput per $1,000 of machine; rent: units per dollar of rental).
+- Buy: the GPUs' price (new, else used, else launch; ``used`` takes used prices) times the
+  count, plus the base system of the smallest build class that holds them; the job adds its
+  electricity at the region's price (board power of the GPUs plus the class's CPU figure).
+- Rent: the cheapest on-demand rate per GPU-hour (or the provider's) times the count.
+- Uncertainty: a predicted throughput carries its band; when the runner-up's best case beats
+  the leader's worst case on the metric, the ranking says they are too close to call.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from whichgpu.catalog.cost_data import build_class_for
+from whichgpu.catalog.query import Catalog
+from whichgpu.cost import build_checks, job_energy, machine_power_w
+from whichgpu.cost.pricing import PriceChoice, cloud_price, price_note, purchase_price
+from whichgpu.errors import UsageError
+from whichgpu.schema import (
+    AcquireMode,
+    BenchResult,
+    Candidate,
+    Exclusion,
+    GpuSpec,
+    JobSize,
+    MemoryEstimate,
+    Ranking,
+    RankMetric,
+    RunConfig,
+    ThroughputEstimate,
+    Vendor,
+)
+from whichgpu.units import GB, SECONDS_PER_HOUR
+
+ExclusionKind = Literal["memory", "batch", "speed", "price", "budget"]
+_BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One GPU at one count, sized and timed, before prices and constraints."""
+
+    gpu: GpuSpec
+    """The GPU."""
+    count: int
+    """How many of it."""
+    memory: MemoryEstimate
+    """Fit at the batch considered (its largest, unless the user gave one)."""
+    speed: ThroughputEstimate | None
+    """Predicted speed (None when the catalog lacks the specs to predict it)."""
+    measured: BenchResult | None = None
+    """A stored measurement of the same run on this GPU and count, newest first."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the user asked: how to acquire, for what job, under which constraints."""
+
+    mode: AcquireMode = "buy"
+    metric: RankMetric | None = None
+    job: JobSize | None = None
+    budget_usd: float | None = None
+    region: str | None = None
+    used: bool = False
+    gpu_only: bool = False
+    provider: str | None = None
+    min_batch: int | None = None
+    top: int | None = None
+    preset: str | None = None
+
+
+def job_units(job: JobSize, unit: str, units_per_sample: int) -> float | None:
+    """The job in the throughput's unit (None for a job given in hours)."""
+    if job.hours is not None:
+        return None
+    tokens = unit.startswith("tokens")
+    if job.tokens is not None:
+        if not tokens:
+            raise UsageError(
+                f"--tokens sizes a language model's job; this workload counts {unit}. Give "
+                "--samples (or --epochs with --dataset-size) instead."
+            )
+        return job.tokens
+    samples = job.samples
+    if samples is None and job.epochs is not None and job.dataset_size is not None:
+        samples = job.epochs * job.dataset_size
+    if samples is None:
+        raise UsageError("--epochs needs --dataset-size (samples per epoch).")
+    return samples * (units_per_sample if tokens else 1)
+
+
+@dataclass
+class _Priced:
+    option: Option
+    throughput: float
+    low: float
+    high: float
+    source: str
+    purchase_usd: float | None
+    hourly_usd: float | None
+    cost_usd: float
+    hours: float | None
+    time_s: float | None
+    energy_kwh: float | None
+    electricity_usd: float | None
+    co2_kg: float | None
+    ppd: float
+    note: str
+    extra: list[str]
+
+
+def _gb(nbytes: int, other: int | None = None) -> str:
+    """GB with one decimal, or two when ``other`` would print the same."""
+    digits = 2 if other is not None and round(nbytes / GB, 1) == round(other / GB, 1) else 1
+    return f"{nbytes / GB:,.{digits}f} GB"
+
+
+def rank(
+    options: Sequence[Option],
+    *,
+    workload: str,
+    run: RunConfig,
+    question: Question,
+    units_per_sample: int,
+    catalog: Catalog,
+    region: str,
+) -> Ranking:
+    """Price, filter and order ``options`` for ``question``; every exclusion gets a reason."""
+    q = question
+    metric: RankMetric = q.metric or ("cost" if q.job is not None else "perf-per-dollar")
+    excluded: list[Exclusion] = []
+    priced: list[_Priced] = []
+
+    def exclude(option: Option, kind: ExclusionKind, reason: str) -> None:
+        excluded.append(
+            Exclusion(
+                gpu=option.gpu.id,
+                gpu_name=option.gpu.name,
+                count=option.count,
+                kind=kind,
+                reason=reason,
+            )
+        )
+
+    unit = ""
+    for option in options:
+        memory = option.memory
+        if not memory.fits or (q.min_batch is not None and memory.max_batch_size < q.min_batch):
+            at = q.min_batch or memory.batch_size
+            reason = (
+                f"needs {_gb(memory.device_total_bytes, memory.capacity_bytes)} at batch "
+                f"{memory.batch_size}, has {_gb(memory.capacity_bytes, memory.device_total_bytes)}"
+                if not memory.fits
+                else f"largest batch {memory.max_batch_size} is below --min-batch {at}"
+            )
+            if option.count > 1:
+                reason += f" per GPU ({option.count} GPUs, {run.sharding})"
+            exclude(option, "memory" if not memory.fits else "batch", reason)
+            continue
+        speed = option.speed
+        if option.measured is not None and option.measured.throughput:
+            throughput = low = high = option.measured.throughput
+            unit = option.measured.throughput_unit
+            source = "measured"
+        elif speed is not None and speed.throughput is not None:
+            throughput = speed.throughput
+            low, high = speed.low or throughput, speed.high or throughput
+            unit = speed.throughput_unit
+            source = "predicted"
+        else:
+            exclude(option, "speed", "the catalog lacks the specs to predict its speed")
+            continue
+        extra: list[str] = []
+        if option.gpu.vendor != Vendor.NVIDIA:
+            extra.append(
+                f"a {option.gpu.vendor.value.upper()} GPU: the estimates assume PyTorch's kernels "
+                "and allocator as on CUDA; check that your libraries support it (e.g. "
+                "bitsandbytes for QLoRA, FlashAttention)"
+            )
+        purchase = hourly = None
+        if q.mode == "buy":
+            kind: PriceChoice = "used" if q.used else "buy"
+            price = purchase_price(catalog, option.gpu.id, kind)
+            if price is None:
+                exclude(
+                    option,
+                    "price",
+                    f"no {'used' if q.used else 'purchase'} price in the catalog "
+                    "(add one with --prices)",
+                )
+                continue
+            note = f"{option.count} x {price_note(price)}"
+            purchase = price.usd * option.count
+            if not q.gpu_only:
+                build = build_class_for(option.count)
+                if build.base_system_usd is None:
+                    exclude(option, "price", f"no base system cost for a {build.id}")
+                    continue
+                purchase += build.base_system_usd
+                note += f" + ${build.base_system_usd:,.0f} {build.id} base system"
+            if price.kind == "launch":
+                extra.append(
+                    f"only its launch price ({price.as_of:%Y}) is in the catalog; today's street "
+                    "price may differ (add yours with --prices)"
+                )
+            if q.budget_usd is not None and purchase > q.budget_usd:
+                exclude(
+                    option,
+                    "budget",
+                    f"over budget by ${purchase - q.budget_usd:,.0f} "
+                    f"(${purchase:,.0f} for the {'GPUs' if q.gpu_only else 'machine'})",
+                )
+                continue
+        else:
+            try:
+                price = cloud_price(catalog, option.gpu, q.provider)
+            except UsageError:
+                where = f" from {q.provider}" if q.provider else ""
+                exclude(option, "price", f"no cloud price{where} in the catalog")
+                continue
+            hourly = price.usd * option.count
+            note = f"{option.count} x {price_note(price)}"
+        units = job_units(q.job, unit, units_per_sample) if q.job is not None else None
+        hours = q.job.hours if q.job is not None else None
+        time_s = None
+        if units is not None:
+            time_s = units / throughput
+            hours = time_s / SECONDS_PER_HOUR
+        energy_kwh = electricity = co2 = None
+        if q.mode == "buy":
+            assert purchase is not None
+            cost = purchase
+            if hours is not None and option.gpu.tdp_w is not None:
+                power = machine_power_w(option.gpu, option.count, catalog=catalog)
+                energy = job_energy(power, hours, region=region)
+                energy_kwh, electricity, co2 = (
+                    energy.energy_kwh,
+                    energy.electricity_usd,
+                    (energy.co2_kg),
+                )
+                cost += electricity or 0.0
+            ppd = throughput / (purchase / 1000)
+        else:
+            assert hourly is not None
+            cost = hourly * hours if hours is not None else hourly
+            if q.budget_usd is not None and hours is not None and cost > q.budget_usd:
+                exclude(
+                    option,
+                    "budget",
+                    f"the job's rental ${cost:,.0f} is over budget by ${cost - q.budget_usd:,.0f}",
+                )
+                continue
+            ppd = throughput * SECONDS_PER_HOUR / hourly
+        if option.count > 1 and q.mode == "buy":
+            report = build_checks(option.gpu, option.count, catalog=catalog)
+            extra += [
+                f"build: {c.name} {c.status}: {c.reason}" for c in report.checks if c.status != "ok"
+            ]
+        priced.append(
+            _Priced(
+                option,
+                throughput,
+                low,
+                high,
+                source,
+                purchase,
+                hourly,
+                cost,
+                hours,
+                time_s,
+                energy_kwh,
+                electricity,
+                co2,
+                ppd,
+                note,
+                extra,
+            )
+        )
+
+    timed = q.job is not None and q.job.hours is None
+
+    def value(p: _Priced, throughput: float) -> float:
+        """The metric of ``p`` if its throughput were ``throughput`` (for the bands)."""
+        slower = p.throughput / throughput
+        if metric == "throughput":
+            return throughput
+        if metric == "perf-per-dollar":
+            return p.ppd / slower
+        if metric == "time":
+            return (p.time_s or 0.0) * slower
+        rental = p.cost_usd if timed else 0.0
+        varying = (p.electricity_usd or 0.0) if q.mode == "buy" else rental
+        return p.cost_usd - varying + varying * slower
+
+    high_is_good = _BETTER_HIGH[metric]
+    priced.sort(key=lambda p: -value(p, p.throughput) if high_is_good else value(p, p.throughput))
+    if metric == "time" and q.job is None:
+        raise UsageError("--sort time needs a job size (--samples, --tokens or --epochs).")
+    closeness = _closeness(priced, value, high_is_good)
+    shown = priced[: q.top] if q.top else priced
+    candidates = tuple(_candidate(i + 1, p, priced, metric, q, unit) for i, p in enumerate(shown))
+    return Ranking(
+        workload=workload,
+        run=run,
+        mode=q.mode,
+        metric=metric,
+        job=q.job,
+        budget_usd=q.budget_usd,
+        region=region,
+        preset=q.preset,
+        ranking=candidates,
+        excluded=tuple(excluded),
+        answer=_answer(candidates, excluded, q, metric),
+        closeness=closeness,
+        assumptions=_assumptions(q, metric, priced),
+    )
+
+
+def _closeness(
+    priced: list[_Priced], value: Callable[[_Priced, float], float], high_is_good: bool
+) -> tuple[str, ...]:
+    """Pairs of neighbours among the leaders whose bands overlap on the metric."""
+    notes = []
+    for a, b in itertools.pairwise(priced[:4]):
+        a_worst, b_best = value(a, a.low), value(b, b.high)
+        if (b_best >= a_worst) if high_is_good else (b_best <= a_worst):
+            notes.append(f"{_label(a)} ≈ {_label(b)}")
+    return tuple(notes)
+
+
+def _label(p: _Priced) -> str:
+    return f"{p.option.count} x {p.option.gpu.name}" if p.option.count > 1 else p.option.gpu.name
+
+
+def _metric_text(p: _Priced, metric: RankMetric, unit: str, mode: AcquireMode) -> str:
+    if metric == "cost":
+        return f"${p.cost_usd:,.0f}"
+    if metric == "time":
+        return f"{(p.time_s or 0) / SECONDS_PER_HOUR:,.1f} h"
+    if metric == "throughput":
+        return f"{p.throughput:,.0f} {unit}"
+    return f"{p.ppd:,.3g} {_ppd_unit(unit, mode)}"
+
+
+def _ppd_unit(unit: str, mode: AcquireMode) -> str:
+    return f"{unit} per $1k" if mode == "buy" else f"{unit.removesuffix('/s')} per $"
+
+
+def _candidate(
+    rank_: int,
+    p: _Priced,
+    everyone: list[_Priced],
+    metric: RankMetric,
+    q: Question,
+    unit: str,
+) -> Candidate:
+    o = p.option
+    m = o.memory
+    reasons = [
+        f"fits: largest batch {m.max_batch_size} per GPU; {_gb(m.device_total_bytes)} of "
+        f"{_gb(m.capacity_bytes)} at batch {m.batch_size}"
+    ]
+    if p.source == "measured" and o.measured is not None:
+        reasons.append(
+            f"measured {p.throughput:,.0f} {unit} at batch {o.measured.batch_size} (whichgpu "
+            f"bench result {o.measured.id[:8]}, {o.measured.created_at:%Y-%m-%d})"
+        )
+    else:
+        reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
+    if o.count > 1 and o.speed is not None and o.speed.scaling_efficiency is not None:
+        reasons.append(
+            f"{o.count} GPUs scale to {o.speed.scaling_efficiency:.0%} of {o.count} x one over "
+            f"{o.speed.link}"
+        )
+    reasons.append(f"price: {p.note}")
+    if p.time_s is not None and q.job is not None:
+        done = f"finishes {q.job.describe()} in {p.time_s / SECONDS_PER_HOUR:,.1f} h"
+        if p.electricity_usd is not None and p.energy_kwh is not None:
+            done += f"; electricity {p.energy_kwh:,.1f} kWh, ${p.electricity_usd:,.2f}"
+        reasons.append(done)
+    first = everyone[0]
+    here = _metric_text(p, metric, unit, q.mode)
+    if p is first and len(everyone) > 1:
+        second = everyone[1]
+        reasons.append(
+            f"best by {metric}: {here}; next is {_label(second)} at "
+            f"{_metric_text(second, metric, unit, q.mode)}"
+        )
+    elif p is not first:
+        reasons.append(
+            f"{metric}: {here}, against {_metric_text(first, metric, unit, q.mode)} "
+            f"for #1 {_label(first)}"
+        )
+    reasons += p.extra
+    return Candidate(
+        rank=rank_,
+        gpu=o.gpu.id,
+        gpu_name=o.gpu.name,
+        count=o.count,
+        fits=True,
+        max_batch_size=m.max_batch_size,
+        batch_size=m.batch_size,
+        throughput=p.throughput,
+        throughput_unit=unit,
+        throughput_low=p.low,
+        throughput_high=p.high,
+        throughput_source="measured" if p.source == "measured" else "predicted",
+        time_s=p.time_s,
+        cost_usd=p.cost_usd,
+        purchase_usd=p.purchase_usd,
+        hourly_usd=p.hourly_usd,
+        energy_kwh=p.energy_kwh,
+        electricity_usd=p.electricity_usd,
+        co2_kg=p.co2_kg,
+        perf_per_dollar=p.ppd,
+        perf_per_dollar_unit=_ppd_unit(unit, q.mode),
+        price_note=p.note,
+        reasons=tuple(reasons),
+    )
+
+
+def _answer(
+    candidates: tuple[Candidate, ...],
+    excluded: list[Exclusion],
+    q: Question,
+    metric: RankMetric,
+) -> str:
+    if not candidates:
+        if not excluded:
+            return "No GPU in the catalog was considered."
+        reasons: dict[str, int] = {}
+        for e in excluded:
+            key = e.reason.split(" (")[0].split(" by $")[0]
+            key = "does not fit" if key.startswith("needs") else key
+            reasons[key] = reasons.get(key, 0) + 1
+        common = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
+        return f"No GPU in the catalog does this as asked ({common}). See the excluded list."
+    top = candidates[0]
+    what = f"{top.count} x {top.gpu_name}" if top.count > 1 else top.gpu_name
+    verb = "Buy" if q.mode == "buy" else "Rent"
+    how = {
+        "cost": f"the cheapest way to finish {q.job.describe() if q.job else 'the job'}: "
+        f"${top.cost_usd:,.0f}",
+        "perf-per-dollar": f"the most {top.perf_per_dollar_unit.split(' per ')[0]} per "
+        f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: {top.perf_per_dollar:,.3g}",
+        "time": f"the fastest to finish: {(top.time_s or 0) / SECONDS_PER_HOUR:,.1f} h",
+        "throughput": f"the fastest: {top.throughput:,.0f} {top.throughput_unit}",
+    }[metric]
+    text = f"{verb} {what}: {how}"
+    if top.time_s is not None and metric != "time":
+        text += f", done in {top.time_s / SECONDS_PER_HOUR:,.1f} h"
+    if len(candidates) > 1:
+        second = candidates[1]
+        other = f"{second.count} x {second.gpu_name}" if second.count > 1 else second.gpu_name
+        text += f". Runner-up: {other}."
+    else:
+        text += "."
+    return text
+
+
+def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tuple[str, ...]:
+    notes = [
+        f"ranked by {metric}"
+        + (" (cost to finish the job)" if metric == "cost" else "")
+        + (
+            " (buy: throughput per $1,000 of machine; rent: units per dollar)"
+            if metric == "perf-per-dollar"
+            else ""
+        ),
+    ]
+    if q.mode == "buy":
+        base = (
+            "(--gpu-only: no base system)"
+            if q.gpu_only
+            else "+ the base system of the smallest build class that holds them (cost data, "
+            "sourced)"
+        )
+        notes.append(
+            f"buy: GPU price (newest new, else used, else launch; --used: used) x count {base}; a "
+            "job adds its electricity at the region's price (board power + the class's CPU "
+            "figure, for the job's hours); resale is not counted (see whichgpu cost breakeven)"
+        )
+    else:
+        notes.append(
+            "rent: the cheapest on-demand rate per GPU-hour in the catalog (or --provider's) x "
+            "count; regions of cloud prices are not filtered; no egress, storage or idle time"
+        )
+    notes.append(
+        "speed: a stored whichgpu bench result of the same run when there is one, else "
+        "whichgpu predict's prediction with its band (see its assumptions)"
+    )
+    if any(p.option.count > 1 for p in priced):
+        notes.append("several GPUs train data parallel, each with its own batch")
+    return tuple(notes)

@@ -1,0 +1,166 @@
+"""recommend: sizing, timing and pricing joined into a ranking with reasons and exclusions."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import whichgpu.api as wg
+from tests.conftest import run_cli
+from tests.test_store import make_result
+from whichgpu.errors import UsageError, WhichGpuError
+from whichgpu.recommend.presets import get_preset, shipped_presets
+from whichgpu.recommend.ranking import job_units
+from whichgpu.schema import JobSize
+from whichgpu.store import ResultStore
+from whichgpu.workloads.registry import get_workload
+
+RENTED = ["rtx-4090", "a100-80gb", "h100-sxm", "l4", "rtx-3090"]
+
+
+def test_job_units_follow_the_throughput_unit() -> None:
+    assert job_units(JobSize(tokens=1e9), "tokens/s", 2048) == 1e9
+    assert job_units(JobSize(samples=1000), "tokens/s", 2048) == 1000 * 2048
+    assert job_units(JobSize(samples=1000), "images/s", 1) == 1000
+    assert job_units(JobSize(epochs=3, dataset_size=500), "sequences/s", 512) == 1500
+    assert job_units(JobSize(hours=5), "images/s", 1) is None
+    with pytest.raises(UsageError, match="--samples"):
+        job_units(JobSize(tokens=10), "images/s", 1)
+
+
+def test_rent_with_a_job_ranks_by_the_cost_to_finish_it() -> None:
+    ranking = wg.recommend(
+        "bert-large",
+        seq_len=128,
+        acquire="rent",
+        epochs=2,
+        dataset_size=100_000,
+        gpus=RENTED,
+    )
+    assert ranking.metric == "cost" and ranking.mode == "rent"
+    costs = [c.cost_usd for c in ranking.ranking]
+    assert costs == sorted(costs) and len(costs) >= 2
+    for c in ranking.ranking:
+        assert c.time_s is not None and c.hourly_usd is not None
+        assert c.time_s == pytest.approx(200_000 / c.throughput)
+        assert c.cost_usd == pytest.approx(c.hourly_usd * c.time_s / 3600)
+        assert any(r.startswith("fits: largest batch") for r in c.reasons)
+        assert any(r.startswith("price: ") for r in c.reasons)
+    assert ranking.answer.startswith(f"Rent {ranking.ranking[0].gpu_name}")
+    ranked = {c.gpu for c in ranking.ranking}
+    assert all(e.gpu not in ranked for e in ranking.excluded)
+
+
+def test_budget_and_memory_exclusions_say_why() -> None:
+    ranking = wg.recommend(
+        "llama-3.2-1b",
+        seq_len=2048,
+        budget_usd=3000,
+        gpus=["rtx-4090", "rtx-5090", "rtx-3060-12gb", "rtx-pro-6000-blackwell"],
+    )
+    for c in ranking.ranking:
+        assert c.purchase_usd is not None and c.purchase_usd <= 3000
+    kinds = {e.kind for e in ranking.excluded}
+    assert kinds, "something must be left out"
+    for e in ranking.excluded:
+        if e.kind == "memory":
+            assert e.reason.startswith("needs ") and " has " in e.reason
+        if e.kind == "budget":
+            assert e.reason.startswith("over budget by $")
+    # perf per dollar without a job: throughput per $1,000 of machine, best first
+    values = [c.perf_per_dollar for c in ranking.ranking]
+    assert values == sorted(values, reverse=True)
+
+
+def test_several_gpus_per_machine_are_candidates_with_build_checks() -> None:
+    ranking = wg.recommend("resnet50", gpu_count="1-4", gpus=["rtx-3090", "rtx-4090"], top=20)
+    counts = {c.count for c in ranking.ranking}
+    assert counts == {1, 2, 4}
+    four = next(c for c in ranking.ranking if c.count == 4 and c.gpu == "rtx-3090")
+    assert any("build: slots" in r or "build: power" in r for r in four.reasons)
+    assert any("scale to" in r for r in four.reasons)
+
+
+def test_a_stored_measurement_replaces_the_prediction(tmp_path: Path) -> None:
+    store = tmp_path / "results.sqlite"
+    measured = make_result(workload="resnet50", gpu="rtx-4090", throughput=1234.5)
+    ResultStore(store).add(measured)
+    ranking = wg.recommend("resnet50", gpus=["rtx-4090", "rtx-3090"], store=store)
+    top = {c.gpu: c for c in ranking.ranking}
+    assert top["rtx-4090"].throughput_source == "measured"
+    assert top["rtx-4090"].throughput == pytest.approx(1234.5)
+    assert top["rtx-3090"].throughput_source == "predicted"
+
+
+def test_presets_name_registered_workloads_and_guide_answers() -> None:
+    presets = shipped_presets()
+    assert {p.id for p in presets} >= {
+        "learning",
+        "kaggle",
+        "cv-research",
+        "nlp-research",
+        "llm-finetune",
+        "inference",
+        "startup-cluster",
+    }
+    for preset in presets:
+        get_workload(preset.workload)
+        assert preset.guide_2020 and preset.source and preset.rationale
+    with pytest.raises(WhichGpuError, match="Presets:"):
+        get_preset("gamer")
+
+
+def test_a_preset_is_a_question_and_flags_win() -> None:
+    ranking = wg.recommend(preset="kaggle", budget_usd=2500, gpus=["rtx-4090", "rtx-5070"])
+    assert ranking.preset == "kaggle" and ranking.workload == "vit-b-16"
+    assert ranking.budget_usd == 2500
+    for c in ranking.ranking:
+        assert c.max_batch_size >= 64  # the preset's --min-batch
+
+
+def test_recommend_cli_json_and_bad_input() -> None:
+    result = run_cli(
+        "recommend",
+        "bert-base",
+        "--seq-len",
+        "128",
+        "--rent",
+        "--hours",
+        "10",
+        "--gpu",
+        "rtx-4090",
+        "--gpu",
+        "a100-80gb",
+        "--gpu",
+        "rtx-2060",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert {"ranking", "excluded", "answer", "schema_version"} <= set(doc)
+    row_keys = {
+        "gpu",
+        "count",
+        "fits",
+        "max_batch_size",
+        "throughput",
+        "throughput_unit",
+        "time_s",
+        "cost_usd",
+        "perf_per_dollar",
+        "reasons",
+    }
+    assert all(row_keys <= set(row) for row in doc["ranking"])
+    assert all({"gpu", "reason"} <= set(row) for row in doc["excluded"])
+    for args, words in (
+        (["--buy", "--rent"], "one of --buy and --rent"),
+        (["--epochs", "3"], "--dataset-size"),
+        (["--for", "gamer"], "Unknown preset"),
+        (["--hours", "1", "--tokens", "5"], "one job size"),
+        (["--gpus", "lots"], "--gpus"),
+    ):
+        bad = run_cli("recommend", "bert-base", *args)
+        assert bad.returncode == 2, (args, bad.stderr)
+        assert words in bad.stderr and "Traceback" not in bad.stderr
