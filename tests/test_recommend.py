@@ -164,3 +164,14 @@ def test_recommend_cli_json_and_bad_input() -> None:
         bad = run_cli("recommend", "bert-base", *args)
         assert bad.returncode == 2, (args, bad.stderr)
         assert words in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_vendor_keeps_one_makers_gpus_and_others_carry_a_caveat() -> None:
+    gpus = ["rtx-4090", "rx-7900-xtx", "rtx-3090"]
+    mixed = wg.recommend("resnet50", gpus=gpus)
+    amd = next(c for c in mixed.ranking if c.gpu == "rx-7900-xtx")
+    assert any(r.startswith("made by AMD") for r in amd.reasons)
+    nvidia = wg.recommend("resnet50", gpus=gpus, vendor="nvidia")
+    assert {c.gpu for c in nvidia.ranking} == {"rtx-4090", "rtx-3090"}
+    with pytest.raises(UsageError, match="--vendor"):
+        wg.recommend("resnet50", gpus=gpus, vendor="nokia")

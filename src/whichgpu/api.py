@@ -424,6 +424,7 @@ def recommend(
     provider: str | None = None,
     gpu_count: int | str | None = None,
     gpus: Sequence[str] | None = None,
+    vendor: str | None = None,
     hours: float | None = None,
     samples: float | None = None,
     tokens: float | None = None,
@@ -445,7 +446,8 @@ def recommend(
     (cloud rate; ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
     ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
     per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
-    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``.
+    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
+    ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
     ``preset`` is one of the guides' personas (``whichgpu.recommend.presets``); explicit
     arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
     same run when ``store`` (default: the user's results store) has one, else from ``predict``.
@@ -482,6 +484,11 @@ def recommend(
     chosen = _select(workload, config, task, model)
     counts = _gpu_counts(gpu_count)
     targets = resolve_gpus(gpus)
+    if vendor is not None:
+        makers = sorted({g.vendor.value for g in targets})
+        if vendor.strip().lower() not in makers:
+            raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)}.")
+        targets = [g for g in targets if g.vendor.value == vendor.strip().lower()]
     software = get_stack(stack)
     catalog = load_catalog()
     place = get_region(region)

@@ -120,6 +120,14 @@ def recommend(
             "--store", help="Results store whose bench measurements to use.", metavar="PATH"
         ),
     ] = None,
+    vendor: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--vendor",
+            help="Only this maker's GPUs: nvidia, amd, intel, google, apple.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
     gpu: o.GpuListOption = None,
     stack: o.StackOption = None,
     config: o.ConfigOption = None,
@@ -192,6 +200,7 @@ def recommend(
             provider=provider,
             gpu_count=gpus,
             gpus=gpu,
+            vendor=vendor,
             hours=hours,
             samples=samples,
             tokens=tokens,

@@ -184,9 +184,9 @@ def rank(
         extra: list[str] = []
         if option.gpu.vendor != Vendor.NVIDIA:
             extra.append(
-                f"a {option.gpu.vendor.value.upper()} GPU: the estimates assume PyTorch's kernels "
-                "and allocator as on CUDA; check that your libraries support it (e.g. "
-                "bitsandbytes for QLoRA, FlashAttention)"
+                f"made by {option.gpu.vendor.value.upper()}: the estimates assume PyTorch's "
+                "kernels and allocator as on CUDA; check that your libraries support it (e.g. "
+                "bitsandbytes for QLoRA, FlashAttention), or keep to --vendor nvidia"
             )
         purchase = hourly = None
         if q.mode == "buy":
