@@ -175,3 +175,22 @@ def test_vendor_keeps_one_makers_gpus_and_others_carry_a_caveat() -> None:
     assert {c.gpu for c in nvidia.ranking} == {"rtx-4090", "rtx-3090"}
     with pytest.raises(UsageError, match="--vendor"):
         wg.recommend("resnet50", gpus=gpus, vendor="nokia")
+
+
+def test_a_deadline_leaves_out_what_would_finish_late_and_modules_need_a_server() -> None:
+    ranking = wg.recommend(
+        "llama-3.2-1b",
+        seq_len=2048,
+        tokens=2e9,
+        within_hours=48,
+        gpus=["rtx-4090", "rtx-5090", "h100-sxm"],
+        gpu_count="1-8",
+    )
+    for c in ranking.ranking:
+        assert c.time_s is not None and c.time_s <= 48 * 3600
+    late = [e for e in ranking.excluded if e.kind == "time"]
+    assert late and all("more than the 48 h asked" in e.reason for e in late)
+    h100 = [c for c in ranking.ranking if c.gpu == "h100-sxm"]
+    assert h100 and all("server base system" in c.price_note for c in h100)
+    with pytest.raises(UsageError, match="--within"):
+        wg.recommend("resnet50", gpus=["rtx-4090"], within_hours=0)

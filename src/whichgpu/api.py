@@ -419,6 +419,7 @@ def recommend(
     preset: str | None = None,
     acquire: str | None = None,
     budget_usd: float | None = None,
+    within_hours: float | None = None,
     used: bool = False,
     gpu_only: bool = False,
     provider: str | None = None,
@@ -448,6 +449,7 @@ def recommend(
     per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
     ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
     ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
+    ``within_hours`` leaves out what would not finish the job in time.
     ``preset`` is one of the guides' personas (``whichgpu.recommend.presets``); explicit
     arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
     same run when ``store`` (default: the user's results store) has one, else from ``predict``.
@@ -470,6 +472,7 @@ def recommend(
         asked = chosen_preset.question
         acquire = acquire or asked.get("mode")
         budget_usd = budget_usd if budget_usd is not None else asked.get("budget_usd")
+        within_hours = within_hours if within_hours is not None else asked.get("within_hours")
         min_batch = min_batch if min_batch is not None else asked.get("min_batch")
         gpu_count = gpu_count if gpu_count is not None else asked.get("gpus")
         if hours is None and samples is None and tokens is None and epochs is None:
@@ -479,6 +482,8 @@ def recommend(
         raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
     if budget_usd is not None and budget_usd <= 0:
         raise UsageError(f"--budget must be more than 0, not {budget_usd}.")
+    if within_hours is not None and within_hours <= 0:
+        raise UsageError(f"--within must be more than 0 hours, not {within_hours}.")
     job = _job_size(hours, samples, tokens, epochs, dataset_size)
     metric = _metric(sort)
     chosen = _select(workload, config, task, model)
@@ -545,6 +550,7 @@ def recommend(
         metric=metric,
         job=job,
         budget_usd=budget_usd,
+        within_hours=within_hours,
         region=place.id,
         used=used,
         gpu_only=gpu_only,

@@ -1450,9 +1450,10 @@ class Exclusion(_Frozen):
     """Name."""
     count: int
     """GPUs in the machine considered."""
-    kind: Literal["memory", "batch", "speed", "price", "budget"]
+    kind: Literal["memory", "batch", "speed", "price", "budget", "time"]
     """What rules it out: it does not fit, its largest batch is below ``--min-batch``, its speed
-    cannot be predicted, it has no price for the mode, or it is over budget."""
+    cannot be predicted, it has no price for the mode, it is over budget, or it would not
+    finish the job within ``--within`` hours."""
     reason: str
     """Why (``needs 13.1 GB, has 12``; ``over budget by $400`` …)."""
 
@@ -1472,6 +1473,8 @@ class Ranking(_Frozen):
     """The job, when a size was given."""
     budget_usd: float | None
     """Budget (buy: machine price; rent: the job's rental)."""
+    within_hours: float | None = None
+    """Deadline: the job must finish within this many hours."""
     region: str
     """Region whose electricity price and grid intensity are used."""
     preset: str | None

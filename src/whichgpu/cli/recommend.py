@@ -86,6 +86,14 @@ def recommend(
         Optional[int],  # noqa: UP045
         typer.Option("--dataset-size", help="Samples per epoch.", rich_help_panel=_ASK),
     ] = None,
+    within: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--within",
+            help="Deadline in hours: leave out what would not finish the job in time.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
     min_batch: Annotated[
         Optional[int],  # noqa: UP045
         typer.Option(
@@ -195,6 +203,7 @@ def recommend(
             preset=preset,
             acquire="rent" if rent else "buy" if buy else None,
             budget_usd=budget,
+            within_hours=within,
             used=used,
             gpu_only=gpu_only,
             provider=provider,

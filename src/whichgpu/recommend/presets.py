@@ -38,7 +38,16 @@ class Preset:
     """Where the persona and its needs come from."""
 
 
-_QUESTION_KEYS = ("mode", "budget_usd", "min_batch", "gpus", "hours", "samples", "tokens")
+_QUESTION_KEYS = (
+    "mode",
+    "budget_usd",
+    "within_hours",
+    "min_batch",
+    "gpus",
+    "hours",
+    "samples",
+    "tokens",
+)
 
 
 @cache

@@ -32,6 +32,7 @@ from whichgpu.schema import (
     BenchResult,
     Candidate,
     Exclusion,
+    FormFactor,
     GpuSpec,
     JobSize,
     MemoryEstimate,
@@ -43,7 +44,9 @@ from whichgpu.schema import (
 )
 from whichgpu.units import GB, SECONDS_PER_HOUR
 
-ExclusionKind = Literal["memory", "batch", "speed", "price", "budget"]
+SERVER_CLASS = "server"
+"""Build class of the machines that hold GPU modules (SXM, OAM) rather than cards."""
+ExclusionKind = Literal["memory", "batch", "speed", "price", "budget", "time"]
 _BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
 
 
@@ -71,6 +74,7 @@ class Question:
     metric: RankMetric | None = None
     job: JobSize | None = None
     budget_usd: float | None = None
+    within_hours: float | None = None
     region: str | None = None
     used: bool = False
     gpu_only: bool = False
@@ -203,12 +207,20 @@ def rank(
             note = f"{option.count} x {price_note(price)}"
             purchase = price.usd * option.count
             if not q.gpu_only:
-                build = build_class_for(option.count)
+                # modules (SXM, OAM) sit on a server's baseboard, never in a desktop
+                module = option.gpu.form_factor not in (None, FormFactor.PCIE)
+                build = build_class_for(option.count, SERVER_CLASS if module else None)
                 if build.base_system_usd is None:
                     exclude(option, "price", f"no base system cost for a {build.id}")
                     continue
                 purchase += build.base_system_usd
                 note += f" + ${build.base_system_usd:,.0f} {build.id} base system"
+                if module:
+                    form = option.gpu.form_factor.value.upper() if option.gpu.form_factor else ""
+                    extra.append(
+                        f"a {form} module: it needs a GPU server's baseboard (priced as the "
+                        "server build class); such boards usually take 4 or 8"
+                    )
             if price.kind == "launch":
                 extra.append(
                     f"only its launch price ({price.as_of:%Y}) is in the catalog; today's street "
@@ -237,6 +249,13 @@ def rank(
         if units is not None:
             time_s = units / throughput
             hours = time_s / SECONDS_PER_HOUR
+            if q.within_hours is not None and hours > q.within_hours:
+                exclude(
+                    option,
+                    "time",
+                    f"takes {hours:,.0f} h, more than the {q.within_hours:,.0f} h asked",
+                )
+                continue
         energy_kwh = electricity = co2 = None
         if q.mode == "buy":
             assert purchase is not None
@@ -317,6 +336,7 @@ def rank(
         metric=metric,
         job=q.job,
         budget_usd=q.budget_usd,
+        within_hours=q.within_hours,
         region=region,
         preset=q.preset,
         ranking=candidates,
@@ -502,4 +522,9 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
     )
     if any(p.option.count > 1 for p in priced):
         notes.append("several GPUs train data parallel, each with its own batch")
+    if any(p.option.memory.run.mode == "inference" for p in priced[:1]):
+        notes.append(
+            "inference on one GPU each: serving one model across several GPUs (tensor "
+            "parallel) is not modelled yet"
+        )
     return tuple(notes)

@@ -23,6 +23,7 @@ _KINDS = {
     "budget": "over budget",
     "price": "no price",
     "speed": "speed cannot be predicted",
+    "time": "would not finish in time",
 }
 
 
@@ -50,6 +51,8 @@ def recommend_view(ranking: Ranking) -> RenderableType:
         question += f", budget ${ranking.budget_usd:,.0f}"
     if ranking.job is not None:
         question += f", job: {ranking.job.describe()}"
+    if ranking.within_hours is not None:
+        question += f" within {ranking.within_hours:,.0f} h"
     if ranking.preset:
         question += f", preset {ranking.preset}"
     parts: list[RenderableType] = [
