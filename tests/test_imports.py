@@ -18,6 +18,17 @@ NON_TORCH_MODULES = [
     "whichgpu.estimate.profile_summary",
     "whichgpu.report.json_doc",
     "whichgpu.report.terminal",
+    "whichgpu.report.results",
+    "whichgpu.report.cost",
+    "whichgpu.report.recommend",
+    "whichgpu.estimate.data_parallel",
+    "whichgpu.estimate.prediction",
+    "whichgpu.store",
+    "whichgpu.cost",
+    "whichgpu.recommend.ranking",
+    "whichgpu.recommend.presets",
+    "whichgpu.bench",
+    "whichgpu.api",
     "whichgpu.cli",
 ]
 
@@ -28,13 +39,22 @@ import importlib
 for name in {modules!r}:
     importlib.import_module(name)
 from whichgpu.cli import main
-code = main(["gpus", "--json"])
-assert code == 0, code
+for args in (
+    ["gpus", "--json"],
+    ["fit", "resnet50", "--gpu", "4090", "--json"],
+    ["predict", "bert-base", "--gpu", "4090", "--json"],
+    ["recommend", "resnet50", "--gpu", "4090", "--gpu", "3090", "--json"],
+    ["cost", "breakeven", "--gpu", "4090", "--cloud-rate", "0.5", "--json"],
+    ["results", "list", "--json"],
+):
+    code = main(args)
+    assert code == 0, (args, code)
 assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
 """
 
 
 def test_non_torch_modules_import_and_run_without_torch() -> None:
+    """The catalog, fit/predict/recommend of named workloads, cost and results need no torch."""
     result = subprocess.run(
         [sys.executable, "-c", PROGRAM.format(modules=NON_TORCH_MODULES)],
         capture_output=True,

@@ -14,12 +14,16 @@ from typing import Annotated
 import typer
 
 from whichgpu import __version__
+from whichgpu.cli.bench import bench
 from whichgpu.cli.compare import compare
+from whichgpu.cli.cost import cost_app
 from whichgpu.cli.fit import fit
 from whichgpu.cli.gpus import gpus
 from whichgpu.cli.output import emit_error
 from whichgpu.cli.predict import predict
 from whichgpu.cli.profile import profile
+from whichgpu.cli.recommend import recommend
+from whichgpu.cli.results import results_app
 from whichgpu.cli.show import show
 from whichgpu.cli.validate import validate_app
 from whichgpu.cli.workloads import workloads
@@ -40,7 +44,9 @@ app = typer.Typer(
     help=(
         "Which GPU should you buy or rent for your model, and what will it give you?\n\n"
         "Start with `whichgpu gpus` (the catalog), `whichgpu show 4090` (one GPU with sources) "
-        "and `whichgpu compare 3090 4090 5090`. Every command takes --json."
+        "and `whichgpu compare 3090 4090 5090`; then `whichgpu fit`, `predict` and `recommend` "
+        "for your model, `cost` for what owning costs, and `bench` to measure your own GPU. "
+        "Every command takes --json."
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -55,6 +61,10 @@ app.command("workloads")(workloads)
 app.command("profile")(profile)
 app.command("fit")(fit)
 app.command("predict")(predict)
+app.command("recommend")(recommend)
+app.add_typer(cost_app, name="cost")
+app.command("bench")(bench)
+app.add_typer(results_app, name="results")
 app.add_typer(validate_app, name="validate")
 
 

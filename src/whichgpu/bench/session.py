@@ -1,0 +1,359 @@
+"""A workload's step on a torch device (CUDA, CPU, MPS), built and run in a child process.
+
+The step is the one the tracer records (``whichgpu.trace.step``), run for real: the same
+optimizer and implementation (``make_optimizer``: ``foreach`` AdamW by default), the same
+fine-tuning wrappers (``apply_method``), the same checkpointing switch, and autocast to the
+run's half dtype for ``fp16``/``bf16`` (on the device measured, not the CPU rules the tracer
+uses). What a real training loop adds is added here: a ``GradScaler`` for ``fp16``, and
+``zero_grad(set_to_none=True)`` after each optimizer step. The batch is synthetic, made once
+and reused (no input pipeline is timed). Inference is one forward pass under
+``torch.inference_mode`` (for language models: the prefill of ``seq_len`` tokens).
+
+Numeric settings on CUDA: ``fp32`` turns TF32 off for matmuls and cuDNN, ``tf32`` turns both
+on, the other precisions keep torch's defaults; ``cudnn.benchmark`` is on (the warm-up absorbs
+its autotuning). The settings actually in force are read back into the result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import math
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from whichgpu.bench.devices import (
+    MemoryPeaks,
+    NvmlTarget,
+    Report,
+    StepOutOfMemory,
+    _TorchDevice,
+)
+from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
+from whichgpu.errors import UnsupportedWorkload
+from whichgpu.trace.step import make_optimizer
+from whichgpu.workloads.finetune import apply_method
+
+_AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class TorchSession:
+    """A built step on a torch device (see the module docstring for what a step is)."""
+
+    def __init__(self, device: _TorchDevice, spec: StepSpec, report: Report) -> None:
+        run = spec.run
+        if run.precision == "fp8":
+            raise UnsupportedWorkload("Benchmarking --precision fp8 is not supported yet.")
+        self._device = device
+        self._spec = spec
+        self._notes: list[str] = []
+        self._memory: MemoryPeaks | None = None
+        self._group = spec.group
+        device.select()
+        if spec.group is not None and device.kind == "cpu":
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.group.world_size))
+        limit_note = device.limit_memory(spec.memory_limit_bytes)
+        if limit_note:
+            self._notes.append(limit_note)
+        if device.kind == "cuda":
+            _set_cuda_precision(run.precision)
+        self._amp_dtype = _AMP_DTYPES.get(run.precision)
+        self._notes.extend(_run_notes(spec))
+        workload = spec.workload.resolve()
+        report(BenchProgress("build", f"building {workload.info.name} (batch {spec.batch_size})"))
+        target = device.torch_device()
+        try:
+            with torch.device(target):
+                built = apply_method(workload.build(run), run)
+                model = built.model.to(target)
+                batch = built.make_batch(spec.batch_size, spec.seq_len)
+            batch = tree_map(lambda x: x.to(target) if isinstance(x, torch.Tensor) else x, batch)
+        except Exception as exc:
+            if device.is_out_of_memory(exc):
+                raise StepOutOfMemory(f"building the model: {_first_line(exc)}") from None
+            raise
+        self._built = built
+        if run.mode == "train" and run.checkpointing:
+            enable = getattr(model, "gradient_checkpointing_enable", None)
+            if enable is None:
+                raise UnsupportedWorkload("This model has no gradient checkpointing switch.")
+            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self._channels_last = False
+        if spec.channels_last:
+            if any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
+                model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+                batch = tree_map(_channels_last_image, batch)
+                self._channels_last = True
+            else:
+                self._notes.append("--channels-last ignored: the model has no 2-D convolutions")
+        self._batch: dict[str, Any] = dict(batch)
+        self._inputs = {k: v for k, v in self._batch.items() if k != "labels"}
+        self._tensors = [*model.parameters(), *model.buffers(), *_tensors(self._batch)]
+        if spec.group is not None and run.mode == "train":
+            model = self._join_group(model, spec)
+        self._eager = model
+        self._model: torch.nn.Module = model
+        self._compiled = False
+        if spec.compile:
+            self._model = torch.compile(model)  # type: ignore[assignment]
+            self._compiled = True
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scaler: Any = None
+        if run.mode == "train":
+            params = [p for p in model.parameters() if p.requires_grad]
+            self._optimizer = make_optimizer(run, params)
+            if run.precision == "fp16":
+                self._scaler = torch.amp.GradScaler(device.kind)
+        self._units = spec.batch_size * built.units_per_sample(spec.seq_len)
+
+    # --- construction helpers -----------------------------------------------------------
+
+    def _join_group(self, model: torch.nn.Module, spec: StepSpec) -> torch.nn.Module:
+        import torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel
+
+        group = spec.group
+        assert group is not None
+        backend = "nccl" if self._device.kind == "cuda" else "gloo"
+        dist.init_process_group(
+            backend=backend,
+            init_method=group.address,
+            rank=group.rank,
+            world_size=group.world_size,
+            timeout=dt.timedelta(seconds=group.timeout_s),
+        )
+        ids = [self._device.index] if self._device.kind == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    # --- the Session protocol ---------------------------------------------------------------
+
+    @property
+    def units_per_step(self) -> int:
+        return self._units
+
+    @property
+    def samples_per_step(self) -> int:
+        return self._spec.batch_size
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled
+
+    @property
+    def channels_last(self) -> bool:
+        return self._channels_last
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return tuple(self._notes)
+
+    def step(self) -> None:
+        self._guarded(self._model)
+
+    def synchronize(self) -> None:
+        self._device.synchronize()
+
+    def memory_steps(self, steps: int) -> MemoryPeaks:
+        # a dispatch-mode count cannot see inside compiled graphs: it watches the eager step
+        counts_tensors = self._device.kind in ("cpu", "mps")
+        model = self._eager if counts_tensors else self._model
+        if counts_tensors and self._compiled:
+            self._notes.append(
+                "memory: measured on the eager step (compiled graphs hide their tensors from "
+                "the count); compiled steps usually need less"
+            )
+        baseline = [*self._tensors, *_tensors(self._optimizer_state())]
+        with self._device.memory_tracker(baseline, self._spec.memory_limit_bytes) as read:
+            for _ in range(steps):
+                self._guarded(model)
+            self.synchronize()
+        self._memory = read()
+        return self._memory
+
+    def run_peaks(self) -> MemoryPeaks:
+        if self._device.kind == "cuda":
+            index = self._device.index
+            return MemoryPeaks(
+                allocated_bytes=int(torch.cuda.max_memory_allocated(index)),
+                reserved_bytes=int(torch.cuda.max_memory_reserved(index)),
+                method="torch.cuda.max_memory_allocated / max_memory_reserved over the run",
+            )
+        return self._memory or MemoryPeaks(None, None, "not measured")
+
+    def flops_per_step(self) -> float | None:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+        with counter:
+            self._guarded(self._eager)
+        self.synchronize()
+        return float(counter.get_total_flops())
+
+    def precision_state(self) -> PrecisionState:
+        amp = None if self._amp_dtype is None else str(self._amp_dtype).removeprefix("torch.")
+        if self._device.kind != "cuda":
+            return PrecisionState(amp_dtype=amp)
+        return PrecisionState(
+            tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
+            tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
+            amp_dtype=amp,
+        )
+
+    def agree(self, seconds: float) -> float:
+        if self._group is None:
+            return seconds
+        import torch.distributed as dist
+
+        where = self._device.torch_device() if self._device.kind == "cuda" else "cpu"
+        value = torch.tensor([seconds], dtype=torch.float64, device=where)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return float(value.item())
+
+    def nvml_target(self) -> NvmlTarget | None:
+        return self._device.nvml_target()
+
+    def close(self) -> None:
+        if self._group is not None:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+    # --- the step ----------------------------------------------------------------------
+
+    def _optimizer_state(self) -> list[Any]:
+        if self._optimizer is None:
+            return []
+        return [v for state in self._optimizer.state.values() for v in state.values()]
+
+    def _guarded(self, model: torch.nn.Module) -> None:
+        """One step; the runtime's out-of-memory errors become ``StepOutOfMemory``."""
+        try:
+            if self._optimizer is None:
+                self._inference_step(model)
+            else:
+                self._train_step(model, self._optimizer)
+        except Exception as exc:
+            cause = self._out_of_memory_in(exc)
+            if cause is None:
+                raise
+            if isinstance(cause, StepOutOfMemory):
+                raise StepOutOfMemory(str(cause)) from None
+            raise StepOutOfMemory(_first_line(cause)) from None
+
+    def _out_of_memory_in(self, exc: BaseException) -> BaseException | None:
+        """The out-of-memory error in ``exc``'s chain (a user's loss function may wrap it)."""
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if isinstance(current, StepOutOfMemory) or self._device.is_out_of_memory(current):
+                return current
+            current = current.__cause__ or current.__context__
+        return None
+
+    def _train_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        with self._autocast():
+            loss = self._built.loss(model, self._batch)
+        if self._scaler is not None:
+            self._scaler.scale(loss).backward()
+            self._scaler.step(optimizer)
+            self._scaler.update()
+        else:
+            loss.backward()  # type: ignore[no-untyped-call]
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def _inference_step(self, model: torch.nn.Module) -> None:
+        with torch.inference_mode(), self._autocast():
+            model(**self._inputs)
+
+    @contextlib.contextmanager
+    def _autocast(self) -> Iterator[None]:
+        if self._amp_dtype is None:
+            yield
+            return
+        with torch.autocast(device_type=self._device.kind, dtype=self._amp_dtype):
+            yield
+
+
+def _set_cuda_precision(precision: str) -> None:
+    if precision == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    elif precision == "tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
+
+
+def _run_notes(spec: StepSpec) -> list[str]:
+    """What the reader should know about how this run configuration is executed."""
+    run = spec.run
+    notes = []
+    if run.mode == "inference":
+        notes.append(
+            "inference: one forward pass per step under torch.inference_mode (language "
+            "models: the prefill of seq_len tokens; no generation)"
+        )
+    if run.optimizer == "adamw-8bit":
+        notes.append(
+            "adamw-8bit runs whichgpu's plain-PyTorch rebuild of bitsandbytes' AdamW8bit (same "
+            "memory, not its fused kernels): its time is not representative"
+        )
+    if run.method == "qlora":
+        notes.append(
+            "qlora dequantises NF4 weights with plain PyTorch operators (same memory as "
+            "bitsandbytes, not its kernels): its time is not representative"
+        )
+    if run.precision == "fp16" and run.mode == "train":
+        notes.append("fp16: torch.amp.GradScaler (dynamic loss scaling), as AMP training uses")
+    return notes
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    return [x for x in tree_flatten(value)[0] if isinstance(x, torch.Tensor)]
+
+
+def _channels_last_image(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+        return value.contiguous(memory_format=torch.channels_last)
+    return value
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
+    """FLOP formulas torch's counter lacks or gets wrong: the CPU fused attention kernels (the
+    same FLOPs as SDPA on a GPU), and a grouped convolution's backward pass (each requested
+    gradient costs what the forward does; torch ignores ``groups`` in the weight gradient)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    aten = torch.ops.aten
+
+    def attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
+        return int(sdpa_flop_count(query, key, value))  # type: ignore[no-untyped-call]
+
+    def attention_backward(
+        grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any
+    ) -> int:
+        flops = sdpa_backward_flop_count(grad_out, query, key, value)  # type: ignore[no-untyped-call]
+        return int(flops)
+
+    def conv_backward(grad_out: Any, x: Any, weight: Any, *args: Any, **kwargs: Any) -> int:
+        output_mask = args[7]
+        forward = 2 * math.prod(grad_out) * math.prod(weight[1:])
+        return int(forward * (int(bool(output_mask[0])) + int(bool(output_mask[1]))))
+
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: attention,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward,
+        aten.convolution_backward: conv_backward,
+    }

@@ -1,0 +1,351 @@
+"""``whichgpu bench``: measure workloads on this machine's GPU (or CPU), and keep the results."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit, emit_error, emit_json
+from whichgpu.cli.results import StoreOption
+from whichgpu.errors import BenchError, UsageError, WorkloadError
+from whichgpu.schema import BenchResult
+
+if TYPE_CHECKING:
+    from whichgpu.bench.jobs import BenchProgress
+
+EXIT_INTERRUPTED = 130
+
+
+@dataclass(frozen=True)
+class SuiteEntry:
+    """A workload of a suite, with the settings the suite runs it at (unless the user gives
+    others)."""
+
+    workload: str
+    """Registered workload."""
+    precision: str | None = None
+    """Precision (None: the run's)."""
+    seq_len: int | None = None
+    """Sequence length (None: the workload's default)."""
+
+
+def suites() -> dict[str, tuple[SuiteEntry, ...]]:
+    """The named suites: ``lambda2020`` (the twelve models of Lambda's 2020 table, at the
+    settings ``validate`` reads them with) and ``modern`` (models people train today)."""
+    from whichgpu.validate.lambda2020 import LAMBDA_MODELS
+
+    return {
+        "lambda2020": tuple(
+            SuiteEntry(m.workload, m.precision, m.seq_len) for m in LAMBDA_MODELS.values()
+        ),
+        "modern": tuple(
+            SuiteEntry(name)
+            for name in ("resnet50", "vit-b-16", "bert-base", "gpt2", "llama-3.2-1b")
+        ),
+    }
+
+
+def bench(
+    workloads: Annotated[
+        Optional[list[str]],  # noqa: UP045 - typer needs Optional at runtime on Python 3.10
+        typer.Argument(
+            help="Named workloads to measure (see `whichgpu workloads`), e.g. resnet50 gpt2.",
+            show_default=False,
+        ),
+    ] = None,
+    suite: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--suite",
+            help="A named set of workloads: lambda2020 (Lambda's 2020 table, at its settings) "
+            "or modern (resnet50, vit-b-16, bert-base, gpt2, llama-3.2-1b).",
+        ),
+    ] = None,
+    config: o.ConfigOption = None,
+    model: o.ModelOption = None,
+    task: o.TaskOption = None,
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device",
+            help="cuda, cuda:N, cpu or mps (Apple silicon). fake is a simulated device for "
+            "trying the harness.",
+        ),
+    ] = "cuda",
+    mode: o.ModeOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
+    gpus: o.GpusOption = None,
+    find_max_batch: Annotated[
+        bool,
+        typer.Option(
+            "--find-max-batch",
+            help="Search the largest batch that runs (doubling, then bisection), and measure "
+            "at it.",
+        ),
+    ] = False,
+    max_batch_resolution: Annotated[
+        int,
+        typer.Option(
+            "--max-batch-resolution",
+            min=1,
+            help="Stop the search when the largest batch is known to within N (1 = exact).",
+        ),
+    ] = 1,
+    find_max_seq_len: Annotated[
+        bool,
+        typer.Option(
+            "--find-max-seq-len",
+            help="Search the longest sequence that runs at the batch, and measure at it.",
+        ),
+    ] = False,
+    memory_limit: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--memory-limit",
+            help="GiB a step may use: sizes for a smaller card (about its memory less the CUDA "
+            "context), and gives the CPU a search limit (counted as live tensor bytes).",
+            metavar="GIB",
+        ),
+    ] = None,
+    compile: Annotated[
+        bool, typer.Option("--compile", help="Measure the model under torch.compile.")
+    ] = False,
+    channels_last: Annotated[
+        bool,
+        typer.Option("--channels-last", help="Channels-last images and weights (CNNs)."),
+    ] = False,
+    min_seconds: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--min-seconds", help="Seconds of timed steps, at least (default 5)."),
+    ] = None,
+    min_iters: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--min-iters", help="Timed steps, at least (default 10)."),
+    ] = None,
+    timeout: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--timeout",
+            help="Stop a probe or measurement that makes no progress (builds nothing, finishes "
+            "no step) for this many seconds (default 600).",
+            metavar="S",
+        ),
+    ] = None,
+    store: StoreOption = None,
+    no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the results.")] = False,
+    json: o.JsonOption = False,
+) -> None:
+    """Measure workloads on this machine: largest batch, throughput, memory, power, MFU.
+
+    Each workload is built with random weights and fed synthetic data. With --find-max-batch
+    the largest batch is searched first, each probe in a process of its own (running out of
+    memory, hanging or crashing ends that process, not the bench). The step is then warmed up
+    until its time is steady and timed for at least --min-iters steps and --min-seconds
+    seconds; the result has the median step time and its spread, throughput in the
+    workload's unit, peak memory, GPU power, clocks and temperature (NVML), MFU against the
+    catalog's peak, and the machine and software it ran with. With --gpus N the GPUs of this
+    node then train together (DDP) and the scaling efficiency is reported.
+
+    Every result is stored as soon as it is measured (`whichgpu results list`); Ctrl-C stops
+    the bench and keeps what finished.
+
+    Examples:
+
+      whichgpu bench resnet50 --precision fp32 --find-max-batch
+
+      whichgpu bench --suite modern --device cuda:1 --json
+
+      whichgpu bench llama-3.2-1b --seq-len 2048 --find-max-batch --memory-limit 21.5
+
+      whichgpu bench bert-base --gpus 4 --batch-size 32
+
+      whichgpu bench --model my_model.py:build --device cpu --find-max-batch --memory-limit 2
+    """
+    from whichgpu.api import bench as run_bench
+    from whichgpu.store import ResultStore
+
+    if store is not None and no_store:
+        raise UsageError("Give --store FILE or --no-store, not both.")
+    entries = _entries(workloads, suite, config, model)
+    results_store = None if no_store else ResultStore(store)
+    if results_store is not None:
+        results_store.list(limit=1)  # a file that is not a store fails now, not after a bench
+    common: dict[str, Any] = {
+        "mode": mode,
+        "batch_size": batch_size,
+        "optimizer": optimizer,
+        "checkpointing": checkpointing or None,
+        "method": method,
+        "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
+    }
+    finished: list[BenchResult] = []
+    failures: list[str] = []
+    interrupted = False
+    with _progress() as show:
+
+        def keep(result: BenchResult) -> None:
+            if results_store is not None:
+                results_store.add(result)
+            finished.append(result)
+            show.finished(result)
+
+        def measure(entry: SuiteEntry) -> None:
+            """Bench one entry; with several entries, a failure is reported and the others
+            go on."""
+            try:
+                run_bench(
+                    entry.workload if entry is not _OWN else None,
+                    config=config,
+                    task=task,
+                    model=model,
+                    device=device,
+                    gpu_count=gpus,
+                    find_max_batch=find_max_batch,
+                    max_batch_resolution=max_batch_resolution,
+                    find_max_seq_len=find_max_seq_len,
+                    memory_limit_gib=memory_limit,
+                    compile=compile,
+                    channels_last=channels_last,
+                    min_seconds=min_seconds,
+                    min_iters=min_iters,
+                    timeout_s=timeout,
+                    progress=show.update,
+                    on_result=keep,
+                    precision=precision or entry.precision,
+                    seq_len=seq_len or entry.seq_len,
+                    **common,
+                )
+            except (BenchError, WorkloadError) as exc:
+                if len(entries) == 1:
+                    raise
+                failures.append(entry.workload)
+                show.print_error(f"{entry.workload}: {exc}")
+
+        try:
+            for entry in entries:
+                measure(entry)
+        except KeyboardInterrupt:
+            interrupted = True
+    _render(finished, json)
+    where = f" in {results_store.path}" if results_store is not None else ""
+    if interrupted:
+        emit_error(
+            f"Interrupted. {len(finished)} finished result(s) kept{where if finished else ''}."
+        )
+        raise typer.Exit(EXIT_INTERRUPTED)
+    if finished and results_store is not None and not json:
+        Console(stderr=True, highlight=False).print(
+            f"[dim]Stored {len(finished)} result(s){where} (`whichgpu results list`).[/]"
+        )
+    if failures:
+        raise typer.Exit(1)
+
+
+_OWN = SuiteEntry("--config/--model")
+"""The entry of the user's own model."""
+
+
+def _entries(
+    workloads: list[str] | None, suite: str | None, config: Path | None, model: str | None
+) -> list[SuiteEntry]:
+    """What to measure, in order: the named workloads, then the suite's; or the user's model."""
+    named = [SuiteEntry(name) for name in workloads or []]
+    if suite is not None:
+        known = suites()
+        if suite not in known:
+            raise UsageError(f"--suite {suite}: expected one of {', '.join(known)}.")
+        named.extend(known[suite])
+    if config is not None or model is not None:
+        if named:
+            raise UsageError(
+                "Name workloads (or a --suite), or give --config or --model: not both."
+            )
+        return [_OWN]
+    if not named:
+        raise UsageError(
+            "Name the workloads to measure (e.g. `whichgpu bench resnet50`), a --suite, or "
+            "--config FILE / --model FILE.py:FUNCTION for your own model."
+        )
+    return named
+
+
+def _render(results: list[BenchResult], json: bool) -> None:
+    from whichgpu.report import results as view
+
+    if json:
+        emit_json(view.results_doc(results))
+    elif results:
+        emit(view.results_table(results, f"{len(results)} result(s) measured"))
+
+
+class _Display:
+    """Progress bars on stderr (nothing when stderr is not a terminal)."""
+
+    def __init__(self, progress: Progress | None) -> None:
+        self._progress = progress
+        self._tasks: dict[str, Any] = {}
+
+    def update(self, event: BenchProgress) -> None:
+        if self._progress is None:
+            return
+        name = event.workload or "bench"
+        if name not in self._tasks:
+            self._tasks[name] = self._progress.add_task(name, total=1.0)
+        task = self._tasks[name]
+        text = f"[bold]{escape(name)}[/] {escape(event.message)}"
+        if event.fraction is None:
+            self._progress.update(task, description=text)
+        else:
+            self._progress.update(task, description=text, completed=event.fraction)
+
+    def finished(self, result: BenchResult) -> None:
+        if self._progress is None:
+            return
+        if result.throughput is None:
+            why = next((n for n in result.notes if "out of memory" in n), "did not fit")
+            line = f"[yellow]✗[/] {escape(result.workload)}: {escape(why)}"
+        else:
+            line = (
+                f"[green]✓[/] {escape(result.workload)} on {escape(result.device_name)}: "
+                f"{result.throughput:,.1f} {result.throughput_unit} at batch {result.batch_size}"
+            )
+        self._progress.console.print(line, highlight=False)
+
+    def print_error(self, message: str) -> None:
+        if self._progress is None:
+            emit_error(message)
+        else:
+            self._progress.console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[_Display]:
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield _Display(None)
+        return
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console, transient=False) as progress:
+        yield _Display(progress)

@@ -1,0 +1,160 @@
+"""``whichgpu bench`` as a user runs it: a real CPU bench stored and listed, errors as one
+paragraph, and a bench stopped by Ctrl-C or killed outright leaving a readable store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from whichgpu.schema import BenchResult
+from whichgpu.store import ResultStore
+
+MLP = "tests/fixtures/user_model.py:build"
+
+
+def test_bench_on_the_cpu_finds_the_batch_measures_stores_and_lists() -> None:
+    bench = run_cli(
+        "bench",
+        "--model",
+        MLP,
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--find-max-batch",
+        "--max-batch-resolution",
+        "16",
+        "--memory-limit",
+        "0.0002",
+        "--min-seconds",
+        "0.5",
+        "--min-iters",
+        "3",
+        "--json",
+    )
+    assert bench.returncode == 0, bench.stderr
+    (doc,) = json.loads(bench.stdout)
+    result = BenchResult.model_validate({k: v for k, v in doc.items() if k != "schema_version"})
+    assert result.max_batch_size is not None and result.max_batch_size > 100
+    assert result.max_batch_resolution == 16
+    assert result.batch_size == result.max_batch_size and result.throughput
+    assert result.memory_limit_bytes == int(0.0002 * 2**30)
+    listed = run_cli("results", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [d["id"] for d in json.loads(listed.stdout)] == [result.id]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["resnet50", "--batch-size", "8", "--find-max-batch"], "not both"),
+        (["resnet50", "--device", "cpu", "--find-max-batch"], "needs --memory-limit"),
+        (["resnet-5O", "--device", "cpu"], "Unknown workload 'resnet-5O'"),
+        (["resnet50", "--device", "tpu"], "expected cuda, cuda:N, cpu or mps"),
+        (["resnet50", "--no-store", "--store", "x.sqlite"], "not both"),
+        (["resnet50", "--suite", "modren"], "expected one of lambda2020, modern"),
+        ([], "Name the workloads to measure"),
+    ],
+)
+def test_bench_usage_errors_are_one_paragraph(args: list[str], expected: str) -> None:
+    result = run_cli("bench", *args)
+    assert result.returncode == 2, result.stderr
+    assert expected in " ".join(result.stderr.split())
+    assert "Traceback" not in result.stderr
+
+
+def test_the_suites_name_registered_workloads() -> None:
+    from whichgpu.cli.bench import suites
+    from whichgpu.workloads import get_workload
+
+    found = suites()
+    assert len(found["lambda2020"]) == 12
+    for entries in found.values():
+        for entry in entries:
+            assert get_workload(entry.workload).info.name == entry.workload
+
+
+def _start(store: Path, *workloads: str) -> subprocess.Popen[str]:
+    """A bench of ``workloads`` on the simulated device, in its own process group."""
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "whichgpu",
+            "bench",
+            *workloads,
+            "--device",
+            "fake",
+            "--batch-size",
+            "8",
+            "--min-seconds",
+            "1",
+            "--min-iters",
+            "3",
+            "--store",
+            str(store),
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _wait_for_results(store: Path, process: subprocess.Popen[str], count: int) -> None:
+    deadline = time.monotonic() + 90
+    while len(ResultStore(store).list()) < count:
+        assert process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "no result was stored in time"
+        time.sleep(0.2)
+
+
+def _group_gone(group: int, within_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path: Path) -> None:
+    store = tmp_path / "results.sqlite"
+    process = _start(store, "resnet50", "vit-b-16", "bert-base")
+    _wait_for_results(store, process, 1)
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "Interrupted" in err and "Traceback" not in err
+    kept = ResultStore(store).list()
+    assert 1 <= len(kept) < 3
+    printed = json.loads(out)  # the finished results are printed
+    assert [d["id"] for d in printed] == [r.id for r in reversed(kept)]
+    assert _group_gone(process.pid), "child processes outlived the bench"
+
+
+def test_a_killed_bench_leaves_a_readable_store(tmp_path: Path) -> None:
+    """SIGKILL to the bench mid-run: the store holds what finished, and the bench's child
+    processes notice their parent is gone and exit."""
+    store = tmp_path / "results.sqlite"
+    process = _start(store, "resnet50", "vit-b-16", "bert-base")
+    _wait_for_results(store, process, 1)
+    process.kill()
+    process.communicate(timeout=60)
+    kept = ResultStore(store).list()  # each one is validated as it is read
+    assert 1 <= len(kept) < 3 and all(isinstance(r, BenchResult) for r in kept)
+    with sqlite3.connect(store) as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    assert _group_gone(process.pid), "child processes outlived the bench"
