@@ -28,6 +28,8 @@ demo: install
 	$(BIN)/whichgpu show h100-sxm
 	$(BIN)/whichgpu fit llama-3.2-1b --gpu 4090 --gpu 3090 --gpu a100-80gb --gpu h100-sxm --seq-len 2048
 	$(BIN)/whichgpu predict llama-3.2-1b --gpu 5090 --gpu a100-80gb --gpu h100-sxm --gpu h200-sxm
+	$(BIN)/whichgpu cost breakeven --system-cost 2200 --gpu-watts 350 --cpu-watts 100 --utilization 0.15 --electricity 0.12 --cloud-rate 2.14
+	$(BIN)/whichgpu recommend bert-large --seq-len 512 --epochs 10 --dataset-size 1000000 --rent --top 5
 
 lint: install
 	$(BIN)/ruff check src tests scripts
