@@ -563,9 +563,8 @@ def _writer(tmp_path: Path, store: ResultStore, count: int) -> subprocess.Popen[
 
 def test_two_processes_writing_at_once_both_land(store: ResultStore, tmp_path: Path) -> None:
     writers = [_writer(tmp_path, store, 40) for _ in range(2)]  # racing to create the store, too
-    for proc in writers:
-        _, err = proc.communicate(timeout=120)
-        assert proc.returncode == 0, err
+    errors = [proc.communicate(timeout=120)[1] for proc in writers]
+    assert [proc.returncode for proc in writers] == [0, 0], errors
     results = store.list()
     assert len(results) == 80
     assert len({r.id for r in results}) == 80

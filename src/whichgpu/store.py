@@ -39,6 +39,7 @@ import json
 import os
 import secrets
 import sqlite3
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -61,6 +62,8 @@ STORE_VERSION = 1
 
 BUSY_TIMEOUT_S = 30.0
 """How long an operation waits for another process's write lock before it gives up, s."""
+WAL_RETRY_S = 0.05
+"""Pause between attempts to switch a new store to write-ahead logging."""
 
 CSV_JSON_FIELDS = ("run", "per_rank", "notes", "environment")
 """``BenchResult`` fields that CSV holds as JSON text, in a column named ``<field>_json``."""
@@ -505,7 +508,7 @@ class ResultStore:
                 conn.close()
                 return None
             if not read_only:
-                conn.execute("PRAGMA journal_mode = WAL")
+                _ensure_wal(conn)
                 conn.execute("PRAGMA synchronous = FULL")
             if version < STORE_VERSION:
                 self._upgrade(conn)
@@ -1055,3 +1058,26 @@ def pivot_results(results: Iterable[BenchResult], reference: str | None = None) 
         reference_chosen=chosen,
         notes=tuple(notes),
     )
+
+
+def _ensure_wal(conn: sqlite3.Connection) -> None:
+    """Put the store in write-ahead-log mode (once: the mode is kept in the file).
+
+    Switching needs the file to itself, and SQLite answers "locked" at once rather than waiting
+    when another process is creating the store at the same moment, so the switch is retried
+    until the busy timeout.
+    """
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    while True:
+        mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+        if mode == "wal":
+            return
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(WAL_RETRY_S)

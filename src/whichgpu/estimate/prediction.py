@@ -73,6 +73,10 @@ class ThroughputPredictor:
             f"constants fitted on {params.fitted_on} ({params.fitted_date})",
             f"band = +/-{self.band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
             "this workload type in training",
+            "the constants absorb 2020 frameworks (eager kernels, no fused or flash attention): "
+            "today's stacks likely run faster than predicted, on every GPU alike, so rankings "
+            "hold better than absolute times until the constants are refitted on new "
+            "measurements (whichgpu bench)",
             "synthetic data, no input pipeline or host stalls",
         )
         if self.serving and self.inference is not None:
