@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(if $(strip $(TORCH_SPEC)),$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)")
 	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	-timeout 300 $(BIN)/python -m playwright install chromium >/dev/null 2>&1 || echo "note: no browser for the HTML report's browser test (it will be skipped)"
 	touch $(STAMP)
 
 demo: install
@@ -30,6 +31,7 @@ demo: install
 	$(BIN)/whichgpu predict llama-3.2-1b --gpu 5090 --gpu a100-80gb --gpu h100-sxm --gpu h200-sxm
 	$(BIN)/whichgpu cost breakeven --system-cost 2200 --gpu-watts 350 --cpu-watts 100 --utilization 0.15 --electricity 0.12 --cloud-rate 2.14
 	$(BIN)/whichgpu recommend bert-large --seq-len 512 --epochs 10 --dataset-size 1000000 --rent --top 5
+	$(BIN)/whichgpu report bert-large --seq-len 512 --rent --epochs 10 --dataset-size 1000000 --out report.html
 
 lint: install
 	$(BIN)/ruff check src tests scripts

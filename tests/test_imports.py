@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 NON_TORCH_MODULES = [
     "whichgpu",
@@ -21,12 +22,16 @@ NON_TORCH_MODULES = [
     "whichgpu.report.results",
     "whichgpu.report.cost",
     "whichgpu.report.recommend",
+    "whichgpu.report.html",
+    "whichgpu.report.notebook",
+    "whichgpu.report_data",
+    "whichgpu.tabular",
     "whichgpu.estimate.data_parallel",
     "whichgpu.estimate.prediction",
     "whichgpu.store",
     "whichgpu.cost",
-    "whichgpu.recommend.ranking",
-    "whichgpu.recommend.presets",
+    "whichgpu.ranking.rank",
+    "whichgpu.ranking.presets",
     "whichgpu.bench",
     "whichgpu.api",
     "whichgpu.cli",
@@ -46,6 +51,7 @@ for args in (
     ["recommend", "resnet50", "--gpu", "4090", "--gpu", "3090", "--json"],
     ["cost", "breakeven", "--gpu", "4090", "--cloud-rate", "0.5", "--json"],
     ["results", "list", "--json"],
+    ["report", "resnet50", "--gpu", "4090", "--gpu", "3090", "--out", "{out}"],
 ):
     code = main(args)
     assert code == 0, (args, code)
@@ -53,10 +59,10 @@ assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
 """
 
 
-def test_non_torch_modules_import_and_run_without_torch() -> None:
+def test_non_torch_modules_import_and_run_without_torch(tmp_path: Path) -> None:
     """The catalog, fit/predict/recommend of named workloads, cost and results need no torch."""
     result = subprocess.run(
-        [sys.executable, "-c", PROGRAM.format(modules=NON_TORCH_MODULES)],
+        [sys.executable, "-c", PROGRAM.format(modules=NON_TORCH_MODULES, out=tmp_path / "r.html")],
         capture_output=True,
         text=True,
         check=False,

@@ -11,8 +11,8 @@ import whichgpu.api as wg
 from tests.conftest import run_cli
 from tests.test_store import make_result
 from whichgpu.errors import UsageError, WhichGpuError
-from whichgpu.recommend.presets import get_preset, shipped_presets
-from whichgpu.recommend.ranking import job_units
+from whichgpu.ranking.presets import get_preset, shipped_presets
+from whichgpu.ranking.rank import job_units
 from whichgpu.schema import JobSize
 from whichgpu.store import ResultStore
 from whichgpu.workloads.registry import get_workload

@@ -19,19 +19,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whichgpu.catalog import load_catalog
+from whichgpu.catalog import load_catalog, sort_gpus
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
     BenchResult,
+    Comparison,
     GpuSpec,
     JobSize,
     MemoryEstimate,
     Ranking,
     RankMetric,
     RunConfig,
+    Segment,
     ThroughputEstimate,
+    Vendor,
 )
+from whichgpu.tabular import ResultList
 from whichgpu.workloads import check_for_workload, run_config, select_workload
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import read_config
@@ -103,6 +107,62 @@ def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     return [g for g in catalog.all() if g.memory_gb]
 
 
+def gpus(
+    query: str | None = None,
+    *,
+    vendor: Vendor | str | None = None,
+    min_memory_gb: float | None = None,
+    segment: Segment | str | None = None,
+    arch: str | None = None,
+    sort: str = "launch_date",
+    prices: Sequence[Path | str] | None = None,
+) -> ResultList[GpuSpec]:
+    """The GPU catalog, filtered and sorted (``whichgpu gpus``).
+
+    ``query`` matches any part of a name or alias (``"4090"``, ``"a100"``); ``vendor``
+    (``"nvidia"``, ``"amd"`` …), ``segment`` (``"consumer"``, ``"workstation"``,
+    ``"datacenter"``), ``arch`` (``"Hopper"``) and ``min_memory_gb`` (GB as sold) keep what
+    matches all of them. ``sort`` is a spec field: numbers and dates largest first, text A-Z.
+    ``prices`` are price files laid over the shipped prices (default: the user's file).
+    """
+    catalog = load_catalog(prices)
+    found = catalog.search(
+        query,
+        vendor=_choice(Vendor, vendor, "vendor"),
+        segment=_choice(Segment, segment, "segment"),
+        architecture=arch,
+        min_memory_gb=min_memory_gb,
+    )
+    return ResultList(sort_gpus(found, sort))
+
+
+def gpu(name: str) -> GpuSpec:
+    """One catalog GPU by name, alias or id (``"4090"``, ``"h100 sxm"``), as ``whichgpu show``
+    resolves it; an unknown or ambiguous name raises ``GpuLookupError`` with suggestions."""
+    return load_catalog().resolve(name)
+
+
+def compare(*names: str, prices: Sequence[Path | str] | None = None) -> Comparison:
+    """Several GPUs side by side, each figure with its ratio to the first (``whichgpu compare``)."""
+    from whichgpu.catalog.compare import compare as compare_gpus
+
+    if len(names) < 2:
+        raise UsageError("compare needs two or more GPUs; the first is the baseline.")
+    catalog = load_catalog(prices)
+    return compare_gpus(catalog, [catalog.resolve(n) for n in names])
+
+
+def _choice(kind: type[Vendor] | type[Segment], value: Any, what: str) -> Any:
+    """``value`` as a member of ``kind`` (given as the member or its value, any case)."""
+    if value is None or isinstance(value, kind):
+        return value
+    try:
+        return kind(str(value).strip().lower())
+    except ValueError:
+        allowed = ", ".join(m.value for m in kind)
+        raise UsageError(f"{what}: '{value}' is not one of {allowed}.") from None
+
+
 @dataclass(frozen=True)
 class _Step:
     """A workload's step, ready to be sized on GPUs: run options resolved, profile loaded."""
@@ -160,7 +220,7 @@ def fit(
     serving: str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
-) -> list[MemoryEstimate]:
+) -> ResultList[MemoryEstimate]:
     """Will it fit? Peak memory and the largest batch on each GPU (all of them by default).
 
     ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
@@ -213,7 +273,7 @@ def fit(
             )
         )
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
-    return estimates
+    return ResultList(estimates)
 
 
 def predict(
@@ -227,7 +287,7 @@ def predict(
     stack: str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
-) -> list[ThroughputEstimate]:
+) -> ResultList[ThroughputEstimate]:
     """How fast? Predicted throughput on each GPU, ranked, with a band.
 
     Without ``batch_size`` each GPU runs its own largest batch (as ``fit`` finds it; Lambda's
@@ -293,7 +353,7 @@ def predict(
             continue
         out.append(predictor.on_gpu(gpu, rates, estimate))
     out.sort(key=lambda e: -(e.throughput or 0.0))
-    return out
+    return ResultList(out)
 
 
 # --- bench: measure on a real device ---------------------------------------------------------
@@ -319,7 +379,7 @@ def bench(
     progress: Callable[[BenchProgress], None] | None = None,
     on_result: Callable[[BenchResult], None] | None = None,
     **run_options: Any,
-) -> list[BenchResult]:
+) -> ResultList[BenchResult]:
     """Measure it: throughput, memory and power of a workload on a real device.
 
     ``device`` is ``"cuda"``, ``"cuda:N"``, ``"cpu"``, ``"mps"`` (or ``"fake"``, a simulated
@@ -372,7 +432,7 @@ def bench(
         if on_result is not None:
             on_result(result)
 
-    out: list[BenchResult] = []
+    out: ResultList[BenchResult] = ResultList()
     run_bench(target, run, parse_device(device), options, progress=progress, on_result=completed)
     return out
 
@@ -450,7 +510,7 @@ def recommend(
     ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
     ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
     ``within_hours`` leaves out what would not finish the job in time.
-    ``preset`` is one of the guides' personas (``whichgpu.recommend.presets``); explicit
+    ``preset`` is one of the guides' personas (``whichgpu.ranking.presets``); explicit
     arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
     same run when ``store`` (default: the user's results store) has one, else from ``predict``.
     """
@@ -458,8 +518,8 @@ def recommend(
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
-    from whichgpu.recommend.presets import get_preset
-    from whichgpu.recommend.ranking import Option, Question, rank
+    from whichgpu.ranking.presets import get_preset
+    from whichgpu.ranking.rank import Option, Question, rank
 
     chosen_preset = get_preset(preset) if preset is not None else None
     if chosen_preset is not None:
@@ -668,3 +728,254 @@ def _measurements(
             continue
         found.setdefault((r.gpu, r.n_gpus), r)
     return found
+
+
+# --- report: everything the HTML report shows, gathered once ---------------------------------
+
+if TYPE_CHECKING:
+    from whichgpu.report_data import ReportData
+
+
+def report(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    acquire: str | None = None,
+    budget_usd: float | None = None,
+    gpus: Sequence[str] | None = None,
+    gpu_count: int | str | None = None,
+    reference: str | None = None,
+    hours: float | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    region: str | None = None,
+    top: int | None = None,
+    stack: str | None = None,
+    results: bool = False,
+    store: Path | str | None = None,
+    progress: Callable[[str], None] | None = None,
+    **run_options: Any,
+) -> ReportData:
+    """Everything ``whichgpu report`` shows, computed once and returned as ``ReportData``.
+
+    The recommendation (``recommend`` with the same question), then for its candidates (or
+    ``gpus``): throughput per GPU normalised to ``reference`` (default: the leading candidate;
+    a stored ``bench`` result of the same run replaces the prediction and is marked measured),
+    memory and the largest batch (``fit``), performance per dollar of the GPU alone, of 1, 2,
+    4 and 8-GPU machines and rented (``cost.value`` with the predicted speeds), and renting
+    against owning the leading candidate (``cost.breakeven``). ``results=True`` adds the
+    stored benchmark results as Lambda's tables (``store.pivot_results``). Provenance —
+    catalog version, price dates, the speed model's validation error, the run configuration,
+    the tool version — comes with it.
+    """
+    import datetime as dt
+
+    from whichgpu import __version__, cost
+    from whichgpu.errors import WhichGpuError
+    from whichgpu.estimate.throughput import error_band, load_parameters
+    from whichgpu.report_data import ReportData, ReportProvenance, SpeedPoint
+    from whichgpu.schema import SCHEMA_VERSION, ValueTable
+    from whichgpu.store import ResultPivot, ResultStore, pivot_results
+
+    chosen = _select(workload, config, task, model)
+    ranking = recommend(
+        workload,
+        config=config,
+        task=task,
+        model=model,
+        acquire=acquire,
+        budget_usd=budget_usd,
+        gpu_count=gpu_count,
+        gpus=gpus,
+        hours=hours,
+        samples=samples,
+        tokens=tokens,
+        epochs=epochs,
+        dataset_size=dataset_size,
+        region=region,
+        top=top,
+        stack=stack,
+        store=store,
+        progress=progress,
+        **run_options,
+    )
+    catalog = load_catalog()
+    notes: list[str] = []
+    shown: list[str] = []
+    for name in gpus or ():
+        gid = catalog.resolve(name).id
+        if gid not in shown:
+            shown.append(gid)
+    for c in ranking.ranking:
+        if c.gpu not in shown:
+            shown.append(c.gpu)
+    ref_id = catalog.resolve(reference).id if reference else None
+    if ref_id is not None and ref_id not in shown:
+        shown.append(ref_id)
+    if not shown:
+        raise UsageError(
+            f"No GPU can run {chosen.info.name} as asked, so there is nothing to report: "
+            + "; ".join(f"{e.gpu_name}: {e.reason}" for e in ranking.excluded[:3])
+        )
+    speeds_predicted = predict(
+        workload, config=config, task=task, model=model, gpus=shown, stack=stack, **run_options
+    )
+    memory = fit(
+        workload, config=config, task=task, model=model, gpus=shown, stack=stack, **run_options
+    )
+    measured = _measurements(chosen.info.name, ranking.run.model_copy(update={"gpus": 1}), store)
+    rows: list[tuple[ThroughputEstimate, float, float, float, str]] = []
+    for e in speeds_predicted:
+        if not e.fits or e.throughput is None:
+            notes.append(f"{e.gpu_name}: does not fit at this run, so it has no speed.")
+            continue
+        m = measured.get((e.gpu, 1))
+        if m is not None and m.throughput:
+            rows.append((e, m.throughput, m.throughput, m.throughput, "measured"))
+        else:
+            low = e.low if e.low is not None else e.throughput
+            high = e.high if e.high is not None else e.throughput
+            rows.append((e, e.throughput, low, high, "predicted"))
+    if not rows:
+        raise UsageError(f"No GPU shown has a speed for {chosen.info.name} as asked.")
+    by_id = {r[0].gpu: r for r in rows}
+    if ref_id is None or ref_id not in by_id:
+        if ref_id is not None:
+            notes.append(f"The reference {ref_id} has no speed here; the leader is used.")
+        ref_id = ranking.ranking[0].gpu if ranking.ranking else rows[0][0].gpu
+        ref_id = ref_id if ref_id in by_id else rows[0][0].gpu
+    ref_speed = by_id[ref_id][1]
+    speeds = tuple(
+        sorted(
+            (
+                SpeedPoint(
+                    gpu=e.gpu,
+                    gpu_name=e.gpu_name,
+                    throughput=value,
+                    low=low,
+                    high=high,
+                    throughput_unit=e.throughput_unit,
+                    relative=value / ref_speed,
+                    relative_low=low / ref_speed,
+                    relative_high=high / ref_speed,
+                    batch_size=e.batch_size,
+                    source=source,
+                )
+                for e, value, low, high, source in rows
+            ),
+            key=lambda p: -p.throughput,
+        )
+    )
+    per_gpu = {p.gpu: p.throughput for p in speeds}
+    unit = speeds[0].throughput_unit
+    tables: list[ValueTable] = []
+
+    def rate(kind: str, count: int | None) -> None:
+        try:
+            try:  # relative to the reference GPU when it has a price of the kind
+                table = cost.value(
+                    list(per_gpu),
+                    price_kind=kind,
+                    count=count,
+                    reference=ref_id,
+                    throughput=per_gpu,
+                    throughput_unit=unit,
+                    catalog=catalog,
+                )
+            except WhichGpuError:
+                table = cost.value(
+                    list(per_gpu),
+                    price_kind=kind,
+                    count=count,
+                    throughput=per_gpu,
+                    throughput_unit=unit,
+                    catalog=catalog,
+                )
+            tables.append(table)
+        except WhichGpuError as exc:
+            what = "rented" if kind == "cloud" else f"of {count}-GPU machines" if count else ""
+            notes.append(f"Performance per dollar {what or 'of the GPU alone'}: {exc}")
+
+    for kind, count in (("buy", None), ("buy", 1), ("buy", 2), ("buy", 4), ("buy", 8)):
+        rate(kind, count)
+    rate("cloud", None)
+    lead = ranking.ranking[0] if ranking.ranking else None
+    even = None
+    if lead is not None:
+        try:
+            even = cost.breakeven(
+                gpu=lead.gpu, count=lead.count, region=ranking.region, catalog=catalog
+            )
+        except WhichGpuError as exc:
+            notes.append(f"Cloud against own for {lead.gpu_name}: {exc}")
+    pivot: ResultPivot | None = None
+    n_results = 0
+    store_text = None
+    if results:
+        result_store = ResultStore(Path(store) if store else None)
+        store_text = str(result_store.path)
+        stored = result_store.list()
+        n_results = len(stored)
+        if stored:
+            pivot = pivot_results(stored)
+        else:
+            notes.append(f"The results store {store_text} holds no results yet (whichgpu bench).")
+    params = load_parameters()
+    price_dates: dict[str, str] = {}
+    user_prices = False
+    for gid in per_gpu:
+        dates = sorted(p.as_of.isoformat() for p in catalog.prices(gid))
+        user_prices = user_prices or any(p.user for p in catalog.prices(gid))
+        if dates:
+            price_dates[gid] = dates[0] if dates[0] == dates[-1] else f"{dates[0]} .. {dates[-1]}"
+    run = ranking.run
+    described = {
+        "workload": chosen.info.name,
+        **({"config": str(config)} if config else {}),
+        **({"model": model} if model else {}),
+        **{k: str(v) for k, v in run.model_dump(mode="json").items() if v not in (None, [], ())},
+        "question": ranking.mode,
+        "ranked by": ranking.metric,
+        "region": ranking.region,
+        **({"job": ranking.job.describe()} if ranking.job else {}),
+        **({"budget": f"${ranking.budget_usd:,.0f}"} if ranking.budget_usd else {}),
+        **({"stack": stack} if stack else {}),
+    }
+    title = str(config) if config else (model or chosen.info.name)
+    return ReportData(
+        title=title,
+        workload=chosen.info.name,
+        run=run,
+        ranking=ranking,
+        reference=ref_id,
+        reference_name=by_id[ref_id][0].gpu_name,
+        speeds=speeds,
+        throughput=tuple(speeds_predicted),
+        memory=tuple(memory),
+        value=tuple(tables),
+        breakeven=even,
+        breakeven_gpu=lead.gpu if even is not None and lead is not None else None,
+        breakeven_count=lead.count if lead is not None else 1,
+        results=pivot,
+        results_count=n_results,
+        notes=tuple(notes),
+        provenance=ReportProvenance(
+            tool_version=__version__,
+            schema_version=SCHEMA_VERSION,
+            catalog_version=catalog.version,
+            generated_at=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+            price_dates=price_dates,
+            user_prices=user_prices,
+            throughput_model=params.method,
+            throughput_fitted_on=params.fitted_on,
+            throughput_fitted_date=params.fitted_date,
+            throughput_error_band=error_band(params, chosen.info.family),
+            memory_method=memory[0].method if memory else "",
+            run=described,
+            store=store_text,
+        ),
+    )

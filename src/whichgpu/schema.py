@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -21,6 +21,25 @@ SCHEMA_VERSION = 1
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class _Tabular(_Frozen):
+    """A result that shows itself: ``_repr_html_`` (Jupyter) and ``to_frame`` (pandas).
+
+    The rendering lives in ``whichgpu.report.notebook``, imported on first use, so this module
+    stays light; pandas is needed only by ``to_frame``.
+    """
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame of the result (see ``whichgpu.report.notebook.frame``)."""
+        from whichgpu.report.notebook import frame
+
+        return frame(self)
+
+    def _repr_html_(self) -> str:
+        from whichgpu.report.notebook import html
+
+        return html(self)
 
 
 class Vendor(str, Enum):
@@ -183,7 +202,7 @@ SPEC_FIELDS: tuple[str, ...] = (
 """Catalog fields that are facts about the hardware; each non-null one has a ``Provenance``."""
 
 
-class GpuSpec(_Frozen):
+class GpuSpec(_Tabular):
     """One accelerator SKU variant (memory size and form factor are part of its identity).
 
     Compute rates are dense (no 2:4 sparsity) peak rates at the boost clock. Tensor rates are
@@ -343,7 +362,7 @@ class ComparisonRow(_Frozen):
     """Whether a larger value is the better one (false for power and price)."""
 
 
-class Comparison(_Frozen):
+class Comparison(_Tabular):
     """Side-by-side figures of several GPUs, relative to the first."""
 
     gpu_ids: tuple[str, ...]
@@ -683,7 +702,7 @@ MemoryCategory = Literal[
 ]
 
 
-class MemoryEstimate(_Frozen):
+class MemoryEstimate(_Tabular):
     """Peak GPU memory of a workload step on one GPU, and the largest batch that fits.
 
     Every byte figure is what one process on one GPU holds. ``device_total_bytes`` is what
@@ -808,7 +827,7 @@ class MemoryValidation(_Frozen):
 # --- Throughput ------------------------------------------------------------------------------
 
 
-class ThroughputEstimate(_Frozen):
+class ThroughputEstimate(_Tabular):
     """Predicted throughput of a workload on a GPU (or N data parallel), with its band.
 
     Training: ``step_time_s`` is one step. Inference of a language model: ``step_time_s`` is
@@ -970,7 +989,7 @@ class BenchEnvironment(_Frozen):
     """Autocast dtype in force (``bfloat16``/``float16``), None without AMP."""
 
 
-class BenchResult(_Frozen):
+class BenchResult(_Tabular):
     """One measurement: a workload's training (or inference) speed and memory on a device.
 
     Throughput is in the workload's unit over all GPUs of the run; step times are of one
@@ -1167,7 +1186,7 @@ class CostPoint(_Frozen):
     """Purchase price plus electricity by then, USD (no resale)."""
 
 
-class Breakeven(_Frozen):
+class Breakeven(_Tabular):
     """Renting against owning: yearly costs, the break-even day and the cost of N years.
 
     ``own`` is a machine bought for ``system_cost_usd`` that draws ``gpu_w + cpu_w`` while it
@@ -1284,7 +1303,7 @@ class ValueRow(_Frozen):
     """Performance per dollar divided by the reference row's (1.0 = as good; higher is better)."""
 
 
-class ValueTable(_Frozen):
+class ValueTable(_Tabular):
     """Performance per dollar of several GPUs, normalised to a reference (charts-ready)."""
 
     price_kind: str
@@ -1458,7 +1477,7 @@ class Exclusion(_Frozen):
     """Why (``needs 13.1 GB, has 12``; ``over budget by $400`` …)."""
 
 
-class Ranking(_Frozen):
+class Ranking(_Tabular):
     """``whichgpu recommend``: candidates ranked for a workload, a job and a budget."""
 
     workload: str

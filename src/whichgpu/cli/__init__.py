@@ -23,6 +23,7 @@ from whichgpu.cli.output import emit_error
 from whichgpu.cli.predict import predict
 from whichgpu.cli.profile import profile
 from whichgpu.cli.recommend import recommend
+from whichgpu.cli.report import report
 from whichgpu.cli.results import results_app
 from whichgpu.cli.show import show
 from whichgpu.cli.validate import validate_app
@@ -62,6 +63,7 @@ app.command("profile")(profile)
 app.command("fit")(fit)
 app.command("predict")(predict)
 app.command("recommend")(recommend)
+app.command("report")(report)
 app.add_typer(cost_app, name="cost")
 app.command("bench")(bench)
 app.add_typer(results_app, name="results")

@@ -1,6 +1,6 @@
 """Which GPU? Rank candidates for a workload, a job and a budget, with reasons.
 
-``ranking`` prices and orders what the estimators found; ``presets`` are the seed guides'
+``rank`` prices and orders what the estimators found; ``presets`` are the seed guides'
 personas as questions. The entry point for users is ``whichgpu.api.recommend``.
 """
 

@@ -53,7 +53,7 @@ _QUESTION_KEYS = (
 @cache
 def shipped_presets() -> tuple[Preset, ...]:
     """The presets shipped with whichgpu."""
-    ref = resources.files("whichgpu.recommend").joinpath("presets.yaml")
+    ref = resources.files("whichgpu.ranking").joinpath("presets.yaml")
     doc = yaml.safe_load(ref.read_text(encoding="utf-8"))
     return tuple(
         Preset(

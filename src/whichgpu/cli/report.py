@@ -1,0 +1,259 @@
+"""``whichgpu report``: the recommendation, speed, memory, value and provenance in one HTML file."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from whichgpu.cli import options as o
+from whichgpu.cli.output import emit_json, progress_note
+from whichgpu.errors import UsageError
+
+_ASK = "Question"
+_OUT = "Output"
+FORMATS = ("html", "svg", "png")
+
+
+def _write_atomically(path: Path, payload: bytes) -> None:
+    """Write ``payload`` to a temporary file beside ``path``, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as out:
+            out.write(payload)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+
+
+def _png(svg: str) -> bytes:
+    """The SVG rasterised, when the optional ``cairosvg`` package is installed."""
+    try:
+        converter: Any = importlib.import_module("cairosvg")
+    except ImportError as exc:
+        raise UsageError(
+            "--format png needs the optional cairosvg package (pip install cairosvg), which is "
+            "not installed. Use --format svg: papers and chats take SVG, and any browser "
+            "opens it and can save it as an image."
+        ) from exc
+    data: bytes = converter.svg2png(bytestring=svg.encode("utf-8"), scale=2)
+    return data
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1024:,.0f} KB" if n_bytes >= 1024 else f"{n_bytes} bytes"
+
+
+def report(
+    workload: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+    ] = None,
+    buy: Annotated[
+        bool, typer.Option("--buy", help="Buy the GPUs (default).", rich_help_panel=_ASK)
+    ] = False,
+    rent: Annotated[
+        bool, typer.Option("--rent", help="Rent them by the hour.", rich_help_panel=_ASK)
+    ] = False,
+    budget: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--budget",
+            help="USD. Buy: the machine's price. Rent: the job's rental.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    gpus: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--gpus",
+            help="GPUs per machine in the ranking: N, auto (1, 2, 4, 8) or a range like 1-4.",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    hours: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--hours", help="Job: hours of use.", rich_help_panel=_ASK),
+    ] = None,
+    samples: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--samples", help="Job: samples to process.", rich_help_panel=_ASK),
+    ] = None,
+    tokens: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--tokens", help="Job: tokens to process.", rich_help_panel=_ASK),
+    ] = None,
+    epochs: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option("--epochs", help="Job: epochs of --dataset-size.", rich_help_panel=_ASK),
+    ] = None,
+    dataset_size: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option("--dataset-size", help="Samples per epoch.", rich_help_panel=_ASK),
+    ] = None,
+    region: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--region",
+            help="Electricity price and grid carbon of this region (see docs/cost.md).",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    top: Annotated[
+        int,
+        typer.Option("--top", help="Candidates ranked and charted.", rich_help_panel=_ASK),
+    ] = 10,
+    reference: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--reference",
+            help="GPU the speeds are divided by (default: the leading candidate).",
+            rich_help_panel=_ASK,
+        ),
+    ] = None,
+    results: Annotated[
+        bool,
+        typer.Option(
+            "--results", help="Add the tables and charts of your stored benchmark results."
+        ),
+    ] = False,
+    store: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--store", help="Results store to read (measurements, --results).", metavar="PATH"
+        ),
+    ] = None,
+    out: Annotated[
+        Optional[Path],  # noqa: UP045
+        typer.Option(
+            "--out",
+            "-o",
+            help="File to write (default: report.html, or <chart>.svg / .png).",
+            metavar="FILE",
+            rich_help_panel=_OUT,
+        ),
+    ] = None,
+    fmt: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="html (the whole report, default), svg (one chart, see --chart) or png (one "
+            "chart; needs the optional cairosvg package, else use svg).",
+            rich_help_panel=_OUT,
+        ),
+    ] = "html",
+    chart: Annotated[
+        str,
+        typer.Option(
+            "--chart",
+            help="With --format svg/png: throughput, batch, memory, value, rent or breakeven.",
+            rich_help_panel=_OUT,
+        ),
+    ] = "throughput",
+    gpu: o.GpuListOption = None,
+    stack: o.StackOption = None,
+    config: o.ConfigOption = None,
+    model: o.ModelOption = None,
+    task: o.TaskOption = None,
+    mode: o.ModeOption = None,
+    precision: o.PrecisionOption = None,
+    batch_size: o.BatchOption = None,
+    seq_len: o.SeqOption = None,
+    optimizer: o.OptimizerOption = None,
+    checkpointing: o.CheckpointingOption = False,
+    method: o.MethodOption = None,
+    lora_rank: o.LoraRankOption = None,
+    sharding: o.ShardingOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
+    json: o.JsonOption = False,
+) -> None:
+    """Write one HTML report: the answer, speed, memory, value per dollar and provenance.
+
+    The page is self-contained (styles, the sorting script and the SVG charts are inline;
+    it fetches nothing), its tables and charts read without JavaScript, and it prints to PDF.
+    It holds the recommendation and its reasons; throughput per GPU relative to a reference,
+    with the prediction's band and your measurements marked; the largest batch and the memory
+    breakdown against capacity; performance per dollar of the GPU alone, of 1-8 GPU machines
+    and rented, and the cloud-against-own curve; your stored benchmark results (--results);
+    and where every number comes from. --format svg writes one chart (--chart) instead.
+
+    Examples:
+
+      whichgpu report bert-large --seq-len 512 --rent --epochs 10 --dataset-size 1000000
+
+      whichgpu report llama-3.1-8b --method qlora --seq-len 2048 --budget 1500 --results
+
+      whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
+    """
+    from whichgpu.api import report as gather
+    from whichgpu.report.html import CHARTS, chart_svg, render_html, report_doc
+
+    if buy and rent:
+        raise UsageError("Choose one of --buy and --rent.")
+    if fmt not in FORMATS:
+        raise UsageError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}.")
+    if chart not in CHARTS:
+        raise UsageError(f"--chart: '{chart}' is not one of {', '.join(CHARTS)}.")
+    if top < 1:
+        raise UsageError(f"--top must be at least 1, not {top}.")
+    options: dict[str, Any] = {
+        "mode": mode,
+        "precision": precision,
+        "batch_size": batch_size,
+        "seq_len": seq_len,
+        "optimizer": optimizer,
+        "checkpointing": checkpointing or None,
+        "method": method,
+        "lora_rank": lora_rank,
+        "sharding": sharding,
+        "context": context,
+        "new_tokens": new_tokens,
+        "concurrency": concurrency,
+    }
+    with progress_note("Ranking, sizing, timing and pricing"):
+        data = gather(
+            workload,
+            config=config,
+            task=task,
+            model=model,
+            acquire="rent" if rent else "buy" if buy else None,
+            budget_usd=budget,
+            gpus=gpu,
+            gpu_count=gpus,
+            reference=reference,
+            hours=hours,
+            samples=samples,
+            tokens=tokens,
+            epochs=epochs,
+            dataset_size=dataset_size,
+            region=region,
+            top=top,
+            stack=stack,
+            results=results,
+            store=store,
+            **options,
+        )
+    if json:
+        emit_json(report_doc(data))
+        return
+    if fmt == "html":
+        payload = render_html(data).encode("utf-8")
+    else:
+        try:
+            svg = chart_svg(data, chart)
+        except LookupError as exc:
+            raise UsageError(str(exc)) from exc
+        payload = svg.encode("utf-8") if fmt == "svg" else _png(svg)
+    target = out or Path("report.html" if fmt == "html" else f"{chart}.{fmt}")
+    _write_atomically(target, payload)
+    typer.echo(f"Wrote {target} ({_size(len(payload))}).")

@@ -1,0 +1,229 @@
+"""``whichgpu report``: the gathered data, the JSON document, the HTML page and single charts.
+
+The page is checked without a browser here (parsed with ``html.parser``): charts with data
+points, tables, nothing fetched from elsewhere, user strings escaped. ``test_report_browser``
+opens it in a real browser.
+"""
+
+from __future__ import annotations
+
+import json
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import whichgpu.api as wg
+from whichgpu.cli import main
+from whichgpu.report.html import (
+    Cell,
+    Column,
+    chart_svg,
+    html_table,
+    render_html,
+    report_doc,
+)
+from whichgpu.report_data import ReportData
+
+HOSTILE = '<script>alert("x")</script>&"\''
+
+
+@pytest.fixture(scope="module")
+def data() -> ReportData:
+    """A small report: two GPUs, rented, a job size."""
+    return wg.report(
+        "bert-base",
+        gpus=["4090", "a100-80gb"],
+        seq_len=128,
+        acquire="rent",
+        epochs=1,
+        dataset_size=100_000,
+    )
+
+
+class _Page(HTMLParser):
+    """Every start tag with its attributes, the text of scripts, and the page's text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict[str, str | None]]] = []
+        self.scripts: list[str] = []
+        self.text: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append((tag, dict(attrs)))
+        self._in_script = tag == "script"
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "script":
+            self._in_script = False
+
+    def handle_data(self, data: str) -> None:
+        (self.scripts if self._in_script else self.text).append(data)
+
+
+def parse(page: str) -> _Page:
+    parser = _Page()
+    parser.feed(page)
+    parser.close()
+    return parser
+
+
+def test_report_data_gathers_every_section(data: ReportData) -> None:
+    assert data.ranking.ranking, "a candidate is ranked"
+    assert {p.gpu for p in data.speeds} == {"rtx-4090", "a100-sxm4-80gb"}
+    ref = next(p for p in data.speeds if p.gpu == data.reference)
+    assert ref.relative == pytest.approx(1.0)
+    for p in data.speeds:
+        assert p.relative_low <= p.relative <= p.relative_high
+    assert len(data.memory) == 2
+    assert any(t.price_kind == "cloud" for t in data.value)
+    assert data.provenance.catalog_version == "v1"
+    assert 0 < data.provenance.throughput_error_band < 1
+    assert data.provenance.price_dates
+
+
+def test_json_document_keys_are_stable(data: ReportData) -> None:
+    """Golden: the top-level keys of ``report --json`` (a change here is a format change)."""
+    doc = report_doc(data)
+    assert sorted(doc) == [
+        "breakeven",
+        "breakeven_count",
+        "breakeven_gpu",
+        "memory",
+        "notes",
+        "provenance",
+        "ranking",
+        "reference",
+        "reference_name",
+        "results",
+        "results_count",
+        "run",
+        "schema_version",
+        "speeds",
+        "throughput",
+        "title",
+        "value",
+        "workload",
+    ]
+    assert sorted(doc["speeds"][0]) == [
+        "batch_size",
+        "gpu",
+        "gpu_name",
+        "high",
+        "low",
+        "relative",
+        "relative_high",
+        "relative_low",
+        "source",
+        "throughput",
+        "throughput_unit",
+    ]
+    assert sorted(doc["provenance"]) == [
+        "catalog_version",
+        "generated_at",
+        "memory_method",
+        "price_dates",
+        "run",
+        "schema_version",
+        "store",
+        "throughput_error_band",
+        "throughput_fitted_date",
+        "throughput_fitted_on",
+        "throughput_model",
+        "tool_version",
+        "user_prices",
+    ]
+    json.dumps(doc)
+
+
+GOLDEN_TABLE = (
+    '<table class="sortable" id="t1"><caption>GPUs &lt;b&gt;</caption><thead><tr>'
+    '<th scope="col" class="txt" data-type="txt">GPU</th>'
+    '<th scope="col" class="num" data-type="num">speed</th></tr></thead><tbody>\n'
+    '<tr><td class="txt">RTX &lt;4090&gt;</td><td class="num" data-v="11.5">11.5</td></tr>\n'
+    '<tr><td class="txt">A100 &amp; co</td><td class="num">-</td></tr>\n'
+    "</tbody></table>"
+)
+
+
+def test_table_renderer_golden() -> None:
+    """Golden: the sortable table markup for a fixed input (escaping, sort keys, alignment)."""
+    table = html_table(
+        [Column("GPU"), Column("speed", numeric=True)],
+        [[Cell("RTX <4090>"), Cell("11.5", 11.5)], [Cell("A100 & co"), Cell("-")]],
+        "GPUs <b>",
+        "t1",
+    )
+    assert table == GOLDEN_TABLE
+
+
+def test_page_is_self_contained_with_charts_and_tables(data: ReportData) -> None:
+    page = parse(render_html(data))
+    for tag, attrs in page.tags:
+        for key in ("src", "href", "action", "poster", "data"):
+            value = attrs.get(key)
+            if value is not None and tag != "rect":
+                assert value.startswith("#"), f"<{tag} {key}={value!r}> points outside the page"
+        assert tag not in ("link", "iframe", "img", "object", "embed", "base"), tag
+    assert "@import" not in "".join(page.text) and "url(" not in render_html(data)
+    charts = [a for t, a in page.tags if t == "svg"]
+    names = {a.get("data-chart") for a in charts}
+    assert {"throughput", "batch", "memory", "value", "rent", "breakeven"} <= names
+    bars = [a for t, a in page.tags if t == "rect" and "bar" in (a.get("class") or "")]
+    assert len(bars) >= 8 and all(float(a["data-value"] or 0) >= 0 for a in bars)
+    points = [a for t, a in page.tags if t == "circle" and a.get("class") == "point"]
+    assert points, "the break-even curve has its points"
+    tables = [a.get("id") for t, a in page.tags if t == "table"]
+    assert {"ranking", "speeds", "memory-table", "price-dates"} <= set(tables)
+    section_ids = [a.get("id") for t, a in page.tags if t == "section"]
+    assert section_ids[0] == "answer" and section_ids[-1] == "provenance"
+    text = " ".join(page.text)
+    assert data.ranking.answer in text
+
+
+def test_hostile_model_name_is_text(data: ReportData) -> None:
+    hostile = data.model_copy(update={"title": HOSTILE})
+    rendered = render_html(hostile)
+    page = parse(rendered)
+    assert len(page.scripts) == 1 and "alert" not in page.scripts[0]
+    assert HOSTILE in "".join(page.text)
+    assert "<script>alert" not in rendered
+
+
+def test_single_charts_are_svg_documents(data: ReportData) -> None:
+    for name in ("throughput", "batch", "memory", "rent", "breakeven"):
+        svg = chart_svg(data, name)
+        assert svg.startswith('<svg xmlns="http://www.w3.org/2000/svg"'), name
+        assert svg.endswith("</svg>")
+        assert "<title>" in svg
+    with pytest.raises(LookupError):
+        chart_svg(data, "pie")
+
+
+def test_cli_writes_report_and_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "r.html"
+    args = ["report", "bert-base", "--gpu", "4090", "--gpu", "3090", "--seq-len", "128"]
+    assert main([*args, "--out", str(out)]) == 0
+    assert "r.html" in capsys.readouterr().out
+    assert out.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    svg = tmp_path / "m.svg"
+    assert main([*args, "--format", "svg", "--chart", "memory", "--out", str(svg)]) == 0
+    assert svg.read_text(encoding="utf-8").startswith("<svg")
+    capsys.readouterr()
+    assert main([*args, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["workload"] == "bert-base"
+    assert main([*args, "--format", "gif"]) == 2
+
+
+def test_results_section_from_the_store(tmp_path: Path) -> None:
+    """--results with an empty store says so; the section is there either way."""
+    store = tmp_path / "results.sqlite"
+    with_results = wg.report(
+        "bert-base", gpus=["4090"], seq_len=128, results=True, store=store, acquire="rent"
+    )
+    assert with_results.results is None and with_results.provenance.store == str(store)
+    assert any("no results" in n for n in with_results.notes)
+    assert 'id="results"' in render_html(with_results)
