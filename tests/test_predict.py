@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -178,3 +179,45 @@ def test_inference_of_other_models_is_one_forward_pass() -> None:
     assert 2 < infer.throughput / train.throughput < 5  # backward is about twice forward
     with pytest.raises(UsageError, match="one GPU"):
         wg.predict("llama-3.2-1b", gpus=["h100-sxm"], mode="inference", gpu_count=2)
+
+
+def test_a_measurement_on_one_gpu_calibrates_every_gpu(tmp_path: Path) -> None:
+    from tests.test_store import make_result
+    from whichgpu.store import ResultStore
+
+    plain = {e.gpu: e for e in wg.predict("resnet50", gpus=["rtx-4090", "a100-80gb"])}
+    measured = make_result(workload="resnet50", gpu="rtx-4090", batch_size=128, throughput=900.0)
+    calibrated = {
+        e.gpu: e for e in wg.predict("resnet50", gpus=["rtx-4090", "a100-80gb"], calibrate=measured)
+    }
+    ratio = {g: calibrated[g].throughput / plain[g].throughput for g in plain}  # type: ignore[operator]
+    assert ratio["rtx-4090"] == pytest.approx(ratio["a100-sxm4-80gb"])  # one factor for every GPU
+    assert all(e.calibrated_on and "x" in e.calibrated_on for e in calibrated.values())
+    # at the measured batch the corrected prediction is the measurement
+    at_batch = wg.predict("resnet50", gpus=["rtx-4090"], batch_size=128, calibrate=measured)[0]
+    assert at_batch.throughput == pytest.approx(900.0)
+    # the same through a stored id and through an exported file, on the command line
+    store = tmp_path / "results.sqlite"
+    ResultStore(store).add(measured)
+    exported = tmp_path / "mine.json"
+    ResultStore(store).export(exported)
+    for source in (measured.id[:8], str(exported)):
+        result = run_cli(
+            "predict",
+            "resnet50",
+            "--gpu",
+            "4090",
+            "--batch-size",
+            "128",
+            "--calibrate",
+            source,
+            "--store",
+            str(store),
+            "--json",
+        )
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)[0]["throughput"] == pytest.approx(900.0)
+    # a measurement of another run is refused with what to do
+    other = make_result(workload="resnet50", gpu="rtx-4090", precision="fp32")
+    with pytest.raises(UsageError, match="whichgpu bench"):
+        wg.predict("resnet50", gpus=["rtx-4090"], calibrate=other)

@@ -285,6 +285,8 @@ def predict(
     gpus: Sequence[str] | None = None,
     gpu_count: int | None = None,
     stack: str | None = None,
+    calibrate: Path | str | BenchResult | None = None,
+    store: Path | str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ResultList[ThroughputEstimate]:
@@ -302,6 +304,12 @@ def predict(
     most that fit) of ``context`` prompt tokens and ``new_tokens`` generated ones; throughput
     is generated tokens/s, with the prefill time (time to first token) and the decode step
     time (time per output token). Other models: one forward pass per batch.
+
+    ``calibrate``: a measurement of the same run on one GPU — a ``BenchResult``, a file that
+    ``whichgpu results export`` or ``bench --json`` wrote, or the id of a result in ``store``
+    (default: the user's results store) — whose measured / predicted ratio corrects every GPU's
+    prediction (``whichgpu.estimate.calibration``); the band becomes that correction's
+    validated error.
     """
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
@@ -329,6 +337,12 @@ def predict(
         step.profile, step.run, family=chosen.info.family, method=step.method, state=state
     )
     catalog = load_catalog()
+    measured = _calibration_source(calibrate, store) if calibrate is not None else None
+    if measured is not None and step.run.mode != "train":
+        raise UsageError(
+            "--calibrate corrects training predictions; whichgpu bench does not measure "
+            "generation yet."
+        )
     out = []
     for gpu in targets:
         try:
@@ -352,6 +366,35 @@ def predict(
         if not estimate.fits and not named:
             continue
         out.append(predictor.on_gpu(gpu, rates, estimate))
+    if measured is not None:
+        from whichgpu.estimate.calibration import Calibration, matching_measurement
+        from whichgpu.estimate.calibration import calibrate as correct
+        from whichgpu.estimate.throughput import error_band
+
+        result = matching_measurement(measured, chosen.info.name, step.run)
+        assert result.gpu is not None
+        reference = catalog.resolve(result.gpu)
+        one_gpu = step.run.model_copy(update={"batch_size": result.batch_size, "gpus": 1})
+        at_batch = estimate_on_gpu(
+            step.memory,
+            one_gpu,
+            reference,
+            catalog,
+            software,
+            method=step.method,
+            search_seq_len=False,
+        )
+        alone = ThroughputPredictor(
+            step.profile, one_gpu, family=chosen.info.family, method=step.method
+        )
+        predicted = alone.on_gpu(reference, gpu_rates(reference), at_batch).throughput
+        if predicted is None:
+            raise UsageError(
+                f"--calibrate: the measured batch {result.batch_size} does not fit "
+                f"{reference.name} in the memory model, so it cannot be compared."
+            )
+        band = error_band(predictor.params, chosen.info.family, calibrated=True)
+        out = correct(out, Calibration(result=result, predicted=predicted), band)
     out.sort(key=lambda e: -(e.throughput or 0.0))
     return ResultList(out)
 
@@ -979,3 +1022,19 @@ def report(
             store=store_text,
         ),
     )
+
+
+def _calibration_source(
+    source: Path | str | BenchResult, store: Path | str | None
+) -> list[BenchResult]:
+    """The measurements ``--calibrate`` names: a result, a results file, or a stored id."""
+    from whichgpu.store import ResultStore, format_of, read_results_file
+
+    if isinstance(source, BenchResult):
+        return [source]
+    path = Path(source)
+    if path.exists():
+        return [r for _, r in read_results_file(path, format_of(path))]
+    if path.suffix.lower() in (".json", ".csv") or len(path.parts) > 1:
+        raise UsageError(f"--calibrate: no file {path}. Give a results file or a result id.")
+    return [ResultStore(Path(store) if store else None).get(str(source))]

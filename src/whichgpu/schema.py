@@ -871,6 +871,8 @@ class ThroughputEstimate(_Tabular):
     time_shares: dict[str, float]
     """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``, and on
     N GPUs the gradient ``exchange`` that does not hide behind backward."""
+    calibrated_on: str | None = None
+    """When corrected by a measurement of the same run on one GPU (``--calibrate``): which."""
     prefill_s: float | None = None
     """Inference of a language model: time of the prompt's prefill (time to first token), s."""
     decode_step_s: float | None = None

@@ -32,6 +32,21 @@ def predict(
     lora_targets: o.LoraTargetsOption = None,
     gpus: o.GpusOption = None,
     sharding: o.ShardingOption = None,
+    calibrate: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--calibrate",
+            help="A measurement of the same run on one of your GPUs: a file written by "
+            "`whichgpu results export` or `bench --json`, or a result id in the store. Its "
+            "measured / predicted ratio corrects every GPU's prediction, and the band becomes "
+            "that correction's validated error.",
+            metavar="FILE|ID",
+        ),
+    ] = None,
+    store: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option("--store", help="Results store for --calibrate ID.", metavar="PATH"),
+    ] = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.ConcurrencyOption = None,
@@ -52,6 +67,10 @@ def predict(
     part of that exchange backward cannot hide is added to the step, and the scaling column
     says what share of N x one GPU is left.
 
+    With --calibrate, a `whichgpu bench` measurement of the same run on one of your GPUs
+    corrects every prediction by its measured / predicted ratio (the error the model makes for
+    your workload and software is mostly the same on every GPU).
+
     With --mode inference a language model serves --concurrency sequences (default: the most
     that fit) of --context prompt tokens and --new-tokens generated ones: generated tokens/s,
     time to first token (the prefill) and time per output token (a decode step).
@@ -67,6 +86,8 @@ def predict(
       whichgpu predict llama-3.1-8b --gpus 8 --sharding fsdp --gpu h100-sxm --gpu a100-80gb
 
       whichgpu predict llama-3.1-8b --mode inference --context 4096 --concurrency 8
+
+      whichgpu predict resnet50 --calibrate d7f06f92          # a stored bench result
     """
     from whichgpu.api import predict as predict_throughput
 
@@ -94,6 +115,8 @@ def predict(
             gpus=gpu,
             gpu_count=gpus,
             stack=stack,
+            calibrate=calibrate,
+            store=store,
             **options,
         )
     if json:

@@ -27,7 +27,7 @@ Pure Python + numpy: no torch.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Literal
 
@@ -72,6 +72,9 @@ class PerfParameters:
     error_bands: dict[str, float]
     """Validation error (leave-one-GPU-out, absolute relative error, P80) by workload type
     (``vision``, ``language``); ``default`` for everything else."""
+    calibrated_error_bands: dict[str, float] = field(default_factory=dict)
+    """The same, for a prediction corrected by a measurement on another GPU
+    (``predict --calibrate``); empty when not validated."""
 
     @property
     def vector(self) -> npt.NDArray[np.float64]:
@@ -107,6 +110,9 @@ def load_parameters() -> PerfParameters:
         method=str(doc["method"]),
         fitted_date=str(doc["fitted_date"]),
         error_bands={str(k): float(v) for k, v in doc["error_bands"].items()},
+        calibrated_error_bands={
+            str(k): float(v) for k, v in doc.get("calibrated_error_bands", {}).items()
+        },
     )
 
 
@@ -131,13 +137,14 @@ def load_inference_parameters() -> InferenceParameters:
 
 def with_values(params: PerfParameters, values: npt.NDArray[np.float64]) -> PerfParameters:
     """``params`` with the fitted fields replaced by ``values`` (in ``FIT_FIELDS`` order)."""
-    fields = dict(zip(FIT_FIELDS, (float(v) for v in values), strict=True))
-    return PerfParameters(
-        **fields,
-        fitted_on=params.fitted_on,
-        method=params.method,
-        fitted_date=params.fitted_date,
-        error_bands=params.error_bands,
+    (tensor, vector, memory, half_work, launch) = (float(v) for v in values)
+    return replace(
+        params,
+        tensor_efficiency=tensor,
+        vector_efficiency=vector,
+        memory_efficiency=memory,
+        half_work_flops_per_sm=half_work,
+        launch_s=launch,
     )
 
 
@@ -353,10 +360,13 @@ def peak_flops_per_s(rates: GpuRates, precision: Precision) -> float:
     return rates.vector_flops_per_s
 
 
-def error_band(params: PerfParameters, family: str) -> float:
-    """Relative half-width of the band for a workload family."""
+def error_band(params: PerfParameters, family: str, *, calibrated: bool = False) -> float:
+    """Relative half-width of the band for a workload family (``calibrated``: of a prediction
+    corrected by a measurement on another GPU, where that has been validated)."""
     kind = workload_type(family)
-    return params.error_bands.get(kind, params.error_bands["default"])
+    bands = params.calibrated_error_bands if calibrated else {}
+    bands = bands or params.error_bands
+    return bands.get(kind, bands["default"])
 
 
 def workload_type(family: str) -> str:
