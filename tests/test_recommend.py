@@ -92,6 +92,11 @@ def test_a_stored_measurement_replaces_the_prediction(tmp_path: Path) -> None:
     assert top["rtx-4090"].throughput_source == "measured"
     assert top["rtx-4090"].throughput == pytest.approx(1234.5)
     assert top["rtx-3090"].throughput_source == "predicted"
+    # the measurement also corrects the prediction of the GPU it was not made on
+    plain = wg.recommend("resnet50", gpus=["rtx-3090"], store=tmp_path / "empty.sqlite")
+    calibrated = top["rtx-3090"]
+    assert any(r.startswith("calibrated on your measurement") for r in calibrated.reasons)
+    assert calibrated.throughput != pytest.approx(plain.ranking[0].throughput)
 
 
 def test_presets_name_registered_workloads_and_guide_answers() -> None:

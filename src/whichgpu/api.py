@@ -32,6 +32,7 @@ from whichgpu.schema import (
     RankMetric,
     RunConfig,
     Segment,
+    SoftwareStack,
     ThroughputEstimate,
     Vendor,
 )
@@ -45,6 +46,7 @@ from whichgpu.workloads.stored import ScalableProfile, load_stored
 
 if TYPE_CHECKING:
     from whichgpu.bench.jobs import BenchProgress
+    from whichgpu.estimate.calibration import Calibration
     from whichgpu.estimate.memory import StepMemory
 
 
@@ -367,34 +369,12 @@ def predict(
             continue
         out.append(predictor.on_gpu(gpu, rates, estimate))
     if measured is not None:
-        from whichgpu.estimate.calibration import Calibration, matching_measurement
         from whichgpu.estimate.calibration import calibrate as correct
-        from whichgpu.estimate.throughput import error_band
+        from whichgpu.estimate.calibration import matching_measurement
 
         result = matching_measurement(measured, chosen.info.name, step.run)
-        assert result.gpu is not None
-        reference = catalog.resolve(result.gpu)
-        one_gpu = step.run.model_copy(update={"batch_size": result.batch_size, "gpus": 1})
-        at_batch = estimate_on_gpu(
-            step.memory,
-            one_gpu,
-            reference,
-            catalog,
-            software,
-            method=step.method,
-            search_seq_len=False,
-        )
-        alone = ThroughputPredictor(
-            step.profile, one_gpu, family=chosen.info.family, method=step.method
-        )
-        predicted = alone.on_gpu(reference, gpu_rates(reference), at_batch).throughput
-        if predicted is None:
-            raise UsageError(
-                f"--calibrate: the measured batch {result.batch_size} does not fit "
-                f"{reference.name} in the memory model, so it cannot be compared."
-            )
-        band = error_band(predictor.params, chosen.info.family, calibrated=True)
-        out = correct(out, Calibration(result=result, predicted=predicted), band)
+        calibration, band = _calibration(chosen, step, result, software)
+        out = correct(out, calibration, band)
     out.sort(key=lambda e: -(e.throughput or 0.0))
     return ResultList(out)
 
@@ -555,9 +535,11 @@ def recommend(
     ``within_hours`` leaves out what would not finish the job in time.
     ``preset`` is one of the guides' personas (``whichgpu.ranking.presets``); explicit
     arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
-    same run when ``store`` (default: the user's results store) has one, else from ``predict``.
+    same run when ``store`` (default: the user's results store) has one, else from ``predict``,
+    corrected by the newest such result on one GPU (as ``predict --calibrate`` does).
     """
     from whichgpu.catalog.cost_data import get_region
+    from whichgpu.estimate.calibration import calibrate as correct
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
@@ -602,6 +584,7 @@ def recommend(
     place = get_region(region)
     options: list[Option] = []
     measured: dict[tuple[str, int], BenchResult] = {}
+    calibration: tuple[Calibration, float] | None = None
     run = run_config(**run_options)
     units_per_sample = 1
     for count in counts:
@@ -612,6 +595,10 @@ def recommend(
         step = _prepare(chosen, run, config, progress if count == counts[0] else None)
         if count == counts[0]:
             measured = _measurements(chosen.info.name, step.run, store)
+            singles = [r for (_, n), r in measured.items() if n == 1]
+            if singles:
+                newest = max(singles, key=lambda r: r.created_at)
+                calibration = _calibration(chosen, step, newest, software)
         state = None
         if count > 1:
             state = StepState(
@@ -643,6 +630,8 @@ def recommend(
                     speed = predictor.on_gpu(gpu, gpu_rates(gpu), memory)
                 except UsageError:
                     speed = None
+            if speed is not None and calibration is not None:
+                speed = correct([speed], *calibration)[0]
             found = measured.get((gpu.id, count))
             options.append(Option(gpu=gpu, count=count, memory=memory, speed=speed, measured=found))
         run = step.run
@@ -1038,3 +1027,39 @@ def _calibration_source(
     if path.suffix.lower() in (".json", ".csv") or len(path.parts) > 1:
         raise UsageError(f"--calibrate: no file {path}. Give a results file or a result id.")
     return [ResultStore(Path(store) if store else None).get(str(source))]
+
+
+def _calibration(
+    chosen: Workload, step: _Step, result: BenchResult, software: SoftwareStack
+) -> tuple[Calibration, float]:
+    """What ``result`` (a measurement on one catalog GPU) says of the model's error for this
+    run, and the band of predictions it corrects."""
+    from whichgpu.estimate.calibration import Calibration
+    from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.prediction import ThroughputPredictor
+    from whichgpu.estimate.throughput import error_band, gpu_rates
+
+    assert result.gpu is not None
+    catalog = load_catalog()
+    reference = catalog.resolve(result.gpu)
+    one_gpu = step.run.model_copy(update={"batch_size": result.batch_size, "gpus": 1})
+    at_batch = estimate_on_gpu(
+        step.memory,
+        one_gpu,
+        reference,
+        catalog,
+        software,
+        method=step.method,
+        search_seq_len=False,
+    )
+    alone = ThroughputPredictor(
+        step.profile, one_gpu, family=chosen.info.family, method=step.method
+    )
+    predicted = alone.on_gpu(reference, gpu_rates(reference), at_batch).throughput
+    if predicted is None:
+        raise UsageError(
+            f"--calibrate: the measured batch {result.batch_size} does not fit "
+            f"{reference.name} in the memory model, so it cannot be compared."
+        )
+    band = error_band(alone.params, chosen.info.family, calibrated=True)
+    return Calibration(result=result, predicted=predicted), band

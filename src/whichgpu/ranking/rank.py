@@ -398,6 +398,8 @@ def _candidate(
         )
     else:
         reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
+        if o.speed is not None and o.speed.calibrated_on:
+            reasons.append(o.speed.calibrated_on)
     if o.count > 1 and o.speed is not None and o.speed.scaling_efficiency is not None:
         reasons.append(
             f"{o.count} GPUs scale to {o.speed.scaling_efficiency:.0%} of {o.count} x one over "
