@@ -7,6 +7,7 @@ import csv
 import datetime as dt
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -804,3 +805,15 @@ def test_the_store_needs_neither_torch_nor_numpy() -> None:
         [sys.executable, "-c", program], capture_output=True, text=True, check=False, timeout=60
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_exports_get_the_permissions_of_any_new_file(store: ResultStore, tmp_path: Path) -> None:
+    store.add(make_result())
+    target = tmp_path / "mine.json"
+    old = os.umask(0o022)
+    try:
+        store.export(target)
+    finally:
+        os.umask(old)
+    assert target.stat().st_mode & 0o777 == 0o644
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]

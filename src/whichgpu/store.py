@@ -37,18 +37,18 @@ import datetime as dt
 import io
 import json
 import os
-import secrets
 import sqlite3
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import Any, BinaryIO, Literal, TextIO
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from whichgpu import settings
 from whichgpu.errors import StoreError, UsageError
+from whichgpu.files import write_atomically
 from whichgpu.schema import SCHEMA_VERSION, BenchResult
 
 ExportFormat = Literal["json", "csv"]
@@ -714,25 +714,19 @@ def format_of(path: Path, fmt: str | None = None) -> ExportFormat:
 
 def _write_atomically(path: Path, write: Callable[[TextIO], None]) -> None:
     """Write through a new temporary file beside ``path``, then rename it into place."""
-    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+
+    def text(out: BinaryIO) -> None:
+        wrapper = io.TextIOWrapper(out, encoding="utf-8", newline="", write_through=True)
+        write(wrapper)
+        wrapper.flush()
+        wrapper.detach()  # the binary file stays open for the caller to sync and close
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, path)
+        write_atomically(path, text)
     except OSError as exc:
-        with contextlib.suppress(OSError):
-            temp.unlink()
         raise StoreError(
             f"Cannot write {path} ({exc.strerror or exc}). Choose a file in a writable folder."
         ) from exc
-    except BaseException:
-        with contextlib.suppress(OSError):
-            temp.unlink()
-        raise
 
 
 def _write_json(out: TextIO, results: Sequence[BenchResult]) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -14,24 +11,11 @@ import typer
 from whichgpu.cli import options as o
 from whichgpu.cli.output import emit_json, progress_note
 from whichgpu.errors import UsageError
+from whichgpu.files import write_atomically
 
 _ASK = "Question"
 _OUT = "Output"
 FORMATS = ("html", "svg", "png")
-
-
-def _write_atomically(path: Path, payload: bytes) -> None:
-    """Write ``payload`` to a temporary file beside ``path``, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(payload)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
 
 
 def _png(svg: str) -> bytes:
@@ -255,5 +239,5 @@ def report(
             raise UsageError(str(exc)) from exc
         payload = svg.encode("utf-8") if fmt == "svg" else _png(svg)
     target = out or Path("report.html" if fmt == "html" else f"{chart}.{fmt}")
-    _write_atomically(target, payload)
+    write_atomically(target, lambda out: out.write(payload))
     typer.echo(f"Wrote {target} ({_size(len(payload))}).")

@@ -39,6 +39,7 @@ without workspaces: no allocator rounding, no CUDA context. Pure Python; no torc
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -599,10 +600,18 @@ class Coefficients:
     analytic phases leave out), so that the closed form errs high."""
     provenance: str
     """Script, date and data the numbers were fitted from."""
+    reserved_factor: float
+    """Peak reserved bytes per closed-form allocated byte, workspaces apart: the largest
+    ratio of a trace's replayed peak reserved bytes (its cuBLAS workspaces' own segments
+    taken out) to the closed form's peak allocated bytes, so that ``reserved_bytes`` is
+    never below a trace at the points it was fitted on."""
+    reserved_provenance: str
+    """Script, date and points ``reserved_factor`` was fitted from."""
 
 
+@functools.cache
 def load_coefficients() -> Coefficients:
-    """The shipped coefficients (``data/closed_form_coefficients.json``)."""
+    """The shipped coefficients (``data/closed_form_coefficients.json``; read once)."""
     from importlib import resources
 
     data = resources.files("whichgpu.estimate").joinpath("data").joinpath(COEFFICIENTS_FILE)
@@ -610,7 +619,15 @@ def load_coefficients() -> Coefficients:
     return Coefficients(
         safety_fraction=float(doc["safety_fraction"]),
         provenance=str(doc["provenance"]),
+        reserved_factor=float(doc["reserved_factor"]),
+        reserved_provenance=str(doc["reserved_provenance"]),
     )
+
+
+def reserved_bytes(allocated_bytes: int) -> int:
+    """Peak reserved bytes (the caching allocator's segments, workspaces apart) for a
+    closed-form peak of ``allocated_bytes``: ``ceil(reserved_factor · allocated)``."""
+    return math.ceil(load_coefficients().reserved_factor * allocated_bytes)
 
 
 # --- the estimate ----------------------------------------------------------------------------
@@ -704,6 +721,11 @@ def estimate(
 
 DEFAULT_POINTS: tuple[tuple[int, int], ...] = tuple((b, L) for b in (1, 4, 16) for L in (512, 2048))
 """``(batch, seq_len)`` points of the calibration table."""
+RESERVED_POINTS: tuple[tuple[int, int], ...] = tuple(
+    (b, L) for b in (1, 4, 16, 64) for L in (512, 2048)
+)
+"""``(batch, seq_len)`` points ``reserved_factor`` is fitted on (larger batches too: the
+allocator's cache grows unevenly with the sizes)."""
 
 
 @dataclass(frozen=True)
@@ -726,6 +748,16 @@ class CrossCheckRow:
     """``closed_form / traced - 1``; positive means the closed form is higher (safe side)."""
     phase: PhaseName
     """The closed form's peak phase."""
+    traced_reserved_bytes: int
+    """Peak reserved bytes of the replayed trace (no workspaces)."""
+    closed_form_reserved_bytes: int
+    """``reserved_bytes`` of the closed form's peak: what ``fit --fast`` adds the workspaces,
+    the CUDA context and the rest to."""
+
+    @property
+    def reserved_error(self) -> float:
+        """``closed_form_reserved / traced_reserved - 1``; positive is the safe side."""
+        return self.closed_form_reserved_bytes / self.traced_reserved_bytes - 1
 
 
 def closed_form_workloads() -> list[str]:
@@ -783,7 +815,8 @@ def cross_check(
                 if (b, length) in seen:
                     continue
                 seen.add((b, length))
-                traced = memory.replay(b, length, ()).peak_allocated_bytes
+                replay = memory.replay(b, length, ())
+                traced = replay.peak_allocated_bytes
                 closed = estimate(config, run, b, length)
                 rows.append(
                     CrossCheckRow(
@@ -795,6 +828,8 @@ def cross_check(
                         closed_form_bytes=closed.peak_allocated_bytes,
                         relative_error=closed.peak_allocated_bytes / traced - 1,
                         phase=closed.peak_phase,
+                        traced_reserved_bytes=replay.peak_reserved_bytes,
+                        closed_form_reserved_bytes=reserved_bytes(closed.peak_allocated_bytes),
                     )
                 )
     return rows

@@ -1,0 +1,37 @@
+"""Writing the user's files so that a killed run never leaves one half-written.
+
+``write_atomically`` writes a new temporary file beside the target, flushes it to disk and
+renames it over the target in one step (``os.replace``): a reader sees the old file or the new
+one, never a mixture, and a run killed mid-write leaves at most a stray ``.NAME.*.tmp``. The
+file gets the permissions the user's umask gives a new file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+NEW_FILE_MODE = 0o666
+"""Mode asked for a new file; the process's umask takes its bits away, as for any new file."""
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Create or replace ``path`` with what ``write`` writes; raises ``OSError`` on failure
+    (the target is then unchanged and the temporary file removed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, NEW_FILE_MODE)
+        with os.fdopen(fd, "wb") as out:
+            write(out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temp.unlink()
+        raise
