@@ -221,6 +221,7 @@ def fit(
     stack: str | None = None,
     serving: str | None = None,
     progress: Callable[[str], None] | None = None,
+    fast: bool = False,
     **run_options: Any,
 ) -> ResultList[MemoryEstimate]:
     """Will it fit? Peak memory and the largest batch on each GPU (all of them by default).
@@ -238,11 +239,20 @@ def fit(
     default the workload's sequence length), and every sequence's static KV cache holds
     ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
     concurrency. ``serving="vllm"`` adds that engine's paged-KV-cache answer to each estimate.
+
+    ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
+    config of a named workload or the ``config`` file, without torch and without a trace, for
+    full training of the models it covers on one GPU; anything else is a ``UsageError``. It
+    errs high (``validate closed-form`` prints by how much).
     """
     from whichgpu.estimate.memory import estimate_on_gpu
 
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
+    if fast:
+        if serving is not None:
+            raise UsageError("--fast covers training; drop --serving (or --fast).")
+        return _fit_fast(chosen, run, workload, config, task, gpus, stack, progress)
     engine = None
     if serving is not None:
         if run.mode != "inference":
@@ -272,6 +282,56 @@ def fit(
                 seq_limit=step.seq_limit,
                 kv_per_token_bytes=step.kv_per_token,
                 serving=engine,
+            )
+        )
+    estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
+    return ResultList(estimates)
+
+
+def _fit_fast(
+    chosen: Workload,
+    run: RunConfig,
+    workload: str | None,
+    config: Path | str | None,
+    task: str | None,
+    gpus: Sequence[str] | None,
+    stack: str | None,
+    progress: Callable[[str], None] | None,
+) -> ResultList[MemoryEstimate]:
+    """``fit(fast=True)``: the closed form's estimate on each GPU (no torch, no trace)."""
+    from whichgpu.estimate import closed_form
+    from whichgpu.estimate.fast import check_covered, fast_estimate_on_gpu
+    from whichgpu.workloads.user import read_user_config
+
+    if config is not None:
+        doc, _ = read_user_config(Path(config), task)  # type: ignore[arg-type]
+    elif workload is not None and chosen.info.name in closed_form.closed_form_workloads():
+        doc = closed_form.workload_config(chosen.info.name)
+    else:
+        covered = ", ".join(closed_form.closed_form_workloads())
+        raise UsageError(
+            f"--fast answers from a Hugging Face config: one of {covered}, or --config FILE; "
+            f"not {workload or 'a --model function'}. Drop --fast to use the traced path."
+        )
+    check_for_workload(run, chosen.info)
+    if run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    check_covered(doc, run)
+    software = get_stack(stack)
+    catalog = load_catalog()
+    estimates = []
+    for gpu in resolve_gpus(gpus):
+        if progress is not None:
+            progress(gpu.name)
+        estimates.append(
+            fast_estimate_on_gpu(
+                doc,
+                run,
+                gpu,
+                catalog,
+                software,
+                workload=chosen.info.name,
+                seq_limit=chosen.info.max_seq_len,
             )
         )
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))

@@ -45,6 +45,15 @@ def fit(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.ConcurrencyOption = None,
+    fast: Annotated[
+        bool,
+        typer.Option(
+            "--fast",
+            help="Answer from the closed form: the model's Hugging Face config alone, no "
+            "torch, no trace. Full training of Llama, Mistral, Qwen2, GPT-2 and BERT on one "
+            "GPU; errs high (see `whichgpu validate closed-form`).",
+        ),
+    ] = False,
     json: o.JsonOption = False,
 ) -> None:
     """Will a training step fit on a GPU, and what is the largest batch that does?
@@ -67,6 +76,8 @@ def fit(
       whichgpu fit --model my_model.py:build --gpu 4090
 
       whichgpu fit llama-3.1-8b --gpu h100 --gpus 8 --sharding fsdp
+
+      whichgpu fit --config config.json --fast --gpu 4090 --seq-len 2048   # no torch
 
     Inference (--mode inference) of a language model: the batch is the concurrency, the
     sequences served at once, each with a static KV cache of --context + --new-tokens tokens;
@@ -95,7 +106,12 @@ def fit(
             "lora_targets": lora_targets,
         }
 
-    with progress_note("Estimating peak memory (tracing the step if it is not stored)"):
+    note = (
+        "Estimating peak memory from the closed form"
+        if fast
+        else "Estimating peak memory (tracing the step if it is not stored)"
+    )
+    with progress_note(note):
         estimates = fit_estimates(
             workload,
             config=config,
@@ -105,6 +121,7 @@ def fit(
             gpu_count=gpus,
             stack=stack,
             serving=serving,
+            fast=fast,
             **options(),
         )
     if json:

@@ -12,7 +12,8 @@ validate_app = typer.Typer(
     help=(
         "Check whichgpu's predictions against measured data shipped with it, and print the "
         "error of every case. `whichgpu validate memory` compares largest batch sizes, "
-        "`whichgpu validate throughput` training throughput."
+        "`whichgpu validate throughput` training throughput, `whichgpu validate closed-form` "
+        "the closed form (`fit --fast`) with the traced path."
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -69,3 +70,29 @@ def throughput(json: o.JsonOption = False) -> None:
         emit_json(json_doc.throughput_validation_doc(result))
         return
     emit(terminal.throughput_validation_view(result))
+
+
+@validate_app.command("closed-form")
+def closed_form(json: o.JsonOption = False) -> None:
+    """The closed form (`fit --fast`) against the traced path, per profile and size.
+
+    Every stored training profile of a model the closed form covers (GPT-2, BERT, Llama,
+    Mistral, Qwen2; bf16 and fp32, AdamW) is replayed at b in {1, 4, 16} and L in {512, 2048}
+    (capped at the model's positions) and compared with the closed form: the peak allocated
+    bytes, and the peak reserved bytes `fit --fast` adds the workspaces and the CUDA context
+    to. Positive errors mean the closed form is higher (the safe side).
+
+    Examples:
+
+      whichgpu validate closed-form
+
+      whichgpu validate closed-form --json
+    """
+    from whichgpu.estimate.closed_form import cross_check
+
+    with progress_note("Replaying the stored profiles"):
+        rows = cross_check()
+    if json:
+        emit_json(json_doc.closed_form_check_doc(rows))
+        return
+    emit(terminal.closed_form_check_view(rows))

@@ -34,7 +34,10 @@ creates the state that the second step's forward already carries):
 - ``optimizer``: ``W + S + G`` + the optimizer's temporaries (``optimizer_temporary_bytes``).
 
 This is allocated bytes, as ``StepMemory.replay(...).peak_allocated_bytes`` reports them
-without workspaces: no allocator rounding, no CUDA context. Pure Python; no torch, no numpy.
+without workspaces: no allocator rounding, no CUDA context. ``reserved_bytes`` turns it into
+the allocator's peak reserved bytes with one fitted factor (``Coefficients.reserved_factor``);
+``whichgpu.estimate.fast`` adds the workspaces and the CUDA context for ``fit --fast``. Pure
+Python; no torch, no numpy.
 """
 
 from __future__ import annotations

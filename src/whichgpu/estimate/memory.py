@@ -132,6 +132,15 @@ def workspace_sizes(gpu: GpuSpec, stack: SoftwareStack, mode: str) -> tuple[int,
     return tuple(s for s in (cublas, stack.cublaslt_workspace_bytes) if s) * threads
 
 
+def workspace_reserved_bytes(workspaces: tuple[int, ...]) -> int:
+    """Segment bytes the allocator reserves for ``workspaces`` alone, allocated first as in a
+    replay (each rounded and placed in its own segment size class)."""
+    allocator = CachingAllocator()
+    for i, nbytes in enumerate(workspaces):
+        allocator.malloc(-1 - i, nbytes)
+    return allocator.peak_reserved_bytes
+
+
 class StepMemory:
     """Replays of one profile, memoised by (batch size, sequence length, workspaces, GPUs and
     sharding); with more than one GPU each replay is of one GPU's stream
@@ -246,9 +255,12 @@ class StepMemory:
         return found
 
 
-def _outside_allocator(stack: SoftwareStack, memory: StepMemory, gpus: int) -> dict[str, int]:
+def outside_allocator(stack: SoftwareStack, *, convolutions: bool, gpus: int) -> dict[str, int]:
+    """What the process holds outside the caching allocator, by name: the CUDA context, the
+    cuDNN workspace allowance of a model with ``convolutions``, and NCCL buffers when more
+    than one GPU trains (each from ``stack``)."""
     outside = {"cuda_context": stack.cuda_context_bytes}
-    if memory.has_convolutions:
+    if convolutions:
         outside["cudnn_workspace"] = stack.cudnn_workspace_bytes
     if gpus > 1:
         outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
@@ -354,7 +366,7 @@ def estimate_on_gpu(
         raise UsageError("A sequence length is needed for this workload (--seq-len).")
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
-    outside = _outside_allocator(stack, memory, run.gpus)
+    outside = outside_allocator(stack, convolutions=memory.has_convolutions, gpus=run.gpus)
     outside_bytes = sum(outside.values())
     parallel = Parallel(run.gpus, run.sharding)
 

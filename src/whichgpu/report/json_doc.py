@@ -6,9 +6,10 @@ names; unknown values are ``null``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.schema import (
     SCHEMA_VERSION,
@@ -24,6 +25,9 @@ from whichgpu.schema import (
     ThroughputValidation,
     WorkloadInfo,
 )
+
+if TYPE_CHECKING:
+    from whichgpu.estimate.closed_form import CrossCheckRow
 
 GPU_ROW_FIELDS = (
     "id",
@@ -140,6 +144,23 @@ def memory_validation_doc(validation: MemoryValidation) -> dict[str, Any]:
     """``validate memory --json``: every case and the summary."""
     doc: dict[str, Any] = validation.model_dump(mode="json")
     doc["schema_version"] = SCHEMA_VERSION
+    return doc
+
+
+def closed_form_check_doc(rows: Iterable[CrossCheckRow]) -> dict[str, Any]:
+    """``validate closed-form --json``: every point (bytes) and the error ranges."""
+    points = [
+        {
+            **dataclasses.asdict(r),
+            "reserved_error": r.reserved_error,
+        }
+        for r in rows
+    ]
+    doc: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "points": points}
+    for key in ("relative_error", "reserved_error"):
+        values = [p[key] for p in points]
+        doc[f"{key}_min"] = min(values, default=None)
+        doc[f"{key}_max"] = max(values, default=None)
     return doc
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -23,6 +24,9 @@ from whichgpu.schema import (
     WorkloadInfo,
 )
 from whichgpu.units import bytes_to_gib
+
+if TYPE_CHECKING:
+    from whichgpu.estimate.closed_form import CrossCheckRow
 
 _FIELD_LABELS = {
     "memory_gb": ("Memory", "GB"),
@@ -274,6 +278,8 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     if first.gpus > 1:
         what += f"  (per GPU, {first.gpus} GPUs, {first.sharding})"
     head = Text.assemble((first.workload, "bold"), f"  {what}")
+    if first.method.startswith("closed form"):
+        head.append("  from the closed form (no trace; errs high)", style="yellow")
     table = Table(header_style="bold", title_justify="left")
     table.add_column("GPU")
     table.add_column("capacity GiB", justify="right")
@@ -430,6 +436,47 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         style="bold",
     )
     notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")
+    return Group(table, summary, notes)
+
+
+def closed_form_check_view(rows: Sequence[CrossCheckRow]) -> RenderableType:
+    """``whichgpu validate closed-form``: closed form vs trace per profile and size."""
+    table = Table(
+        header_style="bold",
+        title="Closed form vs traced step (replayed stored profiles, no workspaces)",
+        title_justify="left",
+    )
+    for col in ("profile", "b", "L", "traced alloc GiB", "alloc error", "traced reserved GiB"):
+        table.add_column(col, justify="left" if col == "profile" else "right")
+    table.add_column("reserved error (fit --fast)", justify="right")
+    table.add_column("peak phase")
+    for r in rows:
+        table.add_row(
+            r.profile,
+            str(r.batch_size),
+            str(r.seq_len),
+            f"{bytes_to_gib(r.traced_bytes):.2f}",
+            f"{r.relative_error:+.1%}",
+            f"{bytes_to_gib(r.traced_reserved_bytes):.2f}",
+            f"{r.reserved_error:+.1%}",
+            r.phase.replace("_", " "),
+        )
+    if not rows:
+        return Text("No stored profile to compare with.")
+    alloc = [r.relative_error for r in rows]
+    reserved = [r.reserved_error for r in rows]
+    summary = Text(
+        f"{len(rows)} points. Peak allocated: {min(alloc):+.1%} … {max(alloc):+.1%}. Peak "
+        f"reserved, as `fit --fast` uses it: {min(reserved):+.1%} … {max(reserved):+.1%} "
+        f"(median {statistics.median(reserved):+.1%}). Positive errors are on the safe side.",
+        style="bold",
+    )
+    notes = Text(
+        "The closed form's reserved bytes are its allocated bytes times one factor, the "
+        "largest ratio seen on these profiles: the allocator's cache does not grow evenly "
+        "with the sizes, so the fast answer is safe but can be well above the trace.",
+        style="dim",
+    )
     return Group(table, summary, notes)
 
 

@@ -84,8 +84,9 @@ def _task_of(architecture: str) -> Task:
     )
 
 
-def config_workload(path: Path, task: Task | None = None) -> Workload:
-    """A workload built from the user's config file."""
+def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, Any], Task]:
+    """The user's Hugging Face config file as a dict, its ``architectures`` set to the class
+    ``task`` asks for (or as the file names it), and the task; ``UsageError`` otherwise."""
     try:
         config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -103,8 +104,13 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         architectures = [base + TASK_CLASS_SUFFIX[task]]
     elif not architectures:
         raise UsageError(f"--config {path} names no 'architectures'; pass --task to choose.")
-    resolved_task = task or _task_of(architectures[0])
-    config = {**config, "architectures": architectures}
+    return {**config, "architectures": architectures}, task or _task_of(architectures[0])
+
+
+def config_workload(path: Path, task: Task | None = None) -> Workload:
+    """A workload built from the user's config file."""
+    config, resolved_task = read_user_config(path, task)
+    architectures = config["architectures"]
     vocab = int(config.get("vocab_size", 0))
     if vocab <= 0:
         raise UsageError(f"--config {path} has no 'vocab_size'.")
