@@ -153,3 +153,57 @@ TaskOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option("--task", help="With --config: causal-lm, seq-cls or masked-lm."),
 ]
+
+QUESTION_PANEL = "Question"
+"""Help panel of the options that say what the user wants: buy or rent, budget, job size."""
+
+BuyOption = Annotated[
+    bool, typer.Option("--buy", help="Buy the GPUs (default).", rich_help_panel=QUESTION_PANEL)
+]
+RentOption = Annotated[
+    bool, typer.Option("--rent", help="Rent them by the hour.", rich_help_panel=QUESTION_PANEL)
+]
+BudgetOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--budget",
+        help="USD. Buy: the machine's price. Rent: the job's rental.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+MachineGpusOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--gpus",
+        help="GPUs per machine: N, auto (1, 2, 4, 8) or a range like 1-4.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+HoursOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option("--hours", help="Job: hours of use.", rich_help_panel=QUESTION_PANEL),
+]
+SamplesOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option("--samples", help="Job: samples to process.", rich_help_panel=QUESTION_PANEL),
+]
+TokensOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option("--tokens", help="Job: tokens to process.", rich_help_panel=QUESTION_PANEL),
+]
+EpochsOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option("--epochs", help="Job: epochs of --dataset-size.", rich_help_panel=QUESTION_PANEL),
+]
+DatasetSizeOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option("--dataset-size", help="Samples per epoch.", rich_help_panel=QUESTION_PANEL),
+]
+RegionOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--region",
+        help="Electricity price and grid carbon of this region (see docs/cost.md).",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]

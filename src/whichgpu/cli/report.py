@@ -13,7 +13,7 @@ from whichgpu.cli.output import emit_json, progress_note
 from whichgpu.errors import UsageError
 from whichgpu.files import write_atomically
 
-_ASK = "Question"
+_ASK = o.QUESTION_PANEL
 _OUT = "Output"
 FORMATS = ("html", "svg", "png")
 
@@ -41,56 +41,16 @@ def report(
         Optional[str],  # noqa: UP045
         typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
     ] = None,
-    buy: Annotated[
-        bool, typer.Option("--buy", help="Buy the GPUs (default).", rich_help_panel=_ASK)
-    ] = False,
-    rent: Annotated[
-        bool, typer.Option("--rent", help="Rent them by the hour.", rich_help_panel=_ASK)
-    ] = False,
-    budget: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(
-            "--budget",
-            help="USD. Buy: the machine's price. Rent: the job's rental.",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
-    gpus: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--gpus",
-            help="GPUs per machine in the ranking: N, auto (1, 2, 4, 8) or a range like 1-4.",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
-    hours: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--hours", help="Job: hours of use.", rich_help_panel=_ASK),
-    ] = None,
-    samples: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--samples", help="Job: samples to process.", rich_help_panel=_ASK),
-    ] = None,
-    tokens: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--tokens", help="Job: tokens to process.", rich_help_panel=_ASK),
-    ] = None,
-    epochs: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option("--epochs", help="Job: epochs of --dataset-size.", rich_help_panel=_ASK),
-    ] = None,
-    dataset_size: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option("--dataset-size", help="Samples per epoch.", rich_help_panel=_ASK),
-    ] = None,
-    region: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--region",
-            help="Electricity price and grid carbon of this region (see docs/cost.md).",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
+    buy: o.BuyOption = False,
+    rent: o.RentOption = False,
+    budget: o.BudgetOption = None,
+    gpus: o.MachineGpusOption = None,
+    hours: o.HoursOption = None,
+    samples: o.SamplesOption = None,
+    tokens: o.TokensOption = None,
+    epochs: o.EpochsOption = None,
+    dataset_size: o.DatasetSizeOption = None,
+    region: o.RegionOption = None,
     top: Annotated[
         int,
         typer.Option("--top", help="Candidates ranked and charted.", rich_help_panel=_ASK),
