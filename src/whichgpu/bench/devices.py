@@ -27,6 +27,7 @@ which run only in child processes.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import os
@@ -198,18 +199,20 @@ def _oom_message(exc: BaseException) -> str:
 _OOM_TEXT = re.compile(r"out of memory|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED", re.I)
 
 
-class _TorchDevice:
+class _TorchDevice(abc.ABC):
     """What CUDA, CPU and MPS share: a session is a ``bench.session.TorchSession``."""
 
     index: int
 
     @property
+    @abc.abstractmethod
     def kind(self) -> DeviceKind:
-        raise NotImplementedError
+        """Which kind of device."""
 
     @property
+    @abc.abstractmethod
     def spec(self) -> str:
-        raise NotImplementedError
+        """The torch device string (``cuda:0``, ``cpu``, ``mps``)."""
 
     def torch_device(self) -> torch.device:
         import torch
@@ -217,14 +220,16 @@ class _TorchDevice:
         return torch.device(self.spec)
 
     def select(self) -> None:
-        """Make this the current device of the process."""
+        """Make this the current device of the process (nothing to do by default)."""
+        return None
 
     def limit_memory(self, limit_bytes: int | None) -> str | None:
         """Apply ``--memory-limit`` where the runtime can; returns how (for the notes)."""
         return None
 
     def synchronize(self) -> None:
-        """Wait for queued work."""
+        """Wait for queued work (nothing is queued by default)."""
+        return None
 
     def memory_tracker(
         self, baseline: Sequence[torch.Tensor], limit_bytes: int | None
