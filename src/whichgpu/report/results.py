@@ -130,7 +130,7 @@ def results_table(results: Sequence[BenchResult], title: str | None = None) -> T
     table.add_column("max\nbatch", justify="right")
     table.add_column("throughput", justify="right")
     table.add_column("step ms\n± IQR", justify="right")
-    table.add_column("peak reserved\nGiB", justify="right")
+    table.add_column("peak memory\nGiB", justify="right")
     table.add_column("MFU", justify="right")
     table.add_column("power\nW", justify="right")
     for r in results:
@@ -145,11 +145,23 @@ def results_table(results: Sequence[BenchResult], title: str | None = None) -> T
             fmt(r.max_batch_size),
             _throughput(r.throughput, r.throughput_unit),
             _step(r),
-            _gib(r.peak_reserved_bytes),
+            _peak_memory(r),
             _percent(r.mfu),
             fmt(r.power_w),
         )
+    if any(r.peak_reserved_bytes is None and r.peak_allocated_bytes for r in results):
+        table.caption = "t: peak of live tensor bytes (the device has no caching allocator)"
     return table
+
+
+def _peak_memory(r: BenchResult) -> str:
+    """Peak reserved bytes (what a GPU must hold); where the device has no allocator to
+    reserve (CPU, MPS), the peak of live tensor bytes, marked ``t``."""
+    if r.peak_reserved_bytes is not None:
+        return _gib(r.peak_reserved_bytes)
+    if r.peak_allocated_bytes is not None:
+        return _gib(r.peak_allocated_bytes) + " t"
+    return _gib(None)
 
 
 def _value(name: str, value: Any, result: BenchResult) -> str | Text:
