@@ -165,6 +165,7 @@ def test_recommend_cli_json_and_bad_input() -> None:
         (["--for", "gamer"], "Unknown preset"),
         (["--hours", "1", "--tokens", "5"], "one job size"),
         (["--gpus", "lots"], "--gpus"),
+        (["--rent", "--provider", "nobody"], "unknown provider"),
     ):
         bad = run_cli("recommend", "bert-base", *args)
         assert bad.returncode == 2, (args, bad.stderr)

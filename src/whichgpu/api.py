@@ -642,6 +642,17 @@ def recommend(
     software = get_stack(stack)
     catalog = load_catalog()
     place = get_region(region)
+    if provider is not None:
+        from whichgpu.cost.pricing import known_providers
+
+        providers = known_providers(catalog)
+        if provider.strip().lower() not in providers:
+            raise UsageError(
+                f"--provider: unknown provider '{provider}'. Providers with cloud prices in the "
+                f"catalog: {', '.join(providers)}."
+            )
+        if acquire != "rent":
+            raise UsageError("--provider chooses whom to rent from; add --rent.")
     options: list[Option] = []
     measured: dict[tuple[str, int], BenchResult] = {}
     calibration: tuple[Calibration, float] | None = None
