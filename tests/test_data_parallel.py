@@ -100,3 +100,31 @@ def test_predict_cli_on_four_gpus() -> None:
     assert row["n_gpus"] == 4
     assert row["link"].startswith("PCIe 4.0")
     assert 0 < row["scaling_efficiency"] <= 1
+
+
+def test_tensor_parallel_serving_splits_weights_and_cache_and_adds_all_reduces() -> None:
+    ask = {"mode": "inference", "concurrency": 4, "context": 1024, "new_tokens": 64}
+    one = wg.fit("llama-3.2-3b", gpus=["h100-sxm"], batch_size=4, **ask)[0]
+    two = wg.fit("llama-3.2-3b", gpus=["h100-sxm"], batch_size=4, gpu_count=2, **ask)[0]
+    assert two.gpus == 2
+    assert two.kv_cache_bytes == one.kv_cache_bytes  # the request's cache, in all
+    weights_one, weights_two = one.breakdown["weights"], two.breakdown["weights"]
+    assert weights_two == pytest.approx(weights_one / 2, rel=0.01)
+    assert one.kv_cache_bytes is not None
+    nccl = two.overheads["nccl_buffers"] - one.overheads.get("nccl_buffers", 0)
+    saved = one.device_total_bytes - two.device_total_bytes + nccl
+    assert saved == pytest.approx(weights_one / 2 + one.kv_cache_bytes / 2, rel=0.02)
+    assert two.max_batch_size > one.max_batch_size
+    assert any("tensor parallel" in a for a in two.assumptions)
+
+    single = wg.predict("llama-3.2-3b", gpus=["h100-sxm"], **ask)[0]
+    split = wg.predict("llama-3.2-3b", gpus=["h100-sxm"], gpu_count=2, **ask)[0]
+    assert split.link is not None and "nvlink" in split.link
+    assert single.decode_step_s is not None and split.decode_step_s is not None
+    floor = load_links().all_reduce_floor_s
+    layers = 28  # Llama 3.2 3B
+    # half the work, plus two all-reduces per layer (each at least the floor)
+    assert split.decode_step_s >= single.decode_step_s / 2 + 2 * layers * floor - 1e-12
+    assert split.decode_step_s < single.decode_step_s
+    assert 0 < split.time_shares["exchange"] < 1
+    assert split.mfu is not None and single.mfu is not None and split.mfu < single.mfu

@@ -177,8 +177,8 @@ def test_inference_of_other_models_is_one_forward_pass() -> None:
     infer = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64, mode="inference")[0]
     assert infer.throughput is not None and train.throughput is not None
     assert 2 < infer.throughput / train.throughput < 5  # backward is about twice forward
-    with pytest.raises(UsageError, match="one GPU"):
-        wg.predict("llama-3.2-1b", gpus=["h100-sxm"], mode="inference", gpu_count=2)
+    with pytest.raises(UsageError, match="tensor parallel"):  # copies, not a split model
+        wg.predict("resnet50", gpus=["h100-sxm"], mode="inference", gpu_count=2)
 
 
 def test_a_measurement_on_one_gpu_calibrates_every_gpu(tmp_path: Path) -> None:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from whichgpu.bench.jobs import BenchProgress
     from whichgpu.estimate.calibration import Calibration
     from whichgpu.estimate.memory import StepMemory
+    from whichgpu.estimate.prediction import StepState
 
 
 def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfile, str]:
@@ -71,14 +72,19 @@ def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfil
     return trace_scalable(workload, run), "traced"
 
 
+def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]:
+    """The model's ``config.json``: the user's file or the shipped one."""
+    if config is not None:
+        doc: dict[str, Any] = json.loads(Path(config).read_text(encoding="utf-8"))
+        return doc
+    return read_config(workload.info.name)
+
+
 def _kv_bytes_per_token(workload: Workload, config: Path | str | None, run: RunConfig) -> int:
     """KV-cache bytes per token from the model's config (the user's file or the shipped one)."""
     from whichgpu.estimate.serving import kv_bytes_per_token, serving_dtype_bytes
 
-    if config is not None:
-        doc = json.loads(Path(config).read_text(encoding="utf-8"))
-    else:
-        doc = read_config(workload.info.name)
+    doc = _config_doc(workload, config)
     return kv_bytes_per_token(doc, serving_dtype_bytes(run.precision))
 
 
@@ -184,8 +190,11 @@ def _prepare(
     run: RunConfig,
     config: Path | str | None,
     progress: Callable[[str], None] | None,
+    loaded: tuple[ScalableProfile, str] | None = None,
 ) -> _Step:
-    """Resolve the run's sizes for ``chosen`` and load (or trace) its step."""
+    """Resolve the run's sizes for ``chosen`` and load (or trace) its step (``loaded``: the
+    profile and how it was obtained, when the caller has it already; it does not depend on
+    how many GPUs share the step)."""
     from whichgpu.estimate.memory import StepMemory
 
     if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
@@ -194,7 +203,7 @@ def _prepare(
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if progress is not None:
         progress(f"profiling {chosen.info.name}")
-    profile, method = scalable_profile(chosen, run)
+    profile, method = loaded or scalable_profile(chosen, run)
     seq_limit = chosen.info.max_seq_len
     kv_per_token = None
     if "kv_cache" in profile.choices:  # inference of a language model
@@ -207,6 +216,12 @@ def _prepare(
         kv_per_token = _kv_bytes_per_token(chosen, config, run)
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
+        raise UsageError(
+            f"--gpus with --mode inference serves a language model tensor parallel; "
+            f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
+            "estimate one GPU."
+        )
     return _Step(run, profile, method, StepMemory(profile), seq_limit, kv_per_token)
 
 
@@ -374,27 +389,17 @@ def predict(
     validated error.
     """
     from whichgpu.estimate.memory import estimate_on_gpu
-    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
 
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     check_for_workload(run, chosen.info)
-    if run.mode == "inference" and run.gpus > 1:
-        raise UsageError(
-            "predict answers inference on one GPU; tensor-parallel serving on several is not "
-            "modelled. Drop --gpus (fit --mode inference --gpus sizes the memory)."
-        )
     named = bool(gpus)
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
     step = _prepare(chosen, run, config, progress)
-    state = None
-    if run.gpus > 1:
-        state = StepState(
-            gradient_bytes=sum(step.memory.state_sizes("gradient")),
-            parameter_bytes=sum(step.memory.state_sizes("parameter")),
-        )
+    state = _exchange_state(chosen, config, step)
     predictor = ThroughputPredictor(
         step.profile, step.run, family=chosen.info.family, method=step.method, state=state
     )
@@ -601,7 +606,7 @@ def recommend(
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.estimate.calibration import calibrate as correct
     from whichgpu.estimate.memory import estimate_on_gpu
-    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
     from whichgpu.ranking.presets import get_preset
     from whichgpu.ranking.rank import Option, Question, rank
@@ -656,26 +661,21 @@ def recommend(
     options: list[Option] = []
     measured: dict[tuple[str, int], BenchResult] = {}
     calibration: tuple[Calibration, float] | None = None
+    loaded: tuple[ScalableProfile, str] | None = None
     run = run_config(**run_options)
     units_per_sample = 1
     for count in counts:
         run = run_config(gpus=count, **run_options)
         check_for_workload(run, chosen.info)
-        if run.mode == "inference" and count > 1:
-            continue
-        step = _prepare(chosen, run, config, progress if count == counts[0] else None)
+        step = _prepare(chosen, run, config, progress if loaded is None else None, loaded)
+        loaded = (step.profile, step.method)
         if count == counts[0]:
             measured = _measurements(chosen.info.name, step.run, store)
             singles = [r for (_, n), r in measured.items() if n == 1]
             if singles:
                 newest = max(singles, key=lambda r: r.created_at)
                 calibration = _calibration(chosen, step, newest, software)
-        state = None
-        if count > 1:
-            state = StepState(
-                gradient_bytes=sum(step.memory.state_sizes("gradient")),
-                parameter_bytes=sum(step.memory.state_sizes("parameter")),
-            )
+        state = _exchange_state(chosen, config, step)
         predictor = ThroughputPredictor(
             step.profile, step.run, family=chosen.info.family, method=step.method, state=state
         )
@@ -706,8 +706,6 @@ def recommend(
             found = measured.get((gpu.id, count))
             options.append(Option(gpu=gpu, count=count, memory=memory, speed=speed, measured=found))
         run = step.run
-    if run.mode == "inference" and any(c > 1 for c in counts):
-        run = run.model_copy(update={"gpus": 1})
     question = Question(
         mode=acquire,  # type: ignore[arg-type]
         metric=metric,
@@ -1134,3 +1132,23 @@ def _calibration(
         )
     band = error_band(alone.params, chosen.info.family, calibrated=True)
     return Calibration(result=result, predicted=predicted), band
+
+
+def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) -> StepState | None:
+    """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
+    data-parallel training, hidden states in tensor-parallel inference."""
+    from whichgpu.estimate.prediction import StepState
+    from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
+
+    if step.run.gpus <= 1:
+        return None
+    if step.run.mode == "inference":
+        layers, hidden = layer_shape(_config_doc(chosen, config))
+        return StepState(
+            layers=layers,
+            hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),
+        )
+    return StepState(
+        gradient_bytes=sum(step.memory.state_sizes("gradient")),
+        parameter_bytes=sum(step.memory.state_sizes("parameter")),
+    )

@@ -420,7 +420,8 @@ class RunConfig(_Frozen):
     concurrency: int = 1
     """Inference: sequences served at once."""
     gpus: int = 1
-    """GPUs training together, data parallel on one node (each takes ``batch_size`` samples)."""
+    """GPUs of one node: training, data parallel (each takes ``batch_size`` samples);
+    inference, one model served tensor parallel across them (``batch_size`` sequences in all)."""
     sharding: Sharding = "ddp"
     """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
 
@@ -732,8 +733,9 @@ class MemoryEstimate(_Tabular):
     max_batch_capped: bool
     """True when the search stopped at its upper limit: more may fit."""
     gpus: int = 1
-    """GPUs training together; every byte figure here is per GPU, and ``batch_size`` is the
-    batch of one GPU (the global batch is ``gpus`` times larger)."""
+    """GPUs working together; every byte figure here is per GPU. Training: ``batch_size`` is
+    the batch of one GPU (the global batch is ``gpus`` times larger). Inference: one model
+    served tensor parallel, ``batch_size`` sequences in all."""
     sharding: Sharding = "ddp"
     """What the GPUs split between them (``ddp``: nothing; see ``whichgpu.estimate.sharding``)."""
     max_seq_len: int | None = None

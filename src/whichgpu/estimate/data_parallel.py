@@ -47,6 +47,10 @@ class LinkData:
     """Where each share comes from."""
     ddp_bucket_bytes: int
     """DDP's gradient bucket size."""
+    all_reduce_floor_s: float
+    """Shortest time of one all-reduce, however small (the collective's latency)."""
+    all_reduce_floor_source: str
+    """Where that floor comes from."""
 
 
 @cache
@@ -59,6 +63,8 @@ def load_links() -> LinkData:
         bus_efficiency={k: float(v) for k, v in doc["bus_efficiency"].items()},
         bus_efficiency_sources=dict(doc["bus_efficiency_sources"]),
         ddp_bucket_bytes=int(doc["ddp_bucket_bytes"]),
+        all_reduce_floor_s=float(doc["all_reduce_floor_s"]),
+        all_reduce_floor_source=str(doc["all_reduce_floor_source"]),
     )
 
 
@@ -165,3 +171,13 @@ def data_parallel_step(
     return DataParallelStep(
         step_time_s=single_step_s + exposed_s, exchange_s=exchange_s, exposed_s=exposed_s, link=link
     )
+
+
+def all_reduce_s(nbytes: float, n_gpus: int, link: Link, links: LinkData | None = None) -> float:
+    """Time of one ring all-reduce of ``nbytes`` among ``n_gpus`` over ``link``: the bytes each
+    GPU sends at the link's all-reduce rate, and never less than the collective's floor."""
+    data = links or load_links()
+    if n_gpus <= 1:
+        return 0.0
+    moved = 2 * (n_gpus - 1) / n_gpus * nbytes / link.bus_bytes_per_s
+    return max(moved, data.all_reduce_floor_s)

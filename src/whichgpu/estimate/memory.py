@@ -243,16 +243,44 @@ class StepMemory:
         def reserved(batch: int) -> int:
             return self.replay(batch, seq_len, workspaces, parallel).peak_reserved_bytes
 
-        known: dict[int, int] = {}
-        power = 1
-        while power <= MAX_BATCH_LIMIT:
-            known[power] = reserved(power)
-            if known[power] > budget_bytes:
-                break
-            power *= 2
-        found = largest_within(reserved, budget_bytes, MAX_BATCH_LIMIT, known)
+        found = largest_batch(reserved, budget_bytes)
         self._max_batch[key] = found
         return found
+
+
+_TENSOR_PARALLEL_NOTE = (
+    "inference on {n} GPUs, tensor parallel (attention heads and MLP columns split, as serving "
+    "engines do): each holds 1/{n} of the weights and of the KV cache; activations and "
+    "temporaries are counted whole on every GPU (safe side); NCCL buffers added"
+)
+
+
+def largest_batch(reserved: Callable[[int], int], budget_bytes: int) -> tuple[int, bool]:
+    """Largest batch whose ``reserved(batch)`` fits ``budget_bytes``, and whether it is the
+    search limit: the powers of two up to the first that does not fit bracket the answer (the
+    same sizes for every budget), then ``largest_within`` closes in."""
+    known: dict[int, int] = {}
+    power = 1
+    while power <= MAX_BATCH_LIMIT:
+        known[power] = reserved(power)
+        if known[power] > budget_bytes:
+            break
+        power *= 2
+    return largest_within(reserved, budget_bytes, MAX_BATCH_LIMIT, known)
+
+
+def tensor_parallel_saving(
+    replay: Replay, profile: ScalableProfile, batch_size: int, seq_len: int | None, gpus: int
+) -> int:
+    """Bytes one of ``gpus`` tensor-parallel GPUs does not hold of a one-GPU inference step:
+    all but 1/N of the weights at the peak and of the KV cache (heads and MLP columns are
+    split); activations and temporaries are counted whole, which errs on the safe side."""
+    if gpus <= 1:
+        return 0
+    split = replay.live_at_peak.get("parameter", 0) + (
+        kv_cache_bytes(profile, batch_size, seq_len) or 0
+    )
+    return split * (gpus - 1) // gpus
 
 
 def outside_allocator(stack: SoftwareStack, *, convolutions: bool, gpus: int) -> dict[str, int]:
@@ -368,23 +396,36 @@ def estimate_on_gpu(
     workspaces = workspace_sizes(gpu, stack, run.mode)
     outside = outside_allocator(stack, convolutions=memory.has_convolutions, gpus=run.gpus)
     outside_bytes = sum(outside.values())
-    parallel = Parallel(run.gpus, run.sharding)
+    tensor = run.mode == "inference" and run.gpus > 1
+    parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
+
+    def reserved_at(batch: int, length: int | None = seq_len) -> int:
+        """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference)."""
+        replay = memory.replay(batch, length, workspaces, parallel)
+        saving = tensor_parallel_saving(replay, profile, batch, length, run.gpus) if tensor else 0
+        return replay.peak_reserved_bytes - saving
 
     def device_total(batch: int) -> int:
-        reserved = memory.replay(batch, seq_len, workspaces, parallel).peak_reserved_bytes
-        return reserved + outside_bytes
+        return reserved_at(batch) + outside_bytes
 
-    max_batch, capped = memory.max_batch(
-        seq_len, workspaces, parallel, capacity.bytes - outside_bytes
-    )
+    budget = capacity.bytes - outside_bytes
+    if tensor:
+        max_batch, capped = largest_batch(reserved_at, budget)
+    else:
+        max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
     batch = run.batch_size or max(max_batch, 1)
     replay = memory.replay(batch, seq_len, workspaces, parallel)
-    total = replay.peak_reserved_bytes + outside_bytes
+    total = reserved_at(batch) + outside_bytes
     breakdown: dict[MemoryCategory, int] = dict.fromkeys(
         ("weights", "gradients", "optimizer", "activations", "temporaries"), 0
     )
     for category, nbytes in replay.live_at_peak.items():
         breakdown[_BREAKDOWN[category]] += nbytes
+    if tensor:  # each GPU holds 1/N of the weights and of the KV cache (an activation)
+        n = run.gpus
+        kv_split = (kv_cache_bytes(profile, batch, seq_len) or 0) * (n - 1) // n
+        breakdown["weights"] -= replay.live_at_peak.get("parameter", 0) * (n - 1) // n
+        breakdown["activations"] -= kv_split
     breakdown["overhead"] = total - sum(breakdown.values())
     overheads = {
         **outside,
@@ -398,8 +439,7 @@ def estimate_on_gpu(
     if search_seq_len and seq_len is not None and run.batch_size is not None:
 
         def length_total(length: int) -> int:
-            reserved = memory.replay(batch, length, workspaces, parallel).peak_reserved_bytes
-            return reserved + outside_bytes
+            return reserved_at(batch, length) + outside_bytes
 
         max_seq = largest_within(
             length_total, capacity.bytes, seq_limit or MAX_SEQ_LIMIT, {seq_len: total}
@@ -426,8 +466,9 @@ def estimate_on_gpu(
         sharding=run.sharding,
         max_seq_len=max_seq[0] if max_seq else None,
         max_seq_len_capped=max_seq[1] if max_seq else False,
-        peak_allocated_bytes=replay.peak_allocated_bytes,
-        peak_reserved_bytes=replay.peak_reserved_bytes,
+        peak_allocated_bytes=replay.peak_allocated_bytes
+        - (tensor_parallel_saving(replay, profile, batch, seq_len, run.gpus) if tensor else 0),
+        peak_reserved_bytes=total - outside_bytes,
         device_total_bytes=total,
         capacity_bytes=capacity.bytes,
         capacity_note=capacity.note,
@@ -435,7 +476,8 @@ def estimate_on_gpu(
         next_batch_device_total_bytes=next_total,
         breakdown=breakdown,
         overheads=overheads,
-        assumptions=_assumptions(stack, memory, parallel),
+        assumptions=_assumptions(stack, memory, parallel)
+        + (_TENSOR_PARALLEL_NOTE.format(n=run.gpus),) * tensor,
         method=method,
         kv_cache_bytes=kv_bytes,
         kv_bytes_per_token=kv_per_token_bytes if kv_bytes is not None else None,

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from whichgpu.estimate.data_parallel import data_parallel_step, load_links
+from whichgpu.estimate.data_parallel import (
+    all_reduce_s,
+    data_parallel_step,
+    gpu_link,
+    load_links,
+)
 from whichgpu.estimate.throughput import (
     GpuRates,
     PerfParameters,
@@ -33,12 +38,17 @@ from whichgpu.workloads.stored import ScalableProfile
 
 @dataclass(frozen=True)
 class StepState:
-    """Bytes of the model state a data-parallel exchange moves."""
+    """What several GPUs exchange: the model state of data-parallel training, the hidden
+    states of tensor-parallel inference."""
 
-    gradient_bytes: int
+    gradient_bytes: int = 0
     """Gradients of one step."""
-    parameter_bytes: int
+    parameter_bytes: int = 0
     """Parameters (what ZeRO-3/FSDP gather)."""
+    layers: int = 0
+    """Transformer layers (tensor parallel: two all-reduces each per forward pass)."""
+    hidden_bytes_per_token: int = 0
+    """Bytes of one token's hidden state (hidden size x element size)."""
 
 
 class ThroughputPredictor:
@@ -59,7 +69,7 @@ class ThroughputPredictor:
         self.params = params or load_parameters()
         self.band = error_band(self.params, family)
         self.method = f"{method}; {self.params.method}"
-        self.state = state or StepState(0, 0)
+        self.state = state or StepState()
         self.serving = "kv_cache" in profile.choices
         self.inference = load_inference_parameters() if run.mode == "inference" else None
         self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
@@ -91,7 +101,15 @@ class ThroughputPredictor:
             )
         elif run.mode == "inference":
             notes += ("inference: one forward pass without gradients per batch",)
-        if run.gpus > 1:
+        if run.gpus > 1 and run.mode == "inference":
+            links = load_links()
+            notes += (
+                f"served tensor parallel on {run.gpus} GPUs: each does 1/{run.gpus} of the "
+                "prefill's and the decode step's work, plus two all-reduces of the hidden states "
+                "per layer and pass over NVLink/NVSwitch, the bridge or PCIe (each at least "
+                f"{links.all_reduce_floor_s * 1e6:.0f} us: {links.all_reduce_floor_source})",
+            )
+        elif run.gpus > 1:
             links = load_links()
             notes += (
                 f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the "
@@ -143,22 +161,40 @@ class ThroughputPredictor:
             )
             decode = step_time(restrict(table, ("decode",)), rates, precision, decode_params)
             new_tokens = self.run.new_tokens or 1
-            seconds = prefill.step_time_s + new_tokens * decode.step_time_s
+            n = self.run.gpus
+            prefill_s, decode_s = prefill.step_time_s / n, decode.step_time_s / n
+            exchange_s = 0.0
+            if n > 1:  # tensor parallel: 1/N of the work, two all-reduces per layer and pass
+                link = gpu_link(gpu, n)
+                per_token = self.state.hidden_bytes_per_token
+                context = memory.seq_len or 1
+                reduces = 2 * self.state.layers
+                prefill_x = reduces * all_reduce_s(memory.batch_size * context * per_token, n, link)
+                decode_x = reduces * all_reduce_s(memory.batch_size * per_token, n, link)
+                prefill_s += prefill_x
+                decode_s += decode_x
+                exchange_s = prefill_x + new_tokens * decode_x
+                base["link"] = link.description
+            seconds = prefill_s + new_tokens * decode_s
             units = memory.batch_size * new_tokens
             flops = prefill.flops + new_tokens * decode.flops
-            shares = _shares([prefill, *([decode] * new_tokens)], seconds)
+            shares = {
+                k: v / n for k, v in _shares([prefill, *([decode] * new_tokens)], seconds).items()
+            }
+            if n > 1:
+                shares["exchange"] = exchange_s / seconds
             return ThroughputEstimate(
                 **base,
                 step_time_s=seconds,
                 throughput=units / seconds,
                 low=units / seconds * (1 - self.band),
                 high=units / seconds * (1 + self.band),
-                mfu=flops / seconds / peak_flops_per_s(rates, precision),
+                mfu=flops / seconds / (n * peak_flops_per_s(rates, precision)),
                 scaling_efficiency=None,
                 time_shares=shares,
                 tensor_flops_share=prefill.tensor_flops_share,
-                prefill_s=prefill.step_time_s,
-                decode_step_s=decode.step_time_s,
+                prefill_s=prefill_s,
+                decode_step_s=decode_s,
             )
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))

@@ -33,14 +33,24 @@ def serving_dtype_bytes(precision: Precision) -> int:
     return _DTYPE_BYTES[precision]
 
 
+def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    inner = config.get("text_config")
+    return inner if isinstance(inner, Mapping) else config
+
+
+def layer_shape(config: Mapping[str, Any]) -> tuple[int, int]:
+    """``(layers, hidden size)`` of a Hugging Face ``config.json`` (GPT-2's names too)."""
+    config = _text_config(config)
+    layers = int(config.get("num_hidden_layers") or config["n_layer"])
+    return layers, int(config.get("hidden_size") or config["n_embd"])
+
+
 def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
     """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
     dtype_bytes``, from a Hugging Face ``config.json`` (GQA-aware: ``num_key_value_heads``;
     GPT-2's ``n_layer``/``n_head``/``n_embd`` names too; a ``text_config`` is looked into)."""
-    inner = config.get("text_config")
-    if isinstance(inner, Mapping):
-        config = inner
-    layers = int(config.get("num_hidden_layers") or config["n_layer"])
+    config = _text_config(config)
+    layers, _ = layer_shape(config)
     heads = int(config.get("num_attention_heads") or config["n_head"])
     hidden = int(config.get("hidden_size") or config["n_embd"])
     kv_heads = int(config.get("num_key_value_heads") or heads)

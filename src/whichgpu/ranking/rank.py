@@ -522,11 +522,11 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         "speed: a stored whichgpu bench result of the same run when there is one, else "
         "whichgpu predict's prediction with its band (see its assumptions)"
     )
-    if any(p.option.count > 1 for p in priced):
+    if any(p.option.count > 1 and p.option.memory.run.mode == "train" for p in priced):
         notes.append("several GPUs train data parallel, each with its own batch")
-    if any(p.option.memory.run.mode == "inference" for p in priced[:1]):
+    if any(p.option.memory.run.mode == "inference" and p.option.count > 1 for p in priced):
         notes.append(
-            "inference on one GPU each: serving one model across several GPUs (tensor "
-            "parallel) is not modelled yet"
+            "several GPUs serve one model tensor parallel: 1/N of the weights, the KV cache and "
+            "the work each, and two all-reduces of the hidden states per layer"
         )
     return tuple(notes)

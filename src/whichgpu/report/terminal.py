@@ -276,7 +276,8 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             f"{first.run.new_tokens} new tokens per sequence"
         )
     if first.gpus > 1:
-        what += f"  (per GPU, {first.gpus} GPUs, {first.sharding})"
+        split = "tensor parallel" if first.run.mode == "inference" else first.sharding
+        what += f"  (per GPU, {first.gpus} GPUs, {split})"
     head = Text.assemble((first.workload, "bold"), f"  {what}")
     if first.method.startswith("closed form"):
         head.append("  from the closed form (no trace; errs high)", style="yellow")

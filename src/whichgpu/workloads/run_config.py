@@ -71,11 +71,6 @@ def run_config(**options: Any) -> RunConfig:
             raise UsageError("--method lora/qlora is a way of training; use --mode train.")
         if run.checkpointing:
             raise UsageError("--checkpointing saves memory in training only; drop it.")
-        if run.gpus != 1:
-            raise UsageError(
-                "--gpus is data-parallel training (--mode train); an inference server on each "
-                "GPU is estimated with one GPU."
-            )
         if run.sharding != "ddp":
             raise UsageError(
                 f"--sharding {run.sharding} splits training state; it applies to --mode train only."
