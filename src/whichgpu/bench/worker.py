@@ -48,6 +48,13 @@ def probe_task(job: ProbeJob, report: Report) -> ProbeReport:
     )
 
 
+_RANK_SESSIONS: list[object] = []
+"""The sessions of multi-GPU ranks, kept alive until the child process ends (from the fork
+server it ends with ``os._exit``, running no destructors). Freeing a DDP model frees its
+reducer and then the gloo process group, whose destructor joins gloo's worker thread while
+holding the GIL; if that thread is still releasing its last work, which needs the GIL, the two
+wait on each other for ever."""
+
 MEMORY_STEPS = 2
 """Steps run first, watching memory (they count as warm-up)."""
 
@@ -98,3 +105,5 @@ def measure_task(job: MeasureJob, report: Report) -> Measurement:
         )
     finally:
         session.close()
+        if job.step.group is not None:
+            _RANK_SESSIONS.append(session)
