@@ -1,15 +1,19 @@
-"""Fit the throughput predictor's constants and write them to the package data.
+"""Fit the throughput predictor's constants and speed factors and write them to the package data.
 
 Run from the repository root:
 
     python scripts/fit_throughput.py
 
-Fits the five constants of ``whichgpu.estimate.throughput`` on every usable row of the
-Lambda 2020 table (``whichgpu.validate.throughput.lambda_cases``), starting from the shipped
-values, then refits without each GPU in turn to measure the out-of-sample error that becomes
-the prediction bands (80th percentile of the absolute leave-one-GPU-out error, by workload
-type) and of a prediction corrected by another GPU's measurement (`predict --calibrate`),
-and writes them into ``src/whichgpu/estimate/data/throughput.json`` (other keys kept).
+Fits the five constants of ``whichgpu.estimate.throughput`` and the speed factors of the
+measured workloads and their types (a maximum a-posteriori fit with the priors of
+``fit_priors`` in the data file) on every usable row of the Lambda 2020 table
+(``whichgpu.validate.throughput.lambda_cases``). Then refits without each GPU in turn and
+without each model in turn to measure the out-of-sample errors that become the prediction
+bands (80th percentile of the absolute error, by workload type): ``error_bands`` for a new GPU
+of a measured workload, ``unseen_error_bands`` for a workload never measured, and
+``calibrated_error_bands`` for an unmeasured workload corrected by one measurement on another
+GPU (``predict --calibrate``). Writes them into ``src/whichgpu/estimate/data/throughput.json``
+(other keys kept).
 """
 
 from __future__ import annotations
@@ -22,12 +26,12 @@ import numpy as np
 
 from whichgpu.estimate.throughput import FIT_FIELDS, load_parameters, workload_type
 from whichgpu.validate.throughput import (
+    ThroughputCase,
     fit_parameters,
     held_out_errors,
     lambda_cases,
     transfer_errors,
 )
-from whichgpu.workloads import get_workload
 
 OUT = (
     Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "estimate" / "data"
@@ -41,23 +45,11 @@ def main() -> int:
         print(f"left out: {model} on {gpu}: {why}")
     start = load_parameters()
     params = fit_parameters(cases, start)
-    held_out = held_out_errors(cases, params, lambda c: c.gpu.id, print)
-    by_type: dict[str, list[float]] = {}
-    for i, case in enumerate(cases):
-        kind = workload_type(get_workload(case.workload).info.family)
-        by_type.setdefault(kind, []).append(abs(held_out[i]))
-    everything = [abs(e) for e in held_out.values()]
-    bands = {k: float(np.percentile(v, BAND_PERCENTILE)) for k, v in sorted(by_type.items())}
-    bands["default"] = float(np.percentile(everything, BAND_PERCENTILE))
-    transfer = transfer_errors(cases, held_out)
-    calibrated_by_type: dict[str, list[float]] = {}
-    for i, case in enumerate(cases):
-        kind = workload_type(get_workload(case.workload).info.family)
-        calibrated_by_type.setdefault(kind, []).append(abs(transfer[i]))
-    calibrated = {
-        k: float(np.percentile(v, BAND_PERCENTILE)) for k, v in sorted(calibrated_by_type.items())
-    }
-    calibrated["default"] = float(np.percentile([abs(e) for e in transfer], BAND_PERCENTILE))
+    by_gpu = held_out_errors(cases, params, lambda c: c.gpu.id, print)
+    by_model = held_out_errors(cases, params, lambda c: c.model, print)
+    bands = _bands(cases, [by_gpu[i] for i in range(len(cases))])
+    unseen = _bands(cases, [by_model[i] for i in range(len(cases))])
+    calibrated = _bands(cases, transfer_errors(cases, by_model))
     existing = json.loads(OUT.read_text(encoding="utf-8")) if OUT.exists() else {}
     doc = {
         **existing,
@@ -66,23 +58,42 @@ def main() -> int:
             "read with the settings of whichgpu.validate.lambda2020"
         ),
         "method": (
-            "scripts/fit_throughput.py: least squares on log(predicted / measured) "
-            "throughput; bands = P80 of |leave-one-GPU-out error| by workload type; calibrated "
-            "bands = P80 of the error of that held-out prediction corrected by another GPU's "
-            "measured / predicted ratio (predict --calibrate)"
+            "scripts/fit_throughput.py: maximum a-posteriori fit of log(predicted / measured) "
+            "throughput with the constants' priors and hierarchical speed factors (fit_priors); "
+            "error_bands = P80 of |leave-one-GPU-out error| by workload type (a new GPU, the "
+            "workload measured); unseen_error_bands = P80 of |leave-one-model-out error| (a "
+            "workload never measured); calibrated_error_bands = P80 of the error of a "
+            "held-out model's prediction corrected by another GPU's measured / predicted ratio "
+            "(predict --calibrate)"
         ),
         "fitted_date": dt.date.today().isoformat(),
         "parameters": {name: float(getattr(params, name)) for name in FIT_FIELDS},
+        "workload_factors": params.workload_factors,
+        "type_factors": params.type_factors,
         "error_bands": bands,
+        "unseen_error_bands": unseen,
         "calibrated_error_bands": calibrated,
     }
     OUT.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     for name in FIT_FIELDS:
         print(f"{name} = {getattr(params, name):.4g}")
+    print(f"workload factors: {params.workload_factors}")
+    print(f"type factors: {params.type_factors}")
     print(f"bands: {bands}")
+    print(f"unseen bands: {unseen}")
     print(f"calibrated bands: {calibrated}")
     print(f"wrote {OUT}")
     return 0
+
+
+def _bands(cases: list[ThroughputCase], errors: list[float]) -> dict[str, float]:
+    """P80 of the absolute ``errors`` by workload type, and over all as ``default``."""
+    by_type: dict[str, list[float]] = {}
+    for case, error in zip(cases, errors, strict=True):
+        by_type.setdefault(workload_type(case.family), []).append(abs(error))
+    bands = {k: float(np.percentile(v, BAND_PERCENTILE)) for k, v in sorted(by_type.items())}
+    bands["default"] = float(np.percentile(np.abs(errors), BAND_PERCENTILE))
+    return bands
 
 
 if __name__ == "__main__":

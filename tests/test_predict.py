@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,9 +17,11 @@ from whichgpu.catalog import load_catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.throughput import (
     OpTable,
+    error_band,
     gpu_rates,
     load_parameters,
     matrix_engines,
+    merge_repeats,
     step_time,
     with_values,
 )
@@ -78,25 +81,47 @@ def test_step_time_is_the_larger_of_compute_and_memory_per_operator() -> None:
     assert step_time(tiny, rates, "bf16", params).launch_s == pytest.approx(1e-6)
 
 
+def test_merging_repeated_operators_keeps_the_step_time() -> None:
+    table = _table(
+        ["gemm", "elementwise", "gemm", "elementwise", "gemm"],
+        ["bfloat16"] * 5,
+        [1e12, 0, 1e12, 0, 1e9],
+        [1e6, 1e8, 1e6, 1e8, 1e3],
+    )
+    merged = merge_repeats(table)
+    assert len(merged.kinds) == 3 and merged.weights.tolist() == [2.0, 2.0, 1.0]
+    rates = gpu_rates(load_catalog().resolve("rtx-4090"))
+    whole = step_time(table, rates, "bf16", load_parameters())
+    fast = step_time(merged, rates, "bf16", load_parameters())
+    assert fast.step_time_s == pytest.approx(whole.step_time_s)
+    assert fast.flops == pytest.approx(whole.flops)
+    assert fast.memory_s == pytest.approx(whole.memory_s)
+
+
 def test_fit_recovers_constants_it_generated() -> None:
     cases, _ = lambda_cases()
-    truth = with_values(load_parameters(), np.array([0.6, 0.7, 0.5, 2e7, 5e-6]))
-    synthetic = [
-        type(c)(
-            model=c.model,
-            workload=c.workload,
-            gpu=c.gpu,
-            precision=c.precision,
-            table=c.table,
-            rates=c.rates,
-            measured=c.predicted(truth),
-            unit=c.unit,
-        )
-        for c in cases[::3]
-    ]
+    workloads = sorted({c.workload for c in cases})
+    truth = replace(
+        with_values(load_parameters(), np.array([0.6, 0.7, 0.5, 2e7, 5e-6])),
+        workload_factors={w: 0.7 + 0.05 * i for i, w in enumerate(workloads)},
+    )
+    synthetic = [replace(c, measured=c.predicted(truth)) for c in cases[::3]]
     fitted = fit_parameters(synthetic, load_parameters())
     errors = [c.predicted(fitted) / c.measured - 1 for c in synthetic]
-    assert summarize("fit", errors).mape < 0.01
+    assert summarize("fit", errors).mape < 0.02
+
+
+def test_a_workload_without_its_own_factor_takes_its_types_and_the_wider_band() -> None:
+    params = load_parameters()
+    assert "bert-base" in params.workload_factors
+    assert "bert-large" not in params.workload_factors
+    assert params.speed_factor("bert-base", "encoders") == params.workload_factors["bert-base"]
+    assert params.speed_factor("bert-large", "encoders") == params.type_factors["language"]
+    assert params.speed_factor("mine", "something-new") == params.type_factors["default"]
+    assert error_band(params, "bert-large", "encoders") > error_band(
+        params, "bert-base", "encoders"
+    )
+    assert "never measured" in params.factor_origin("bert-large", "encoders")
 
 
 def test_shipped_constants_are_the_fit_of_the_shipped_cases() -> None:
@@ -105,7 +130,9 @@ def test_shipped_constants_are_the_fit_of_the_shipped_cases() -> None:
     shipped = load_parameters()
     refit = fit_parameters(cases, shipped)
     assert np.allclose(np.log(refit.vector), np.log(shipped.vector), atol=0.05)
-    assert 0 < shipped.error_bands["default"] < 1
+    for workload, factor in shipped.workload_factors.items():
+        assert refit.workload_factors[workload] == pytest.approx(factor, rel=0.05)
+    assert 0 < shipped.error_bands["default"] < shipped.unseen_error_bands["default"] < 1
     assert summarize("bw", baseline_errors(cases, bandwidth)).mape > 0
 
 
@@ -152,7 +179,7 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
 def test_inference_of_a_language_model_is_prefill_then_decode_steps() -> None:
     h100, h200 = (
         wg.predict(
-            "llama-3.2-1b",
+            "llama-3.1-8b",
             gpus=[gpu],
             mode="inference",
             context=1024,
@@ -167,7 +194,7 @@ def test_inference_of_a_language_model_is_prefill_then_decode_steps() -> None:
         assert e.step_time_s == pytest.approx(e.prefill_s + 64 * e.decode_step_s)
         assert e.throughput == pytest.approx(4 * 64 / e.step_time_s)
     # decode streams weights and cache: it speeds up with bandwidth (4.8 vs 3.35 TB/s, same
-    # compute), by less than the ratio since the launch floor of a small model's ops does not
+    # compute), by less than the ratio since the launch floor of the eager ops does not
     assert h100.decode_step_s is not None and h200.decode_step_s is not None
     assert 1.1 < h100.decode_step_s / h200.decode_step_s < 4.8 / 3.35
 

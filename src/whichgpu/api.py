@@ -1074,7 +1074,7 @@ def report(
             throughput_model=params.method,
             throughput_fitted_on=params.fitted_on,
             throughput_fitted_date=params.fitted_date,
-            throughput_error_band=error_band(params, chosen.info.family),
+            throughput_error_band=error_band(params, chosen.info.name, chosen.info.family),
             memory_method=memory[0].method if memory else "",
             run=described,
             store=store_text,
@@ -1130,7 +1130,7 @@ def _calibration(
             f"--calibrate: the measured batch {result.batch_size} does not fit "
             f"{reference.name} in the memory model, so it cannot be compared."
         )
-    band = error_band(alone.params, chosen.info.family, calibrated=True)
+    band = error_band(alone.params, step.profile.workload, chosen.info.family, calibrated=True)
     return Calibration(result=result, predicted=predicted), band
 
 

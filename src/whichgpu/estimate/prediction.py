@@ -67,7 +67,10 @@ class ThroughputPredictor:
         self.profile = profile
         self.run = run
         self.params = params or load_parameters()
-        self.band = error_band(self.params, family)
+        self.band = error_band(self.params, profile.workload, family)
+        self.factor = self.params.speed_factor(profile.workload, family)
+        self.factor_origin = self.params.factor_origin(profile.workload, family)
+        self.fitted = profile.workload in self.params.workload_factors
         self.method = f"{method}; {self.params.method}"
         self.state = state or StepState()
         self.serving = "kv_cache" in profile.choices
@@ -81,12 +84,18 @@ class ThroughputPredictor:
             "time of a step = sum over its operators of max(FLOPs / (efficiency x engine "
             "peak x size ramp), bytes / (efficiency x bandwidth), launch floor)",
             f"constants fitted on {params.fitted_on} ({params.fitted_date})",
-            f"band = +/-{self.band:.0%}: the 80th percentile of the leave-one-GPU-out error of "
-            "this workload type in training",
-            "the constants absorb 2020 frameworks (eager kernels, no fused or flash attention): "
-            "today's stacks likely run faster than predicted, on every GPU alike, so rankings "
-            "hold better than absolute times until the constants are refitted on new "
-            "measurements (whichgpu bench)",
+            f"speed {self.factor_origin}",
+            f"band = +/-{self.band:.0%}: the 80th percentile of the "
+            + (
+                "leave-one-GPU-out error of this workload type in training"
+                if self.fitted
+                else "leave-one-model-out error of this workload type in training (a workload "
+                "never measured)"
+            ),
+            "the constants and factors come from 2020 frameworks (eager kernels, no fused or "
+            "flash attention): today's stacks likely run faster than predicted, on every GPU "
+            "alike, so rankings hold better than absolute times until they are refitted on new "
+            "measurements (whichgpu bench; predict --calibrate corrects one workload now)",
             "synthetic data, no input pipeline or host stalls",
         )
         if self.serving and self.inference is not None:
@@ -97,7 +106,7 @@ class ThroughputPredictor:
                 "generated tokens per second over all sequences",
                 "decode streams at "
                 f"{self.inference.decode_memory_efficiency:.0%} of DRAM bandwidth: "
-                f"{self.inference.source}",
+                f"{self.inference.source}; the speed factor applies to the prefill only",
             )
         elif run.mode == "inference":
             notes += ("inference: one forward pass without gradients per batch",)
@@ -155,7 +164,10 @@ class ThroughputPredictor:
         table = op_table(self.profile, memory.batch_size, memory.seq_len)
         precision = self.run.precision
         if self.serving and self.inference is not None:
-            prefill = step_time(restrict(table, ("prefill",)), rates, precision, self.params)
+            prefill = _faster(
+                step_time(restrict(table, ("prefill",)), rates, precision, self.params),
+                self.factor,
+            )
             decode_params = replace(
                 self.params, memory_efficiency=self.inference.decode_memory_efficiency
             )
@@ -198,7 +210,7 @@ class ThroughputPredictor:
             )
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))
-        step = step_time(table, rates, precision, self.params)
+        step = _faster(step_time(table, rates, precision, self.params), self.factor)
         seconds = step.step_time_s
         shares = _shares([step], seconds)
         scaling = None
@@ -229,6 +241,18 @@ class ThroughputPredictor:
             time_shares=shares,
             tensor_flops_share=step.tensor_flops_share,
         )
+
+
+def _faster(step: StepTime, factor: float) -> StepTime:
+    """``step`` with every time divided by the workload's speed ``factor``."""
+    return replace(
+        step,
+        step_time_s=step.step_time_s / factor,
+        matrix_s=step.matrix_s / factor,
+        memory_s=step.memory_s / factor,
+        launch_s=step.launch_s / factor,
+        phase_s={k: v / factor for k, v in step.phase_s.items()},
+    )
 
 
 def _shares(steps: list[StepTime], seconds: float) -> dict[str, float]:

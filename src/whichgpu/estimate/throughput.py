@@ -21,6 +21,14 @@ with the settings of ``whichgpu.validate.throughput`` — by ``scripts/fit_throu
 stored with their provenance and their validation error in ``data/throughput.json``; the
 error is the width of each prediction's band.
 
+Beside them, each measured workload has a *speed factor*: how much faster its code ran than
+the operator model says, on every GPU alike (its framework's kernels, fusions, host overhead).
+The fit is hierarchical: the factors of one workload type (``vision``, ``language``) shrink
+towards the type's factor, which shrinks towards 1, and the five constants towards the
+physical values of ``fit_priors`` in ``data/throughput.json`` (each with its source). A
+workload that was measured uses its own factor and the band of a new GPU (leave one GPU out);
+any other uses its type's factor and the band of a new workload (leave one model out).
+
 Pure Python + numpy: no torch.
 """
 
@@ -75,6 +83,31 @@ class PerfParameters:
     calibrated_error_bands: dict[str, float] = field(default_factory=dict)
     """The same, for a prediction corrected by a measurement on another GPU
     (``predict --calibrate``); empty when not validated."""
+    unseen_error_bands: dict[str, float] = field(default_factory=dict)
+    """The same for a workload without a fitted speed factor (leave-one-model-out error);
+    empty: ``error_bands`` serve."""
+    workload_factors: dict[str, float] = field(default_factory=dict)
+    """Measured over modelled speed of each fitted workload (by workload id)."""
+    type_factors: dict[str, float] = field(default_factory=dict)
+    """The speed factor of a workload type (``vision``, ``language``, ``default``), for
+    workloads without their own."""
+
+    def speed_factor(self, workload: str, family: str) -> float:
+        """The factor a prediction of ``workload`` (of ``family``) is multiplied by."""
+        found = self.workload_factors.get(workload)
+        if found is not None:
+            return found
+        return self.type_factors.get(workload_type(family), self.type_factors.get("default", 1.0))
+
+    def factor_origin(self, workload: str, family: str) -> str:
+        """Where ``speed_factor`` comes from, in words."""
+        factor = self.speed_factor(workload, family)
+        if workload in self.workload_factors:
+            return f"x{factor:.2f}: this workload's speed factor, fitted on its measured runs"
+        return (
+            f"x{factor:.2f}: the speed factor of {workload_type(family)} workloads (this one "
+            "was never measured)"
+        )
 
     @property
     def vector(self) -> npt.NDArray[np.float64]:
@@ -110,9 +143,45 @@ def load_parameters() -> PerfParameters:
         method=str(doc["method"]),
         fitted_date=str(doc["fitted_date"]),
         error_bands={str(k): float(v) for k, v in doc["error_bands"].items()},
-        calibrated_error_bands={
-            str(k): float(v) for k, v in doc.get("calibrated_error_bands", {}).items()
-        },
+        calibrated_error_bands=_floats(doc.get("calibrated_error_bands", {})),
+        unseen_error_bands=_floats(doc.get("unseen_error_bands", {})),
+        workload_factors=_floats(doc.get("workload_factors", {})),
+        type_factors=_floats(doc.get("type_factors", {})),
+    )
+
+
+def _floats(values: dict[str, Any]) -> dict[str, float]:
+    return {str(k): float(v) for k, v in values.items()}
+
+
+@dataclass(frozen=True)
+class FitPriors:
+    """What the fit pulls the constants towards where the measurements say little (log-normal
+    priors), and how far the speed factors may stray (``data/throughput.json``,
+    ``fit_priors``)."""
+
+    values: npt.NDArray[np.float64]
+    """Prior value of each constant, in ``FIT_FIELDS`` order."""
+    sd_log: npt.NDArray[np.float64]
+    """Its standard deviation, in natural log."""
+    data_sd_log: float
+    """Expected scatter of one measurement about the model, in natural log."""
+    workload_sd_log: float
+    """Spread of workloads' factors about their type's, in natural log."""
+    type_sd_log: float
+    """Spread of the types' factors about 1, in natural log."""
+
+
+def load_fit_priors() -> FitPriors:
+    """The shipped priors of the fit."""
+    ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
+    doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))["fit_priors"]
+    return FitPriors(
+        values=np.array([float(doc[name]["value"]) for name in FIT_FIELDS]),
+        sd_log=np.array([float(doc[name]["sd_log"]) for name in FIT_FIELDS]),
+        data_sd_log=float(doc["data_sd_log"]),
+        workload_sd_log=float(doc["workload_sd_log"]),
+        type_sd_log=float(doc["type_sd_log"]),
     )
 
 
@@ -174,6 +243,49 @@ class OpTable:
     """Which operators take FP32 inputs."""
     phases: npt.NDArray[np.str_]
     """Where in the step each operator runs (``forward``, ``backward``, ``decode`` …)."""
+    counts: npt.NDArray[np.float64] | None = None
+    """How many identical operators each row stands for (None: one each; see
+    ``merge_repeats``)."""
+
+    @property
+    def weights(self) -> npt.NDArray[np.float64]:
+        """``counts``, or ones."""
+        return self.counts if self.counts is not None else np.ones(len(self.kinds))
+
+
+def merge_repeats(table: OpTable) -> OpTable:
+    """``table`` with identical operators (the layers of a deep model) as one row each and
+    their count: the same step time, computed many times faster (the fit's inner loop)."""
+    keys = list(
+        zip(
+            table.kinds,
+            table.dtypes,
+            table.flops.tolist(),
+            table.bytes_moved.tolist(),
+            table.phases.tolist(),
+            strict=True,
+        )
+    )
+    first: dict[tuple[str, str, float, float, str], int] = {}
+    counts: dict[int, float] = {}
+    for i, key in enumerate(keys):
+        row = first.setdefault(key, i)
+        counts[row] = counts.get(row, 0.0) + float(table.weights[i])
+    rows = np.array(sorted(counts))
+    return OpTable(
+        kinds=tuple(table.kinds[i] for i in rows),
+        dtypes=tuple(table.dtypes[i] for i in rows),
+        flops=table.flops[rows],
+        bytes_moved=table.bytes_moved[rows],
+        units_per_step=table.units_per_step,
+        batch_size=table.batch_size,
+        seq_len=table.seq_len,
+        is_matrix=table.is_matrix[rows],
+        is_half=table.is_half[rows],
+        is_fp32=table.is_fp32[rows],
+        phases=table.phases[rows],
+        counts=np.array([counts[i] for i in rows]),
+    )
 
 
 def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
@@ -212,6 +324,7 @@ def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
         is_half=table.is_half[keep],
         is_fp32=table.is_fp32[keep],
         phases=table.phases[keep],
+        counts=None if table.counts is None else table.counts[keep],
     )
 
 
@@ -332,12 +445,13 @@ def step_time(
     )
     compute = np.maximum(matrix_time, vector_time)
     memory = table.bytes_moved / (rates.bandwidth_bytes_per_s * params.memory_efficiency)
-    times = np.maximum(np.maximum(compute, memory), params.launch_s)
+    weights = table.weights
+    times = np.maximum(np.maximum(compute, memory), params.launch_s) * weights
     bound_compute = (compute >= memory) & (compute >= params.launch_s)
     bound_memory = (memory > compute) & (memory >= params.launch_s)
     bound_launch = ~(bound_compute | bound_memory)
-    total_flops = float(table.flops.sum())
-    tensor_flops = float(table.flops[tensor & matrix].sum())
+    total_flops = float((table.flops * weights).sum())
+    tensor_flops = float((table.flops * weights)[tensor & matrix].sum())
     return StepTime(
         step_time_s=float(times.sum()),
         matrix_s=float(times[bound_compute].sum()),
@@ -360,11 +474,19 @@ def peak_flops_per_s(rates: GpuRates, precision: Precision) -> float:
     return rates.vector_flops_per_s
 
 
-def error_band(params: PerfParameters, family: str, *, calibrated: bool = False) -> float:
-    """Relative half-width of the band for a workload family (``calibrated``: of a prediction
-    corrected by a measurement on another GPU, where that has been validated)."""
+def error_band(
+    params: PerfParameters, workload: str, family: str, *, calibrated: bool = False
+) -> float:
+    """Relative half-width of the band of a prediction of ``workload`` (of ``family``):
+    ``calibrated``, of one corrected by a measurement on another GPU; else of a new GPU for a
+    workload with its own speed factor, of a new workload for any other."""
     kind = workload_type(family)
-    bands = params.calibrated_error_bands if calibrated else {}
+    if calibrated:
+        bands = params.calibrated_error_bands
+    elif workload in params.workload_factors:
+        bands = params.error_bands
+    else:
+        bands = params.unseen_error_bands
     bands = bands or params.error_bands
     return bands.get(kind, bands["default"])
 

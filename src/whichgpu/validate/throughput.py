@@ -1,12 +1,14 @@
 """``whichgpu validate throughput``: predicted training throughput against measured.
 
 The reference is Lambda's 2020 table (12 models x 8 GPUs, throughput at each GPU's largest
-batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's constants are
-fitted by ``fit_parameters`` (the shipped ones by ``scripts/fit_throughput.py`` on all rows);
-the error reported here is out of sample:
+batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's constants and
+speed factors are fitted by ``fit_parameters`` (the shipped ones by
+``scripts/fit_throughput.py`` on all rows); the error reported here is out of sample:
 
-- leave-one-GPU-out: refit without a GPU, predict every model on it;
-- leave-one-model-out: refit without a model, predict it on every GPU;
+- leave-one-GPU-out: refit without a GPU, predict every model on it (each model with the
+  speed factor its other GPUs gave it: a new GPU for a known workload);
+- leave-one-model-out: refit without a model, predict it on every GPU (with its workload
+  type's factor: a workload never measured);
 
 beside two baselines computed case by case the same way: a measurement of the same model on
 each other GPU scaled by the ratio of memory bandwidths, or of AMP tensor rates (FP32 rate
@@ -20,21 +22,25 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
 
 from whichgpu.catalog import load_catalog
 from whichgpu.estimate.throughput import (
+    FitPriors,
     GpuRates,
     OpTable,
     PerfParameters,
     gpu_rates,
+    load_fit_priors,
     matrix_engines,
+    merge_repeats,
     op_table,
     step_time,
     with_values,
+    workload_type,
 )
 from whichgpu.schema import (
     ErrorStats,
@@ -56,6 +62,8 @@ class ThroughputCase:
     """Model as the table names it."""
     workload: str
     """The workload that stands for it."""
+    family: str
+    """The workload's family (its type picks the speed factor of an unfitted workload)."""
     gpu: GpuSpec
     """The GPU."""
     precision: Precision
@@ -69,10 +77,25 @@ class ThroughputCase:
     unit: str
     """The table's unit."""
 
+    def modelled(self, params: PerfParameters) -> float:
+        """Throughput the operator model gives with ``params``, before any speed factor."""
+        merged = self.merged
+        step = step_time(merged, self.rates, self.precision, params, self.merged_engines)
+        return merged.units_per_step / step.step_time_s
+
+    @functools.cached_property
+    def merged(self) -> OpTable:
+        """``table`` with repeated operators merged (the same times, many times faster)."""
+        return merge_repeats(self.table)
+
+    @functools.cached_property
+    def merged_engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """``engines`` of ``merged``."""
+        return matrix_engines(self.merged, self.rates, self.precision)
+
     def predicted(self, params: PerfParameters) -> float:
-        """Predicted throughput with ``params``."""
-        step = step_time(self.table, self.rates, self.precision, params, self.engines)
-        return self.table.units_per_step / step.step_time_s
+        """Predicted throughput with ``params`` (the operator model x the speed factor)."""
+        return self.modelled(params) * params.speed_factor(self.workload, self.family)
 
     @functools.cached_property
     def engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
@@ -121,6 +144,7 @@ def lambda_cases(
         case = ThroughputCase(
             model=row["model"],
             workload=model.workload,
+            family=info.family,
             gpu=gpu,
             precision=model.precision,
             table=op_table(profile, batch, seq_len),
@@ -140,21 +164,71 @@ def lambda_cases(
 
 _LOWER = np.log([1e-3, 1e-3, 1e-2, 1e3, 1e-7])
 _UPPER = np.log([1.0, 1.0, 1.0, 1e13, 1e-3])
+_FACTOR_BOUND = 5.0
+"""Largest |log| of a speed factor (x150 either way: far beyond any plausible one)."""
 
 
-def fit_parameters(cases: Sequence[ThroughputCase], start: PerfParameters) -> PerfParameters:
-    """Constants minimising the squared log error of predicted throughput over ``cases``."""
+def fit_parameters(
+    cases: Sequence[ThroughputCase], start: PerfParameters, priors: FitPriors | None = None
+) -> PerfParameters:
+    """Constants and speed factors of the maximum a-posteriori fit over ``cases``.
+
+    Minimises, in natural log, the squared errors of predicted throughput (over the expected
+    scatter of a measurement), the constants' distances from their priors, each workload's
+    factor's distance from its type's, and each type's factor's distance from 1 (each over
+    its spread in ``priors``). Workloads absent from ``cases`` get no factor of their own.
+    """
     from scipy.optimize import least_squares
 
+    priors = priors or load_fit_priors()
+    workloads = sorted({c.workload for c in cases})
+    kind_of = {c.workload: workload_type(c.family) for c in cases}
+    kinds = sorted(set(kind_of.values()))
+    w_index = [workloads.index(c.workload) for c in cases]
+    k_index = [kinds.index(kind_of[w]) for w in workloads]
+    n = len(start.vector)
     measured = np.log([c.measured for c in cases])
+    prior_log = np.log(priors.values)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        params = with_values(start, np.exp(x))
-        return np.log([c.predicted(params) for c in cases]) - measured
+        params = with_values(start, np.exp(x[:n]))
+        factors = x[n : n + len(workloads)]
+        kind_factors = x[n + len(workloads) :]
+        modelled = np.log([c.modelled(params) for c in cases])
+        return np.concatenate(
+            [
+                (modelled + factors[w_index] - measured) / priors.data_sd_log,
+                (x[:n] - prior_log) / priors.sd_log,
+                (factors - kind_factors[k_index]) / priors.workload_sd_log,
+                kind_factors / priors.type_sd_log,
+            ]
+        )
 
-    x0 = np.clip(np.log(start.vector), _LOWER + 1e-9, _UPPER - 1e-9)
-    result = least_squares(residuals, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
-    return with_values(start, np.exp(result.x))
+    extra = len(workloads) + len(kinds)
+    lower = np.concatenate([_LOWER, np.full(extra, -_FACTOR_BOUND)])
+    upper = np.concatenate([_UPPER, np.full(extra, _FACTOR_BOUND)])
+    x0 = np.concatenate(
+        [
+            np.log(start.vector),
+            [math.log(start.workload_factors.get(w, 1.0)) for w in workloads],
+            [math.log(start.type_factors.get(k, 1.0)) for k in kinds],
+        ]
+    )
+    x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
+    x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
+    fitted = with_values(start, np.exp(x[:n]))
+    type_factors = {
+        k: float(np.exp(v)) for k, v in zip(kinds, x[n + len(workloads) :], strict=True)
+    }
+    # A type the cases do not cover (and ``default``) gets the factor of the typical type.
+    type_factors["default"] = float(np.exp(np.mean(x[n + len(workloads) :])))
+    return replace(
+        fitted,
+        workload_factors={
+            w: float(np.exp(v)) for w, v in zip(workloads, x[n : n + len(workloads)], strict=True)
+        },
+        type_factors=type_factors,
+    )
 
 
 def summarize(method: str, errors: Sequence[float]) -> ErrorStats:
@@ -260,12 +334,12 @@ def validate_throughput(
     by_model = held_out_errors(cases, params, lambda c: c.model, progress)
     bw = baseline_errors(cases, bandwidth)
     amp = baseline_errors(cases, amp_rate)
-    transfer = transfer_errors(cases, by_gpu)
+    transfer = transfer_errors(cases, by_model)
     gpu_errors = [by_gpu[i] for i in range(len(cases))]
     summaries = [
         summarize("whichgpu, leave one GPU out", gpu_errors),
         summarize("whichgpu, leave one model out", [by_model[i] for i in range(len(cases))]),
-        summarize("whichgpu held out + one measured GPU (calibrated)", transfer),
+        summarize("whichgpu, model left out + one measured GPU (calibrated)", transfer),
         summarize("baseline: another GPU's measurement x bandwidth ratio", bw),
         summarize("baseline: another GPU's measurement x AMP-rate ratio", amp),
     ]
