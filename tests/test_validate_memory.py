@@ -31,6 +31,19 @@ def test_cli_validate_memory_json() -> None:
         == doc["compared"]
     )
     assert any("fp32" in a for a in doc["assumptions"])
+    assert all(c["framework"] for c in doc["cases"])
+    evidenced = [
+        c
+        for c in doc["cases"]
+        if c["verdict"] == "too high"
+        and (
+            c["measured_max_batch"] == 0
+            or (c["framework"].startswith("PyTorch") and not c["batches_set_by_hand"])
+        )
+    ]
+    assert doc["too_high_evidenced"] == len(evidenced) <= doc["too_high"]
+    by_hand = {c["model"] for c in doc["cases"] if c["batches_set_by_hand"]}
+    assert by_hand == {"Transformer Big", "Conv. Seq2Seq", "unsupMT", "BERT Finetune"}
 
 
 def test_cli_validate_memory_table() -> None:

@@ -805,6 +805,11 @@ class MemoryValidationCase(_Frozen):
     """``exact``, ``conservative`` (below the measurement) or ``too high``."""
     note: str = ""
     """Why a case was skipped, or what is special about it."""
+    framework: str = ""
+    """The framework of the code the reference ran."""
+    batches_set_by_hand: bool = False
+    """The reference's batches are round values set by hand, not a search: a prediction above
+    one is not shown to be too high."""
 
 
 class MemoryValidation(_Frozen):
@@ -824,6 +829,9 @@ class MemoryValidation(_Frozen):
     """Cases more than one step below."""
     too_high: int
     """Cases above the measurement — the failure that matters most."""
+    too_high_evidenced: int = 0
+    """Of ``too_high``, those the reference can show: PyTorch code (what whichgpu models) with
+    batches from a search, or a model the reference could not run at all."""
 
 
 # --- Throughput ------------------------------------------------------------------------------

@@ -411,7 +411,8 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
     table = Table(
         header_style="bold", title="Largest batch: predicted vs measured", title_justify="left"
     )
-    for col in ("model", "GPU", "unit", "measured", "predicted", "on grid", "steps", "verdict"):
+    columns = ("model", "framework", "GPU", "unit", "measured", "predicted", "on grid", "steps")
+    for col in (*columns, "verdict"):
         table.add_column(
             col, justify="right" if col in ("measured", "predicted", "on grid", "steps") else "left"
         )
@@ -419,6 +420,7 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         style = _VERDICT_STYLE.get(c.verdict, "dim")
         table.add_row(
             c.model,
+            c.framework.split(" (")[0] + (", batches by hand" if c.batches_set_by_hand else ""),
             c.gpu,
             c.unit,
             str(c.measured_max_batch),
@@ -433,7 +435,9 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         f"{validation.compared} cases compared: {validation.exact} exact, "
         f"{validation.conservative_by_one} one step conservative, "
         f"{validation.conservative_more} more than one step conservative, "
-        f"{validation.too_high} too high. Exact or one step conservative: {ok / n:.0%}.",
+        f"{validation.too_high} too high ({validation.too_high_evidenced} where the reference "
+        "can show it: PyTorch code with searched batches, or a model it could not run). "
+        f"Exact or one step conservative: {ok / n:.0%}.",
         style="bold",
     )
     notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")

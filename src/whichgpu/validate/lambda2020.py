@@ -33,6 +33,22 @@ class LambdaModel:
     """Sequence length (None: the workload's default)."""
     why: str = "no recipe detail known: fp32 at the workload's defaults"
     """Where the settings come from."""
+    framework: str = "unknown"
+    """The framework of the code Lambda ran: each model "comes from its authors' public
+    repository" (the post), so the authors' repository's."""
+
+    @property
+    def pytorch(self) -> bool:
+        """Whether the reference ran PyTorch code, as whichgpu's workloads model."""
+        return self.framework.startswith("PyTorch")
+
+    @property
+    def batches_set_by_hand(self) -> bool:
+        """Whether the column's batches are round values set by hand rather than a search:
+        the token columns (2000, 3584 — fairseq's recipe value —, 4000, 8000, 16000) and BERT
+        fine-tuning (6 on both the 8 GB and the 11 GB cards). A larger batch than such a
+        value may fit, so a prediction above it is not shown to be too high."""
+        return not self.power_of_two
 
     def settings(self, name: str) -> str:
         """``name: precision[, N tokens]``, as the validations print it."""
@@ -45,16 +61,26 @@ _FAIRSEQ_FP16 = (
     "measured words/s would exceed the Turing cards' FP32 peak (Conv. Seq2Seq: 105-124 %)"
 )
 
+_TF_MODELS = "TensorFlow (tensorflow/models)"
+_FAIRSEQ = "PyTorch (pytorch/fairseq)"
+_GOOGLE_BERT = "TensorFlow (google-research/bert)"
+
 LAMBDA_MODELS = {
-    "NasNet Large": LambdaModel("nasnet-large", True),
-    "DeepLabv3": LambdaModel("deeplabv3", True),
-    "Yolo v3": LambdaModel("yolov3", True),
-    "Pix2Pix HD": LambdaModel("pix2pixhd", True),
-    "StyleGAN": LambdaModel("stylegan", True),
-    "MaskRCNN": LambdaModel("maskrcnn", True),
-    "Transformer Big": LambdaModel("transformer-big", False, "fp16", why=_FAIRSEQ_FP16),
-    "Conv. Seq2Seq": LambdaModel("convs2s", False, "fp16", why=_FAIRSEQ_FP16),
-    "unsupMT": LambdaModel("unsupmt", False),
+    "NasNet Large": LambdaModel("nasnet-large", True, framework=_TF_MODELS),
+    "DeepLabv3": LambdaModel("deeplabv3", True, framework=_TF_MODELS),
+    "Yolo v3": LambdaModel("yolov3", True, framework="Darknet (pjreddie/darknet)"),
+    "Pix2Pix HD": LambdaModel("pix2pixhd", True, framework="PyTorch (NVIDIA/pix2pixHD)"),
+    "StyleGAN": LambdaModel("stylegan", True, framework="TensorFlow (NVlabs/stylegan)"),
+    "MaskRCNN": LambdaModel(
+        "maskrcnn",
+        True,
+        framework="unknown (the authors' Detectron is Caffe2, their maskrcnn-benchmark PyTorch)",
+    ),
+    "Transformer Big": LambdaModel(
+        "transformer-big", False, "fp16", why=_FAIRSEQ_FP16, framework=_FAIRSEQ
+    ),
+    "Conv. Seq2Seq": LambdaModel("convs2s", False, "fp16", why=_FAIRSEQ_FP16, framework=_FAIRSEQ),
+    "unsupMT": LambdaModel("unsupmt", False, framework="PyTorch (facebookresearch/UnsupervisedMT)"),
     "BERT Base": LambdaModel(
         "bert-base",
         True,
@@ -64,11 +90,20 @@ LAMBDA_MODELS = {
             "(README, 'Pre-training tips'); at 512 the measured rate would be 190-225 % of the "
             "FP32 peak"
         ),
+        framework=_GOOGLE_BERT,
     ),
     "BERT Finetune": LambdaModel(
-        "bert-squad", False, why="google-research/bert run_squad recipe: 384 tokens, fp32"
+        "bert-squad",
+        False,
+        why="google-research/bert run_squad recipe: 384 tokens, fp32",
+        framework=_GOOGLE_BERT,
     ),
-    "MT-DNN": LambdaModel("mt-dnn", True, why="namisan/mt-dnn recipe: 512 tokens, fp32"),
+    "MT-DNN": LambdaModel(
+        "mt-dnn",
+        True,
+        why="namisan/mt-dnn recipe: 512 tokens, fp32",
+        framework="PyTorch (namisan/mt-dnn)",
+    ),
 }
 """Lambda's model names, the workloads that stand for them, and their settings."""
 
