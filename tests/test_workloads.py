@@ -12,7 +12,7 @@ import pytest
 from whichgpu.errors import UnknownWorkload, UnsupportedWorkload, UsageError
 from whichgpu.schema import RunConfig
 from whichgpu.workloads import all_workloads, check_for_workload, get_workload, run_config
-from whichgpu.workloads.user import config_workload
+from whichgpu.workloads.user import config_workload, read_user_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -114,6 +114,31 @@ def test_user_config(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(UsageError, match="not valid JSON"):
         config_workload(bad)
+
+
+def test_older_class_names_and_task_switches(tmp_path: Path) -> None:
+    # GPT-2's own config.json names GPT2LMHeadModel, which has no ...ForCausalLM twin.
+    gpt2 = tmp_path / "gpt2.json"
+    gpt2.write_text(
+        json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 8})
+    )
+    config, task = read_user_config(gpt2)
+    assert task == "causal-lm" and config["architectures"] == ["GPT2LMHeadModel"]
+    config, task = read_user_config(gpt2, "causal-lm")
+    assert config["architectures"] == ["GPT2LMHeadModel"]
+    config, _ = read_user_config(gpt2, "seq-cls")
+    assert config["architectures"] == ["GPT2ForSequenceClassification"]
+    llama = FIXTURES / "tiny-llama.json"
+    config, _ = read_user_config(llama, "seq-cls")
+    assert config["architectures"] == ["LlamaForSequenceClassification"]
+    nameless = tmp_path / "nameless.json"
+    nameless.write_text('{"model_type": "llama", "vocab_size": 8}')
+    with pytest.raises(UsageError, match="names no 'architectures'"):
+        read_user_config(nameless, "causal-lm")
+    odd = tmp_path / "odd.json"
+    odd.write_text('{"model_type": "t5", "architectures": ["T5Model"], "vocab_size": 8}')
+    with pytest.raises(UnsupportedWorkload, match="pass --task"):
+        read_user_config(odd)
 
 
 def _bert_params(vocab: int, width: int, layers: int, pooler: bool) -> int:

@@ -72,16 +72,31 @@ TASK_CLASS_SUFFIX: dict[str, str] = {
     "seq-cls": "ForSequenceClassification",
     "masked-lm": "ForMaskedLM",
 }
+"""The class-name ending of each task in ``transformers`` (``LlamaForCausalLM``)."""
+OLDER_CLASS_SUFFIX: dict[str, Task] = {"LMHeadModel": "causal-lm"}
+"""Endings of older model classes with the same task (``GPT2LMHeadModel``, ``CTRLLMHeadModel``,
+which have no ``…ForCausalLM`` twin)."""
 DEFAULT_SEQ_LEN = 2048
 
 
-def _task_of(architecture: str) -> Task:
+def _task_of(architecture: str) -> Task | None:
     for task, suffix in TASK_CLASS_SUFFIX.items():
         if architecture.endswith(suffix):
             return task  # type: ignore[return-value]
-    raise UnsupportedWorkload(
-        f"Cannot tell the task of '{architecture}'; pass --task causal-lm, seq-cls or masked-lm."
-    )
+    for suffix, older_task in OLDER_CLASS_SUFFIX.items():
+        if architecture.endswith(suffix):
+            return older_task
+    return None
+
+
+def _class_for(architecture: str, task: Task) -> str:
+    """The class of ``architecture``'s model family for ``task``: itself when it already does
+    that task, else its stem with the task's ending."""
+    if _task_of(architecture) == task:
+        return architecture
+    endings = [*TASK_CLASS_SUFFIX.values(), *OLDER_CLASS_SUFFIX]
+    stem = next((architecture[: -len(e)] for e in endings if architecture.endswith(e)), "")
+    return (stem or architecture) + TASK_CLASS_SUFFIX[task]
 
 
 def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, Any], Task]:
@@ -96,15 +111,20 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
     if "model_type" not in config:
         raise UsageError(f"--config {path} has no 'model_type'; is it a Hugging Face config.json?")
     architectures = list(config.get("architectures") or [])
+    if not architectures:
+        raise UsageError(
+            f"--config {path} names no 'architectures' (the model class, e.g. "
+            '"architectures": ["LlamaForCausalLM"]); add it to the file.'
+        )
     if task is not None:
-        stem = architectures[0] if architectures else ""
-        base = next((stem[: -len(s)] for s in TASK_CLASS_SUFFIX.values() if stem.endswith(s)), stem)
-        if not base:
-            raise UsageError(f"--config {path} names no 'architectures'; it is needed with --task.")
-        architectures = [base + TASK_CLASS_SUFFIX[task]]
-    elif not architectures:
-        raise UsageError(f"--config {path} names no 'architectures'; pass --task to choose.")
-    return {**config, "architectures": architectures}, task or _task_of(architectures[0])
+        return {**config, "architectures": [_class_for(architectures[0], task)]}, task
+    found = _task_of(architectures[0])
+    if found is None:
+        raise UnsupportedWorkload(
+            f"Cannot tell the task of '{architectures[0]}'; pass --task causal-lm, seq-cls or "
+            "masked-lm."
+        )
+    return {**config, "architectures": architectures}, found
 
 
 def config_workload(path: Path, task: Task | None = None) -> Workload:
