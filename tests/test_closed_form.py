@@ -117,3 +117,18 @@ def test_closed_form_does_not_import_torch() -> None:
         "assert 'numpy' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_attention_is_fused_except_in_the_lambda_stand_ins() -> None:
+    # bert-base stands for Lambda's TensorFlow BERT, whose scores were materialised: its
+    # activations grow with the square of the length; bert-large (and any user config) runs
+    # the fused kernel, whose saved bytes are linear in it.
+    for workload, quadratic in (("bert-base", True), ("bert-large", False), ("gpt2", False)):
+        config = cf.workload_config(workload)
+        shape = cf.parse_config(config)
+        assert shape.materialised_attention is quadratic
+        terms = cf.activation_terms(shape, AMP)
+        assert (terms.per_layer_token_position_bytes > 0) is quadratic
+    user = dict(cf.workload_config("bert-base"))
+    user.pop(cf.MATERIALISED_ATTENTION_KEY)
+    assert not cf.parse_config(user).materialised_attention

@@ -174,3 +174,25 @@ def test_cli_fit_traces_a_users_config() -> None:
     assert result.returncode == 0, result.stderr
     (doc,) = json.loads(result.stdout)
     assert doc["method"] == "traced" and doc["max_batch_size"] > 100
+
+
+def test_attention_without_a_fused_kernel_on_the_gpu_is_counted() -> None:
+    # Turing has no flash attention and its memory-efficient kernel takes no bf16: a bf16 run
+    # falls back to PyTorch's math path, which keeps the scores; fp16 runs fused, as on Ada.
+    bf16 = {e.gpu: e for e in fit("gpt2", gpus=["2080ti", "4090"], seq_len=1024)}
+    fp16 = {
+        e.gpu: e for e in fit("gpt2", gpus=["2080ti", "4090"], seq_len=1024, precision="fp16")
+    }
+    turing = bf16["rtx-2080-ti"]
+    assert turing.overheads["attention_kernels"] > 1 * GIB
+    assert any(a.startswith("attention runs on math") for a in turing.assumptions)
+    assert turing.max_batch_size < fp16["rtx-2080-ti"].max_batch_size
+    assert "attention_kernels" not in fp16["rtx-2080-ti"].overheads
+    assert "attention_kernels" not in bf16["rtx-4090"].overheads
+    # the counted bytes are part of the device total the largest batch was searched against
+    assert turing.device_total_bytes <= turing.capacity_bytes
+    assert turing.next_batch_device_total_bytes is not None
+    assert turing.next_batch_device_total_bytes > turing.capacity_bytes
+    fast = fit("gpt2", gpus=["2080ti"], seq_len=1024, fast=True)[0]
+    assert fast.overheads["attention_kernels"] > 1 * GIB
+    assert 1 <= fast.max_batch_size <= turing.max_batch_size

@@ -159,3 +159,22 @@ def test_cli_profiles_inference() -> None:
     assert doc["units_per_step"] == 1
     assert doc["seq_len"] == 64
     assert "kv_cache" in doc["choices"]
+
+
+def test_allocation_and_in_place_fills_move_only_what_they_write() -> None:
+    import torch
+
+    from whichgpu.trace.recorder import Recorder
+
+    x = torch.ones(256, 64)
+    with Recorder(record_ops_of_step=0) as rec:
+        noise = torch.empty_like(x)
+        noise.bernoulli_(0.9)
+        noise.div_(0.9)
+        _ = x * noise
+    moved = {op.name: (op.bytes_read, op.bytes_written) for op in rec.ops}
+    size = x.numel() * x.element_size()
+    assert moved["aten.empty_like"] == (0, 0)  # allocates, touches nothing
+    assert moved["aten.bernoulli_"] == (0, size)  # overwrites without reading
+    assert moved["aten.div_"] == (size, size)
+    assert moved["aten.mul"] == (2 * size, size)

@@ -324,12 +324,16 @@ class _Live:
             self.sizes.pop(name, None)
 
 
-def _math_forward(s: _Shape, dtype: str, training: bool) -> tuple[_Live, dict[str, int]]:
+def _math_forward(
+    s: _Shape, dtype: str, training: bool, dropout: bool = False
+) -> tuple[_Live, dict[str, int]]:
     """Simulate the allocations of ``_scaled_dot_product_attention_math`` (forward).
 
     Returns the allocation record after the call, and the tensors it keeps (besides its
     output) for backward when ``training``: scaled q and k^T, the probabilities, and v (the
-    fp32 or GQA-expanded copy, when there is one).
+    fp32 or GQA-expanded copy, when there is one); with ``dropout`` (training) also the
+    dropout's mask (one byte per score, as CUDA's ``native_dropout`` keeps it) and the
+    dropped probabilities that the product with v saves.
     """
     e = _DTYPE_BYTES.get(dtype, _FP32_BYTES)
     upcast = dtype in _HALF
@@ -360,6 +364,10 @@ def _math_forward(s: _Shape, dtype: str, training: bool) -> tuple[_Live, dict[st
         live.free("kT")
     live.alloc("probs", scores * c)  # the mask was added to the scores in place
     live.free("scores")
+    dropped = training and dropout
+    if dropped:
+        live.alloc("dmask", scores)
+        live.alloc("dropped", scores * c)
     if upcast:
         live.alloc("probs_out", scores * e)  # probs.to(dtype), the unused second result
         live.alloc("out32", ql * c)
@@ -368,12 +376,14 @@ def _math_forward(s: _Shape, dtype: str, training: bool) -> tuple[_Live, dict[st
     else:
         live.alloc("out", ql * e)
     value = "v_exp" if gqa else ("v32" if upcast else "")
-    kept = ("q", "kT", "probs", value) if training else ()
+    kept = (
+        ("q", "kT", "probs", value, *(("dmask", "dropped") if dropped else ())) if training else ()
+    )
     saved = {name: live.sizes[name] for name in kept if name in live.sizes}
     return live, saved
 
 
-def _math_backward(s: _Shape, dtype: str) -> int:
+def _math_backward(s: _Shape, dtype: str, dropout: bool = False) -> int:
     """Peak bytes the math path's backward holds beyond what its forward saved (freed as
     autograd releases each node's saved tensors) and the gradients of q, k, v it returns (the
     fused backward returns those too)."""
@@ -385,13 +395,18 @@ def _math_backward(s: _Shape, dtype: str) -> int:
     qs = s.batch * s.q_heads * s.kv_len * s.head_dim
     scores = s.batch * s.q_heads * s.q_len * s.kv_len
     gqa = s.q_heads != s.kv_heads
-    _, saved = _math_forward(s, dtype, training=True)
+    _, saved = _math_forward(s, dtype, training=True, dropout=dropout)
     live = _Live(saved)
     if upcast:
         live.alloc("g32", ql * c)  # grad of out.to(dtype)
     live.alloc("grad_v", qs * c)  # probs^T @ grad
     live.alloc("grad_probs", scores * c)  # grad @ v^T
     live.free("g32", "v_exp", "v32")
+    if dropout:  # through the dropout: grad x mask x scale
+        live.free("dropped")
+        live.alloc("grad_kept", scores * c)
+        live.free("grad_probs", "dmask")
+        live.sizes["grad_probs"] = live.sizes.pop("grad_kept")
     live.alloc("grad_scores", scores * c)  # softmax backward
     live.free("grad_probs", "probs")
     live.alloc("grad_q_scaled", ql * c)
@@ -450,8 +465,9 @@ def extra_attention_bytes(op: OpRecord, choice: AttentionChoice) -> int:
 
     Math backend, forward: the fp32 copies of q, k, v (fp16/bf16 inputs), scaled q and k^T, the
     causal mask, GQA-expanded k and v, and the batch x q_heads x q_len x kv_len scores and
-    probabilities, both live during the softmax (4 bytes each for fp16/bf16 inputs); includes
-    what ``saved_attention_bytes`` keeps. Backward: the two score-sized gradient matrices and
+    probabilities, both live during the softmax (4 bytes each for fp16/bf16 inputs), and with
+    dropout its one-byte mask and the dropped probabilities; includes what
+    ``saved_attention_bytes`` keeps. Backward: the two score-sized gradient matrices and
     the fp32 gradients. Flash, efficient, cuDNN: nothing, except flash's padding of head_dim to
     a multiple of 8 and the efficient kernel's expanded mask when kv_len is not a multiple of
     16. ``choice`` comes from ``attention_backend_for_op`` for this op.
@@ -460,8 +476,8 @@ def extra_attention_bytes(op: OpRecord, choice: AttentionChoice) -> int:
     if choice.backend != "math":
         return _fused_extra(op, s, choice)
     if _is_backward(op):
-        return _math_backward(s, choice.dtype)
-    live, _ = _math_forward(s, choice.dtype, choice.training)
+        return _math_backward(s, choice.dtype, choice.dropout)
+    live, _ = _math_forward(s, choice.dtype, choice.training, choice.dropout)
     e = _DTYPE_BYTES.get(choice.dtype, _FP32_BYTES)
     fused = s.batch * s.q_heads * s.q_len * s.head_dim * e + _logsumexp_bytes(s)
     return max(0, live.peak - fused)
@@ -480,5 +496,60 @@ def saved_attention_bytes(op: OpRecord, choice: AttentionChoice) -> int:
         return 0
     if choice.backend != "math":
         return _fused_extra(op, s, choice)
-    _, saved = _math_forward(s, choice.dtype, training=True)
+    _, saved = _math_forward(s, choice.dtype, training=True, dropout=choice.dropout)
     return max(0, sum(saved.values()) - _logsumexp_bytes(s))
+
+
+@dataclass(frozen=True)
+class AttentionExtra:
+    """What a step's attention needs on one GPU beyond the traced (fused CPU) kernels."""
+
+    saved_bytes: int
+    """Kept from each forward attention call until its backward, summed over the calls."""
+    transient_bytes: int
+    """The largest extra any one call holds while it runs, beyond what it keeps."""
+    backends: tuple[str, ...]
+    """The backends the calls run on, each once (``math``, ``flash`` …)."""
+    reason: str
+    """Why the first call that needs extra bytes runs where it does (empty if none does)."""
+
+    @property
+    def total_bytes(self) -> int:
+        """The bytes to add to the step's peak: all saved ones and the largest transient."""
+        return self.saved_bytes + self.transient_bytes
+
+
+def step_attention_extra(
+    gpu: GpuSpec, ops: list[OpRecord], *, training: bool, dropout: bool
+) -> AttentionExtra:
+    """``extra_attention_bytes`` and ``saved_attention_bytes`` of every traced attention call
+    of a step (``ops`` with concrete shapes) on ``gpu``, summed as the step holds them: the
+    saved bytes of every forward call stay to its backward, and one call's transient is on
+    top at a time. Each tensor is rounded up to the 2 MiB segments large blocks come in.
+    Zero for a GPU without a CUDA compute capability (the rules are NVIDIA's)."""
+    if gpu.compute_capability is None:
+        return AttentionExtra(0, 0, (), "")
+    saved = transient = 0
+    backends: list[str] = []
+    reason = ""
+    for op in ops:
+        if op.kind != "attention" or op.attention is None or len(op.attention) < 8:
+            continue
+        choice = attention_backend_for_op(gpu, op, training=training, dropout=dropout)
+        if choice.backend not in backends:
+            backends.append(choice.backend)
+        extra = _segments(extra_attention_bytes(op, choice))
+        kept = _segments(saved_attention_bytes(op, choice))
+        if extra and not reason:
+            reason = choice.reason
+        saved += kept
+        transient = max(transient, extra - kept)
+    return AttentionExtra(saved, transient, tuple(backends), reason)
+
+
+_SEGMENT_BYTES = 2 * 1024 * 1024
+"""Large blocks are carved from segments rounded to 2 MiB (``kRoundLarge``)."""
+
+
+def _segments(nbytes: int) -> int:
+    return _round_up(nbytes, _SEGMENT_BYTES) if nbytes > 0 else 0

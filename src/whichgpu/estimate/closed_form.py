@@ -3,9 +3,11 @@
 The fast path beside the traced one (``whichgpu.estimate.memory``): instant answers for
 decoder-only language models (Llama, Mistral, Qwen2, GPT-2) and BERT encoders, and a
 cross-check of the stored traces. Every term is a formula in the config's sizes, written
-from what the ``transformers`` implementation (SDPA for the Llama family; GPT-2 and BERT
-train with attention dropout, which the fused CPU kernel lacks, so their scores are
-materialised) allocates and saves for backward, as the tracer records it. The notation:
+from what the ``transformers`` implementation (SDPA, fused: GPT-2 and BERT train with
+attention dropout, which CUDA's flash and memory-efficient kernels apply inside, and the
+tracer traces them so; the Lambda 2020 stand-ins ``bert-base`` and ``bert-squad`` keep the
+materialised scores of the code they stand for, ``MATERIALISED_ATTENTION_KEY``) allocates
+and saves for backward, as the tracer records it. The notation:
 
 - ``T = b·L`` tokens per step; ``h`` hidden size; ``H`` query heads; ``q = H·d`` and
   ``kv = H_kv·d`` the query and key/value widths (``d`` head dim); ``I`` the MLP width;
@@ -107,6 +109,17 @@ class TransformerShape:
     """Biases on the MLP projections."""
     experts: int
     """Experts per MoE layer (0: dense MLP)."""
+    materialised_attention: bool = False
+    """The attention scores (and their dropout mask) are materialised and saved, as in the
+    2019 code the Lambda stand-ins model (``MATERIALISED_ATTENTION_KEY`` in the config)."""
+
+
+MATERIALISED_ATTENTION_KEY = "whichgpu_materialised_attention"
+"""A key ``workload_config`` sets in the configs of workloads traced with materialised
+attention scores (``MATERIALISED_ATTENTION_WORKLOADS``); no Hugging Face config has it."""
+MATERIALISED_ATTENTION_WORKLOADS = ("bert-base", "bert-squad")
+"""The closed-form workloads that stand for Lambda 2020 models (their builders set
+``BuiltWorkload.fused_attention_dropout`` False)."""
 
 
 def parse_config(config: Mapping[str, Any]) -> TransformerShape:
@@ -156,6 +169,7 @@ def parse_config(config: Mapping[str, Any]) -> TransformerShape:
             out_bias=True,
             mlp_bias=True,
             experts=0,
+            materialised_attention=bool(config.get(MATERIALISED_ATTENTION_KEY, False)),
         )
     if model_type == "bert":
         if arch and arch not in _BERT_HEADS:
@@ -181,6 +195,7 @@ def parse_config(config: Mapping[str, Any]) -> TransformerShape:
             out_bias=True,
             mlp_bias=True,
             experts=0,
+            materialised_attention=bool(config.get(MATERIALISED_ATTENTION_KEY, False)),
         )
     raise UnsupportedWorkload(
         f"The closed-form path covers Llama, Mistral, Qwen2, Mixtral (parameters only), GPT-2 "
@@ -527,16 +542,23 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
       ``rsqrt``, its half ``x·rsqrt`` and output); tail ``8h + 4 + 4V + 8``; ``4d`` per
       position.
 
-    GPT-2 (amp; attention dropout, so eager scores): per block ``30h + 10I + 16`` (LayerNorm
-    inputs and statistics, half casts, fp32 q/k/v for the score GEMMs, dropout masks, the
-    five tensors of ``gelu_new``) and ``12H`` per key position (softmax output, fp32 dropout
-    mask and output); tail ``10h + 8 + 4V + 8``; position ids ``8`` per position; held: the
-    half key/value cache ``4h``.
+    GPT-2 (amp; attention dropout inside the fused kernel): per block ``28h + 10I + 16 + 4H``
+    (LayerNorm inputs and statistics, half casts, the half q/k/v, output and log-sum-exp
+    SDPA saves, dropout masks of the residual branches, the five tensors of ``gelu_new``);
+    tail ``10h + 8 + 4V + 8``; position ids ``8`` per position; held: the half key/value
+    cache ``4h``. With materialised scores (the math path) the block saved ``30h + 10I + 16``
+    (fp32 q/k/v for the score GEMMs instead) and ``12H`` per key position (softmax output,
+    fp32 dropout mask and output).
 
-    BERT (amp / fp32; eager scores as GPT-2): per block ``34h + 4I + 16`` / ``40h + 8I + 16``
-    and ``12H`` per key position; embeddings ``8h + 8``; the MLM head ``8h + 4 + 4V`` /
+    BERT (amp / fp32; fused as GPT-2): per block ``29h + 4I + 16 + 4H`` / ``42h + 8I + 16 +
+    4H``; materialised (``bert-base``, ``bert-squad``): ``34h + 4I + 16`` / ``40h + 8I + 16``
+    and ``12H`` per key position. Embeddings ``8h + 8``; the MLM head ``8h + 4 + 4V`` /
     ``16h + 8 + 4V`` (logits for every token); pooler and NSP ``4h + 8`` per sequence; the QA
     head ``2h + 8`` / ``4h + 8`` per token and ``16`` per sequence.
+
+    The fused blocks' ``h`` coefficients were read off the stored traces' bytes per token
+    (the difference of two batch sizes) when the tracer moved to the fused kernel, and match
+    them to 0.1 % (``scripts/calibrate_closed_form.py`` prints every point).
     """
     s = shape
     h, inter, heads, d = s.hidden, s.intermediate, s.heads, s.head_dim
@@ -565,16 +587,23 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
                 "The closed-form path covers GPT-2 under AMP (fp16/bf16) only; use the traced "
                 "path for fp32 or bf16-pure."
             )
-        return ActivationTerms(
-            30 * h + 10 * inter + 16, 12 * heads, 10 * h + 8 + loss, 8, 0, weights, 4 * h
-        )
+        if s.materialised_attention:
+            layer, per_position = 30 * h + 10 * inter + 16, 12 * heads
+        else:
+            layer, per_position = 28 * h + 10 * inter + 16 + 4 * heads, 0
+        return ActivationTerms(layer, per_position, 10 * h + 8 + loss, 8, 0, weights, 4 * h)
     if cls == "pure":
         raise UnsupportedWorkload(
             "The closed-form path covers BERT in fp32 and AMP only; use the traced path for "
             "bf16-pure."
         )
     amp = cls == "amp"
-    layer = (34 * h + 4 * inter + 16) if amp else (40 * h + 8 * inter + 16)
+    if s.materialised_attention:
+        layer = (34 * h + 4 * inter + 16) if amp else (40 * h + 8 * inter + 16)
+        per_position = 12 * heads
+    else:
+        layer = (29 * h + 4 * inter if amp else 42 * h + 8 * inter) + 16 + 4 * heads
+        per_position = 0
     tail = 8 * h + 8
     sample = 0
     if s.architecture == "BertForPreTraining":
@@ -583,7 +612,7 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
     elif s.architecture == "BertForQuestionAnswering":
         tail += (2 * h if amp else 4 * h) + 8
         sample = 16
-    return ActivationTerms(layer, 12 * heads, tail, 0, sample, weights, 0)
+    return ActivationTerms(layer, per_position, tail, 0, sample, weights, 0)
 
 
 # --- calibrated coefficients -----------------------------------------------------------------
@@ -778,8 +807,12 @@ def workload_config(workload: str) -> dict[str, Any]:
     from whichgpu.workloads.hf import read_config
 
     if workload == "bert-squad":
-        return {**read_config("bert-base"), "architectures": ["BertForQuestionAnswering"]}
-    return read_config(workload)
+        config = {**read_config("bert-base"), "architectures": ["BertForQuestionAnswering"]}
+    else:
+        config = read_config(workload)
+    if workload in MATERIALISED_ATTENTION_WORKLOADS:
+        config[MATERIALISED_ATTENTION_KEY] = True
+    return config
 
 
 def cross_check(

@@ -26,6 +26,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate import closed_form as cf
 from whichgpu.estimate.allocator import round_request
+from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
 from whichgpu.estimate.memory import (
     MAX_BATCH_LIMIT,
     MAX_SEQ_LIMIT,
@@ -35,12 +36,54 @@ from whichgpu.estimate.memory import (
     workspace_reserved_bytes,
     workspace_sizes,
 )
-from whichgpu.schema import GpuSpec, MemoryCategory, MemoryEstimate, RunConfig, SoftwareStack
+from whichgpu.schema import (
+    GpuSpec,
+    MemoryCategory,
+    MemoryEstimate,
+    OpRecord,
+    RunConfig,
+    SoftwareStack,
+)
 
 METHOD = "closed form (no trace): the step's peak allocated bytes from the model config"
 """``MemoryEstimate.method`` of every fast estimate (the workload's name follows it)."""
 
 _CAUSAL_HEADS = ("ForCausalLM", "LMHeadModel")
+
+
+_ATTENTION_DTYPE = {"fp16": "float16", "bf16": "bfloat16", "bf16-pure": "bfloat16"}
+"""The dtype attention runs in under each precision (fp32 otherwise)."""
+
+
+def _attention_extra(
+    shape: cf.TransformerShape, run: RunConfig, gpu: GpuSpec, batch: int, length: int
+) -> AttentionExtra:
+    """What the attention of ``shape``'s blocks needs on ``gpu`` beyond the fused kernel the
+    closed form assumes: the calls as the tracer records them (causal without a mask for the
+    language models, BERT with its padding mask), one forward and one backward per block.
+    Nothing for the stand-ins whose closed form counts materialised scores."""
+    if shape.materialised_attention:
+        return AttentionExtra(0, 0, (), "")
+    bert = shape.family == "bert"
+    dims = (batch, shape.heads, shape.kv_heads, length, length, shape.head_dim)
+    call = (*dims, int(not bert), int(bert))
+    dtype = _ATTENTION_DTYPE.get(run.precision, "float32")
+    ops = [
+        OpRecord(
+            name=f"aten._scaled_dot_product_flash_attention_for_cpu{suffix}",
+            kind="attention",
+            phase=phase,
+            flops=0,
+            bytes_read=0,
+            bytes_written=0,
+            dtype=dtype,
+            attention=call,
+        )
+        for _ in range(shape.layers)
+        for phase, suffix in (("forward", ""), ("backward", "_backward"))
+    ]
+    dropout = shape.family in ("gpt2", "bert")
+    return step_attention_extra(gpu, ops, training=True, dropout=dropout)
 
 
 def check_covered(config: Mapping[str, Any], run: RunConfig) -> None:
@@ -89,16 +132,25 @@ def fast_estimate_on_gpu(
     outside = outside_allocator(stack, convolutions=False, gpus=run.gpus)
     outside_bytes = sum(outside.values())
 
+    shape = cf.parse_config(config)
+
+    def attention(batch: int, length: int) -> AttentionExtra:
+        return _attention_extra(shape, run, gpu, batch, length)
+
     def reserved(batch: int, length: int) -> int:
         allocated = cf.estimate(config, run, batch, length).peak_allocated_bytes
-        return cf.reserved_bytes(allocated) + workspace_bytes
+        extra = attention(batch, length).total_bytes
+        return cf.reserved_bytes(allocated) + workspace_bytes + extra
 
     max_batch, capped = largest_within(
         lambda batch: reserved(batch, seq_len), capacity.bytes - outside_bytes, MAX_BATCH_LIMIT
     )
     batch = run.batch_size or max(max_batch, 1)
     step = cf.estimate(config, run, batch, seq_len)
-    peak_reserved = cf.reserved_bytes(step.peak_allocated_bytes) + workspace_bytes
+    kernels = attention(batch, seq_len)
+    peak_reserved = (
+        cf.reserved_bytes(step.peak_allocated_bytes) + workspace_bytes + kernels.total_bytes
+    )
     total = peak_reserved + outside_bytes
     after_forward = step.peak_phase in ("forward_end", "backward_start")
     breakdown: dict[MemoryCategory, int] = {
@@ -115,7 +167,9 @@ def fast_estimate_on_gpu(
         "cublas_workspaces": workspace_rounded,
         "allocator_rounding_and_cache": peak_reserved
         - step.peak_allocated_bytes
-        - workspace_rounded,
+        - workspace_rounded
+        - kernels.total_bytes,
+        **({"attention_kernels": kernels.total_bytes} if kernels.total_bytes else {}),
     }
     next_total = None if capped or max_batch == 0 else reserved(max_batch + 1, seq_len)
     max_seq: tuple[int, bool] | None = None
@@ -161,6 +215,15 @@ def fast_estimate_on_gpu(
             "PyTorch caching allocator with default settings; its last-resort cache flush is "
             "not counted on",
             "`whichgpu validate closed-form` prints the error against the traced path",
+            *(
+                (
+                    f"attention runs on {', '.join(kernels.backends)} on this GPU "
+                    f"({kernels.reason}): {kernels.total_bytes / 2**30:.2f} GiB beyond the "
+                    "fused kernel the closed form assumes are counted",
+                )
+                if kernels.total_bytes
+                else ()
+            ),
         ),
         method=METHOD,
     )

@@ -29,6 +29,7 @@ import numpy as np
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
+from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
 from whichgpu.estimate.serving import serving_estimate
 from whichgpu.estimate.sharding import (
     SINGLE_GPU,
@@ -42,6 +43,7 @@ from whichgpu.schema import (
     GpuSpec,
     MemoryCategory,
     MemoryEstimate,
+    OpRecord,
     RunConfig,
     ServingEngine,
     ServingEstimate,
@@ -160,6 +162,7 @@ class StepMemory:
         self._cache: dict[tuple[int, int | None, tuple[int, ...], Parallel], Replay] = {}
         self._max_batch: dict[tuple[int | None, tuple[int, ...], Parallel, int], tuple[int, bool]]
         self._max_batch = {}
+        self._attention: dict[tuple[str | None, int, int | None, str], AttentionExtra] = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
 
     def state_sizes(self, category: TensorCategory) -> list[int]:
@@ -180,6 +183,42 @@ class StepMemory:
                 self.profile.params_trainable,
             )
             self._plans[parallel] = found
+        return found
+
+    def attention_extra(
+        self, gpu: GpuSpec, batch_size: int, seq_len: int | None, precision: str
+    ) -> AttentionExtra:
+        """What the step's attention needs on ``gpu`` beyond the traced fused CPU kernels
+        (``estimate.attention``): the math fallback's scores where no fused kernel takes the
+        call, padding where a fused one needs it (memoised)."""
+        key = (gpu.compute_capability, batch_size, seq_len, precision)
+        found = self._attention.get(key)
+        if found is not None:
+            return found
+        values = self.profile.polynomials.values(batch_size, seq_len)
+        # a bf16 profile answers an fp16 run too: its attention then runs in fp16
+        half = "float16" if precision == "fp16" else None
+        ops = [
+            OpRecord(
+                name=op.name,
+                kind=op.kind,
+                phase=op.phase,
+                flops=0,
+                bytes_read=0,
+                bytes_written=0,
+                dtype=half if half and op.dtype == "bfloat16" else op.dtype,
+                attention=tuple(int(values[i]) for i in op.attention),
+            )
+            for op in self.profile.ops
+            if op.kind == "attention" and op.attention is not None
+        ]
+        found = step_attention_extra(
+            gpu,
+            ops,
+            training=self.profile.run.mode == "train",
+            dropout="attention_dropout" in self.profile.choices,
+        )
+        self._attention[key] = found
         return found
 
     def replay(
@@ -399,17 +438,23 @@ def estimate_on_gpu(
     tensor = run.mode == "inference" and run.gpus > 1
     parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
 
+    def attention_bytes(batch: int, length: int | None = seq_len) -> int:
+        return memory.attention_extra(gpu, batch, length, run.precision).total_bytes
+
     def reserved_at(batch: int, length: int | None = seq_len) -> int:
-        """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference)."""
+        """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference), with what
+        the GPU's attention kernels need beyond the traced ones."""
         replay = memory.replay(batch, length, workspaces, parallel)
         saving = tensor_parallel_saving(replay, profile, batch, length, run.gpus) if tensor else 0
-        return replay.peak_reserved_bytes - saving
+        return replay.peak_reserved_bytes - saving + attention_bytes(batch, length)
 
     def device_total(batch: int) -> int:
         return reserved_at(batch) + outside_bytes
 
     budget = capacity.bytes - outside_bytes
-    if tensor:
+    # the extra does not depend on the batch's being zero or not, only on the GPU and length
+    attention_differs = attention_bytes(1) > 0
+    if tensor or attention_differs:
         max_batch, capped = largest_batch(reserved_at, budget)
     else:
         max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
@@ -427,13 +472,23 @@ def estimate_on_gpu(
         breakdown["weights"] -= replay.live_at_peak.get("parameter", 0) * (n - 1) // n
         breakdown["activations"] -= kv_split
     breakdown["overhead"] = total - sum(breakdown.values())
+    attention = memory.attention_extra(gpu, batch, seq_len, run.precision)
     overheads = {
         **outside,
         "cublas_workspaces": sum(round_request(w) for w in workspaces),
         "allocator_rounding_and_cache": replay.peak_reserved_bytes
         - sum(replay.live_at_peak.values())
         - sum(round_request(w) for w in workspaces),
+        **({"attention_kernels": attention.total_bytes} if attention.total_bytes else {}),
     }
+    attention_note: tuple[str, ...] = ()
+    if attention.total_bytes:
+        attention_note = (
+            f"attention runs on {', '.join(attention.backends)} on this GPU "
+            f"({attention.reason}): {attention.total_bytes / 2**30:.2f} GiB beyond the traced "
+            "fused kernel are counted (the math fallback's scores and probabilities, or a "
+            "fused kernel's padding)",
+        )
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
     max_seq: tuple[int, bool] | None = None
     if search_seq_len and seq_len is not None and run.batch_size is not None:
@@ -477,6 +532,7 @@ def estimate_on_gpu(
         breakdown=breakdown,
         overheads=overheads,
         assumptions=_assumptions(stack, memory, parallel)
+        + attention_note
         + (_TENSOR_PARALLEL_NOTE.format(n=run.gpus),) * tensor,
         method=method,
         kv_cache_bytes=kv_bytes,
@@ -555,6 +611,9 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -
             "attention through a fused SDPA kernel (flash or memory-efficient), which does not "
             "keep the score matrix"
         )
+    dropout = memory.profile.choices.get("attention_dropout")
+    if dropout:
+        out.append(f"attention dropout {dropout}")
     if memory.has_convolutions:
         out.append(
             f"cuDNN workspace allowance of {stack.cudnn_workspace_bytes // MIB} MiB (an estimate)"

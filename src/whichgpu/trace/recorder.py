@@ -222,6 +222,21 @@ _VIEW_LIKE = {"_unsafe_view"}
 """Operators that return a view of their input although their schema does not mark them so."""
 _INDEXED_WRITE_SOURCE = {"index_copy_": 3, "index_put_": 2, "_index_put_impl_": 2}
 """In-place indexed writes, with the position of the argument holding the written values."""
+_ALLOCATE_ONLY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"}
+"""Factories that only allocate: their memory is neither read nor written."""
+_OVERWRITE_IN_PLACE = {
+    "bernoulli_",
+    "uniform_",
+    "normal_",
+    "random_",
+    "exponential_",
+    "geometric_",
+    "cauchy_",
+    "log_normal_",
+    "fill_",
+    "zero_",
+}
+"""In-place fills (random or constant) that write their tensor without reading it."""
 
 
 def _bytes_moved(
@@ -233,18 +248,22 @@ def _bytes_moved(
 ) -> tuple[int, int]:
     """(bytes read, bytes written) of one operator: its tensor inputs and outputs, except
 
-    - views move nothing;
+    - views, and factories that only allocate (``empty``, ``empty_like`` …), move nothing;
+    - an in-place fill (``bernoulli_``, ``fill_``, ``zero_`` …) writes its tensor without
+      reading it;
     - an in-place indexed write (a KV cache update) reads its values and indices and writes
       the values, not the whole tensor it writes into;
     - an embedding lookup reads the rows it gathers (as many bytes as it writes), not the table.
     """
-    if is_view or name in _VIEW_LIKE:
+    if is_view or name in _VIEW_LIKE or name in _ALLOCATE_ONLY:
         return 0, 0
     source = _INDEXED_WRITE_SOURCE.get(name)
     if source is not None and len(args) > source and isinstance(args[source], torch.Tensor):
         written = _tensor_bytes(args[source])
         return sum(_tensor_bytes(t) for t in inputs[1:]), written
     written = sum(_tensor_bytes(t) for t in outputs)
+    if name in _OVERWRITE_IN_PLACE:
+        return sum(_tensor_bytes(t) for t in inputs[1:]), written
     if name == "embedding" and len(inputs) >= 2:
         return _tensor_bytes(inputs[1]) + written, written
     return sum(_tensor_bytes(t) for t in inputs), written

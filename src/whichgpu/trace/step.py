@@ -7,7 +7,11 @@ decode step with the KV cache for language models.
 
 Kernel choices that depend on the device are made explicit here and written into the profile:
 the optimizer implementation is ``foreach`` (PyTorch's default on CUDA; the CPU default would
-differ), and autocast follows the CPU autocast rules with the target dtype.
+differ), autocast follows the CPU autocast rules with the target dtype, and
+``F.scaled_dot_product_attention`` with dropout runs without it, so that the CPU traces its
+fused kernel (which has no dropout) as CUDA runs its flash or memory-efficient kernel (which
+apply the dropout inside); the CPU would otherwise fall back to the math path and
+materialise the scores, dropout mask and probabilities that no CUDA kernel keeps.
 """
 
 from __future__ import annotations
@@ -54,6 +58,38 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
     if run.optimizer == "adafactor":
         return torch.optim.Adafactor(params, lr=1e-3, foreach=True)
     raise UnsupportedWorkload(f"Optimizer '{run.optimizer}' is not supported.")
+
+
+class _FusedAttentionDropout(torch.overrides.TorchFunctionMode):
+    """Calls ``F.scaled_dot_product_attention`` with ``dropout_p=0`` and notes the largest
+    dropout asked for (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropout_p = 0.0
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            args = tuple(args)
+            if len(args) > SDPA_DROPOUT_ARG:
+                self.dropout_p = max(self.dropout_p, float(args[SDPA_DROPOUT_ARG]))
+                args = (*args[:SDPA_DROPOUT_ARG], 0.0, *args[SDPA_DROPOUT_ARG + 1 :])
+            elif "dropout_p" in kwargs:
+                self.dropout_p = max(self.dropout_p, float(kwargs["dropout_p"]))
+                kwargs["dropout_p"] = 0.0
+        return func(*args, **kwargs)
+
+
+SDPA_DROPOUT_ARG = 4
+"""Position of ``dropout_p`` in ``scaled_dot_product_attention(query, key, value, attn_mask,
+dropout_p, ...)``."""
 
 
 @contextlib.contextmanager
@@ -313,7 +349,8 @@ def trace_built(
     started = time.perf_counter()
     inference_choices: dict[str, str] = {}
     rec = Recorder()
-    with rec:
+    fused = _FusedAttentionDropout()
+    with rec, fused if built.fused_attention_dropout else contextlib.nullcontext():
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():
@@ -351,6 +388,15 @@ def trace_built(
             ),
             "autocast": f"cpu rules, {run.precision}" if run.precision in _AMP_DTYPES else "off",
             "attention": _attention_choice(rec),
+            **(
+                {
+                    "attention_dropout": f"p={fused.dropout_p:g}, applied inside the fused "
+                    "kernel as on CUDA (traced without it; the kernel keeps only its random "
+                    "state)"
+                }
+                if fused.dropout_p > 0
+                else {}
+            ),
             "tensors": "fake" if fake else "real (cpu)",
             **method_choices(run, built.model),
             **experts_choice((op.name for op in rec.ops), run.precision),

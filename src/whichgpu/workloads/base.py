@@ -36,6 +36,11 @@ class BuiltWorkload:
     """Throughput units per sample (``seq_len`` tokens for a language model, 1 for an image)."""
     lora_targets: tuple[str, ...] = ()
     """Default module names that LoRA adapts in this model."""
+    fused_attention_dropout: bool = True
+    """Trace scaled-dot-product attention with dropout as the fused kernel, as CUDA runs it
+    (flash and memory-efficient attention apply the dropout inside and keep only its random
+    state). False for workloads that stand for code that materialised the attention scores
+    (the models of Lambda's 2020 table, written in 2019 frameworks)."""
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 BERT_TARGETS = ("query", "key", "value", "dense")
 MASKED_FRACTION = 0.15
+LAMBDA_STAND_INS = frozenset({"bert-base", "bert-squad", "mt-dnn"})
+"""Workloads that stand for models of Lambda's 2020 table, whose code (google-research/bert
+in TensorFlow 1.x, MT-DNN on pytorch-pretrained-bert) materialised the attention scores and
+their dropout mask: traced so (``BuiltWorkload.fused_attention_dropout`` False)."""
 """Share of tokens whose prediction is scored (BERT paper, section 3.1)."""
 
 _MODELS = [
@@ -78,6 +82,7 @@ def _make(
             loss=loss_from_output,
             units_per_sample=lambda seq_len: 1,
             lora_targets=BERT_TARGETS,
+            fused_attention_dropout=name not in LAMBDA_STAND_INS,
         )
 
     info = WorkloadInfo(
@@ -141,6 +146,7 @@ def _bert_squad() -> Workload:
             loss=loss_from_output,
             units_per_sample=lambda seq_len: 1,
             lora_targets=BERT_TARGETS,
+            fused_attention_dropout=False,  # a Lambda 2020 model (LAMBDA_STAND_INS)
         )
 
     info = WorkloadInfo(
@@ -268,6 +274,7 @@ def _mt_dnn() -> Workload:
             loss=loss,
             units_per_sample=lambda seq_len: 1,
             lora_targets=BERT_TARGETS,
+            fused_attention_dropout=False,  # a Lambda 2020 model (LAMBDA_STAND_INS)
         )
 
     info = WorkloadInfo(
