@@ -180,9 +180,7 @@ def test_attention_without_a_fused_kernel_on_the_gpu_is_counted() -> None:
     # Turing has no flash attention and its memory-efficient kernel takes no bf16: a bf16 run
     # falls back to PyTorch's math path, which keeps the scores; fp16 runs fused, as on Ada.
     bf16 = {e.gpu: e for e in fit("gpt2", gpus=["2080ti", "4090"], seq_len=1024)}
-    fp16 = {
-        e.gpu: e for e in fit("gpt2", gpus=["2080ti", "4090"], seq_len=1024, precision="fp16")
-    }
+    fp16 = {e.gpu: e for e in fit("gpt2", gpus=["2080ti", "4090"], seq_len=1024, precision="fp16")}
     turing = bf16["rtx-2080-ti"]
     assert turing.overheads["attention_kernels"] > 1 * GIB
     assert any(a.startswith("attention runs on math") for a in turing.assumptions)

@@ -248,3 +248,9 @@ def test_a_measurement_on_one_gpu_calibrates_every_gpu(tmp_path: Path) -> None:
     other = make_result(workload="resnet50", gpu="rtx-4090", precision="fp32")
     with pytest.raises(UsageError, match="whichgpu bench"):
         wg.predict("resnet50", gpus=["rtx-4090"], calibrate=other)
+
+
+def test_predict_says_when_attention_falls_back_to_the_math_path() -> None:
+    turing, ada = (wg.predict("gpt2", gpus=[gpu], seq_len=1024)[0] for gpu in ("2080ti", "4090"))
+    assert any("math path" in a for a in turing.assumptions)
+    assert not any("math path" in a for a in ada.assumptions)

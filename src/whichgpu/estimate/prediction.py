@@ -135,6 +135,13 @@ class ThroughputPredictor:
 
     def on_gpu(self, gpu: GpuSpec, rates: GpuRates, memory: MemoryEstimate) -> ThroughputEstimate:
         """The prediction on ``gpu`` at the batch of ``memory`` (its largest, unless given)."""
+        assumptions = self.assumptions
+        if "attention_kernels" in memory.overheads:
+            assumptions += (
+                "attention falls back to PyTorch's math path on this GPU (see fit's "
+                "assumptions; bf16 before Ampere): the prediction assumes the fused kernel "
+                "and is optimistic; --precision fp16 runs fused",
+            )
         base = {
             "gpu": gpu.id,
             "gpu_name": gpu.name,
@@ -146,7 +153,7 @@ class ThroughputPredictor:
             "n_gpus": self.run.gpus,
             "throughput_unit": self.unit,
             "band": self.band,
-            "assumptions": self.assumptions,
+            "assumptions": assumptions,
             "method": self.method,
         }
         if not memory.fits:
