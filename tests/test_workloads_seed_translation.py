@@ -151,3 +151,25 @@ def test_module_imports_without_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ",".join(NAMES)
+
+
+def test_fp16_trains_as_fairseqs_fp16_optimizer() -> None:
+    # fairseq's --fp16: an fp16 model without autocast, a flat fp32 master copy of the
+    # parameters and of their gradients, Adam on the copy: 20 bytes per parameter of state.
+    from whichgpu.trace.step import trace_step
+
+    run = RunConfig(precision="fp16", batch_size=BATCH, seq_len=SEQ)
+    profile = trace_step(get_workload("transformer-big"), run)
+    assert "FP16Optimizer" in profile.choices["autocast"]
+    gemms = {o.dtype for o in profile.ops if o.kind == "gemm" and o.phase == "forward"}
+    assert gemms == {"float16"}
+    p = profile.params_total
+    by_category: dict[str, int] = {}
+    first_step = [e for e in profile.events if e.alloc and e.step == 0]
+    for event in first_step:
+        by_category[event.category] = by_category.get(event.category, 0) + event.size_bytes
+    assert by_category["parameter"] == 2 * p  # the fp16 model
+    # the fp32 master copy, then Adam's fp32 m and v
+    assert by_category["optimizer"] == 4 * p + 8 * p
+    # fp16 gradients of the model and the flat fp32 gradient buffer
+    assert by_category["gradient"] == 2 * p + 4 * p

@@ -132,10 +132,16 @@ FIT_FIELDS = (
 )
 
 
-def load_parameters() -> PerfParameters:
-    """The shipped constants (``data/throughput.json``)."""
+def _shipped_document() -> dict[str, Any]:
+    """``data/throughput.json`` as read from the package."""
     ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
     doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))
+    return doc
+
+
+def load_parameters() -> PerfParameters:
+    """The shipped constants (``data/throughput.json``)."""
+    doc = _shipped_document()
     values = doc["parameters"]
     return PerfParameters(
         **{name: float(values[name]) for name in FIT_FIELDS},
@@ -174,8 +180,7 @@ class FitPriors:
 
 def load_fit_priors() -> FitPriors:
     """The shipped priors of the fit."""
-    ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
-    doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))["fit_priors"]
+    doc = _shipped_document()["fit_priors"]
     return FitPriors(
         values=np.array([float(doc[name]["value"]) for name in FIT_FIELDS]),
         sd_log=np.array([float(doc[name]["sd_log"]) for name in FIT_FIELDS]),
@@ -197,8 +202,7 @@ class InferenceParameters:
 
 def load_inference_parameters() -> InferenceParameters:
     """The shipped inference constants (``data/throughput.json``, ``inference``)."""
-    ref = resources.files("whichgpu.estimate").joinpath("data").joinpath(PARAMETERS_FILE)
-    doc: dict[str, Any] = json.loads(ref.read_text(encoding="utf-8"))["inference"]
+    doc = _shipped_document()["inference"]
     return InferenceParameters(
         decode_memory_efficiency=float(doc["decode_memory_efficiency"]), source=str(doc["source"])
     )

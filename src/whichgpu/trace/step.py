@@ -113,7 +113,8 @@ def _train_steps(
         enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(run, params)
+    master = _Fp16Master(rec, params) if _fp16_master(built, run) else None
+    optimizer = make_optimizer(run, master.params if master else params)
     for step in (0, 1):
         rec.step = step
         rec.phase = "setup"
@@ -122,7 +123,7 @@ def _train_steps(
             if isinstance(leaf, torch.Tensor):
                 rec.mark(leaf, "input")
         rec.phase = "forward"
-        with _autocast(run):
+        with contextlib.nullcontext() if master else _autocast(run):
             loss = built.loss(model, batch)
         rec.end_forward()
         rec.phase = "backward"
@@ -132,12 +133,84 @@ def _train_steps(
             if p.grad is not None:
                 rec.mark(p.grad, "gradient")
         rec.phase = "optimizer"
+        if master:
+            master.gradients_in()
         optimizer.step()
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
                     rec.mark(value, "optimizer")
-        optimizer.zero_grad(set_to_none=True)
+        if master:
+            master.parameters_out()
+        optimizer.zero_grad(set_to_none=master is None)
+        if master:
+            for p in params:
+                p.grad = None
+
+
+def _to_fp16(model: torch.nn.Module) -> None:
+    """``model.half()`` by replacing each floating parameter and buffer (shared ones stay
+    shared); ``half()`` itself cannot swap fake tensors that others hold weak references to."""
+    converted: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is None or not value.is_floating_point():
+                    continue
+                found = converted.get(id(value))
+                if found is None:
+                    half = value.detach().to(torch.float16)
+                    if isinstance(value, torch.nn.Parameter):
+                        half = torch.nn.Parameter(half, requires_grad=value.requires_grad)
+                    found = converted[id(value)] = half
+                table[name] = found  # type: ignore[assignment]
+
+
+def _fp16_master(built: BuiltWorkload, run: RunConfig) -> bool:
+    """Whether this run trains as fairseq's ``--fp16`` (``BuiltWorkload.fp16_master_weights``)."""
+    return built.fp16_master_weights and run.precision == "fp16" and run.method == "full"
+
+
+class _Fp16Master:
+    """fairseq's ``FP16Optimizer`` (``fairseq/optim/fp16_optimizer.py``, as of its 2019
+    releases), restated: the fp16 model's parameters copied into one flat fp32 buffer, whose
+    ``.grad`` is a second flat fp32 buffer kept for the whole run; after backward the fp16
+    gradients are copied into it, the optimizer steps on the fp32 buffer, and the result is
+    copied back into the fp16 parameters."""
+
+    def __init__(self, rec: Recorder, params: list[torch.nn.Parameter]) -> None:
+        self.fp16 = params
+        total = sum(p.numel() for p in params)
+        flat = torch.empty(total, dtype=torch.float32, device=params[0].device)
+        offset = 0
+        for p in params:
+            flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+            offset += p.numel()
+        self.flat = torch.nn.Parameter(flat)
+        self.flat.grad = torch.zeros_like(flat)
+        rec.mark(self.flat, "optimizer")
+        rec.mark(self.flat.grad, "gradient")
+        self.params = [self.flat]
+
+    def gradients_in(self) -> None:
+        """Copy the fp16 gradients into the flat fp32 gradient buffer."""
+        grad = self.flat.grad
+        assert grad is not None
+        offset = 0
+        for p in self.fp16:
+            n = p.numel()
+            if p.grad is not None:
+                grad[offset : offset + n].copy_(p.grad.reshape(-1))
+            offset += n
+
+    def parameters_out(self) -> None:
+        """Copy the updated fp32 parameters back into the fp16 model."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.fp16:
+                n = p.numel()
+                p.copy_(self.flat[offset : offset + n].view_as(p))
+                offset += n
 
 
 @dataclass(frozen=True)
@@ -348,6 +421,8 @@ def trace_built(
         batch_size, seq_len = serving.sequences, serving.context_tokens
     started = time.perf_counter()
     inference_choices: dict[str, str] = {}
+    if run.mode == "train" and _fp16_master(built, run):
+        _to_fp16(built.model)  # fairseq's --fp16 trains an fp16 model (see _Fp16Master)
     rec = Recorder()
     fused = _FusedAttentionDropout()
     with rec, fused if built.fused_attention_dropout else contextlib.nullcontext():
@@ -386,7 +461,13 @@ def trace_built(
                 if run.optimizer == "adamw-8bit"
                 else "foreach"
             ),
-            "autocast": f"cpu rules, {run.precision}" if run.precision in _AMP_DTYPES else "off",
+            "autocast": (
+                "off: an fp16 model with fp32 master weights (fairseq's FP16Optimizer)"
+                if run.mode == "train" and _fp16_master(built, run)
+                else f"cpu rules, {run.precision}"
+                if run.precision in _AMP_DTYPES
+                else "off"
+            ),
             "attention": _attention_choice(rec),
             **(
                 {

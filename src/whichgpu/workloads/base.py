@@ -36,6 +36,12 @@ class BuiltWorkload:
     """Throughput units per sample (``seq_len`` tokens for a language model, 1 for an image)."""
     lora_targets: tuple[str, ...] = ()
     """Default module names that LoRA adapts in this model."""
+    fp16_master_weights: bool = False
+    """Trace ``--precision fp16`` training as fairseq's ``--fp16`` runs it (its
+    ``FP16Optimizer``), not as ``torch.amp``: the model in fp16 without autocast, a flat fp32
+    copy of the parameters and of their gradients, the optimizer on that copy. For the
+    workloads that stand for fairseq models of Lambda's 2020 table. Training code that runs
+    the model (``whichgpu bench``) keeps ``torch.amp``."""
     fused_attention_dropout: bool = True
     """Trace scaled-dot-product attention with dropout as the fused kernel, as CUDA runs it
     (flash and memory-efficient attention apply the dropout inside and keep only its random

@@ -13,6 +13,11 @@ The unsupervised model's step is one denoising auto-encoding loss (XLM ``mt_step
 XLM's iteration also runs AE for German and two back-translation steps, each with its own
 optimizer step, whose greedy generation has data-dependent lengths. torch is imported inside
 the builders only.
+
+The two fairseq models are traced at ``--precision fp16`` as fairseq's ``--fp16`` trains
+(``BuiltWorkload.fp16_master_weights``: an fp16 model, a flat fp32 master copy of the
+parameters and their gradients, 20 bytes of state per parameter), not as ``torch.amp``; and
+all three keep the materialised attention scores of their 2019 code.
 """
 
 from __future__ import annotations
@@ -493,6 +498,7 @@ def _seq2seq_workload(
         make_batch=make_batch,
         loss=loss,
         units_per_sample=_seq,
+        fp16_master_weights=True,  # fairseq's --fp16 (FP16Optimizer), as its recipes train
         fused_attention_dropout=False,  # fairseq and XLM of 2019 materialised the scores
     )
 
