@@ -21,10 +21,12 @@ from whichgpu.report import json_doc, terminal
 from whichgpu.schema import RunConfig
 
 FACTOR = cf.load_coefficients().reserved_factor
-UPPER = 1.30
-"""Fast / traced device total at most: the shipped factor is the largest ratio on the stored
-profiles, and the smallest is 0.977 (``scripts/calibrate_closed_form.py`` prints both), so a
-point can be up to ``FACTOR / 0.977`` (+28.8 %) above its trace."""
+SMALLEST_RATIO = 0.957
+"""The smallest ratio of traced reserved bytes to closed-form allocated bytes on the stored
+profiles (``scripts/calibrate_closed_form.py`` prints it beside the largest, the factor)."""
+UPPER = 1.34
+"""Fast / traced device total at most: a point can be up to ``FACTOR / SMALLEST_RATIO``
+(+33.3 %) above its trace."""
 GPUS = ["rtx-4090", "a100-sxm4-80gb", "h100-sxm"]
 
 SMALL_LLAMA = {
@@ -42,7 +44,7 @@ SMALL_LLAMA = {
 
 
 def test_the_factor_is_the_largest_ratio_and_above_one() -> None:
-    assert 1.0 < FACTOR < UPPER * 0.977
+    assert 1.0 < FACTOR <= UPPER * SMALLEST_RATIO
     assert "--fit" in cf.load_coefficients().reserved_provenance
     assert cf.reserved_bytes(1000) == round(1000 * FACTOR)
 

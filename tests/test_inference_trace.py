@@ -178,3 +178,21 @@ def test_allocation_and_in_place_fills_move_only_what_they_write() -> None:
     assert moved["aten.bernoulli_"] == (0, size)  # overwrites without reading
     assert moved["aten.div_"] == (size, size)
     assert moved["aten.mul"] == (2 * size, size)
+
+
+def test_dropout_is_traced_as_cudas_kernels() -> None:
+    # F.dropout runs CUDA's native_dropout (a one-byte mask), and SDPA's dropout the fused
+    # kernel, which keeps no scores; the Lambda stand-ins keep their materialised scores.
+    from whichgpu.schema import RunConfig
+    from whichgpu.trace.step import trace_step
+    from whichgpu.workloads import get_workload
+
+    run = RunConfig(batch_size=1, seq_len=32)
+    gpt2 = trace_step(get_workload("gpt2"), run)
+    names = {op.name for op in gpt2.ops}
+    assert "aten.native_dropout" in names and "aten.bernoulli_" not in names
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in names
+    assert gpt2.choices["attention_dropout"].startswith("p=0.1")
+    stand_in = trace_step(get_workload("bert-base"), run)
+    assert "attention_dropout" not in stand_in.choices
+    assert not any(op.kind == "attention" for op in stand_in.ops)

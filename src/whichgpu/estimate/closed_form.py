@@ -542,19 +542,21 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
       ``rsqrt``, its half ``x·rsqrt`` and output); tail ``8h + 4 + 4V + 8``; ``4d`` per
       position.
 
-    GPT-2 (amp; attention dropout inside the fused kernel): per block ``28h + 10I + 16 + 4H``
+    GPT-2 (amp; attention dropout inside the fused kernel): per block ``26h + 10I + 16 + 4H``
     (LayerNorm inputs and statistics, half casts, the half q/k/v, output and log-sum-exp
-    SDPA saves, dropout masks of the residual branches, the five tensors of ``gelu_new``);
-    tail ``10h + 8 + 4V + 8``; position ids ``8`` per position; held: the half key/value
-    cache ``4h``. With materialised scores (the math path) the block saved ``30h + 10I + 16``
-    (fp32 q/k/v for the score GEMMs instead) and ``12H`` per key position (softmax output,
-    fp32 dropout mask and output).
+    SDPA saves, the one-byte masks of the residual branches' dropouts, the five tensors of
+    ``gelu_new``); tail ``7h + 8 + 4V + 8`` (the embeddings' dropout mask among them);
+    position ids ``8`` per position; held: the half key/value cache ``4h``. With materialised
+    scores (the math path) the block saved ``28h + 10I + 16`` (fp32 q/k/v for the score
+    GEMMs instead) and ``12H`` per key position (softmax output, the dropout mask and output
+    of the CPU math kernel).
 
-    BERT (amp / fp32; fused as GPT-2): per block ``29h + 4I + 16 + 4H`` / ``42h + 8I + 16 +
-    4H``; materialised (``bert-base``, ``bert-squad``): ``34h + 4I + 16`` / ``40h + 8I + 16``
-    and ``12H`` per key position. Embeddings ``8h + 8``; the MLM head ``8h + 4 + 4V`` /
+    BERT (amp / fp32; fused as GPT-2): per block ``27h + 4I + 16 + 4H`` / ``36h + 8I + 16 +
+    4H``; materialised (``bert-base``, ``bert-squad``): ``32h + 4I + 16`` / ``34h + 8I + 16``
+    and ``12H`` per key position. Embeddings ``5h + 8``; the MLM head ``8h + 4 + 4V`` /
     ``16h + 8 + 4V`` (logits for every token); pooler and NSP ``4h + 8`` per sequence; the QA
-    head ``2h + 8`` / ``4h + 8`` per token and ``16`` per sequence.
+    head ``2h + 8`` / ``4h + 8`` per token and ``16`` per sequence. Every dropout outside the
+    attention keeps CUDA's one-byte mask (the tracer runs ``native_dropout``).
 
     The fused blocks' ``h`` coefficients were read off the stored traces' bytes per token
     (the difference of two batch sizes) when the tracer moved to the fused kernel, and match
@@ -588,10 +590,10 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
                 "path for fp32 or bf16-pure."
             )
         if s.materialised_attention:
-            layer, per_position = 30 * h + 10 * inter + 16, 12 * heads
+            layer, per_position = 28 * h + 10 * inter + 16, 12 * heads
         else:
-            layer, per_position = 28 * h + 10 * inter + 16 + 4 * heads, 0
-        return ActivationTerms(layer, per_position, 10 * h + 8 + loss, 8, 0, weights, 4 * h)
+            layer, per_position = 26 * h + 10 * inter + 16 + 4 * heads, 0
+        return ActivationTerms(layer, per_position, 7 * h + 8 + loss, 8, 0, weights, 4 * h)
     if cls == "pure":
         raise UnsupportedWorkload(
             "The closed-form path covers BERT in fp32 and AMP only; use the traced path for "
@@ -599,12 +601,12 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
         )
     amp = cls == "amp"
     if s.materialised_attention:
-        layer = (34 * h + 4 * inter + 16) if amp else (40 * h + 8 * inter + 16)
+        layer = (32 * h + 4 * inter + 16) if amp else (34 * h + 8 * inter + 16)
         per_position = 12 * heads
     else:
-        layer = (29 * h + 4 * inter if amp else 42 * h + 8 * inter) + 16 + 4 * heads
+        layer = (27 * h + 4 * inter if amp else 36 * h + 8 * inter) + 16 + 4 * heads
         per_position = 0
-    tail = 8 * h + 8
+    tail = 5 * h + 8
     sample = 0
     if s.architecture == "BertForPreTraining":
         tail += (8 * h + 4 if amp else 16 * h + 8) + 4 * vocab

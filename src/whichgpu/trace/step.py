@@ -7,8 +7,10 @@ decode step with the KV cache for language models.
 
 Kernel choices that depend on the device are made explicit here and written into the profile:
 the optimizer implementation is ``foreach`` (PyTorch's default on CUDA; the CPU default would
-differ), autocast follows the CPU autocast rules with the target dtype, and
-``F.scaled_dot_product_attention`` with dropout runs without it, so that the CPU traces its
+differ), autocast follows the CPU autocast rules with the target dtype, ``F.dropout`` runs
+CUDA's one-kernel ``native_dropout`` (a one-byte mask) instead of the CPU's three passes over
+a mask in the input's dtype, and ``F.scaled_dot_product_attention`` with dropout runs
+without it, so that the CPU traces its
 fused kernel (which has no dropout) as CUDA runs its flash or memory-efficient kernel (which
 apply the dropout inside); the CPU would otherwise fall back to the math path and
 materialise the scores, dropout mask and probabilities that no CUDA kernel keeps.
@@ -60,12 +62,19 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
     raise UnsupportedWorkload(f"Optimizer '{run.optimizer}' is not supported.")
 
 
-class _FusedAttentionDropout(torch.overrides.TorchFunctionMode):
-    """Calls ``F.scaled_dot_product_attention`` with ``dropout_p=0`` and notes the largest
-    dropout asked for (see the module's docstring)."""
+class _CudaDropout(torch.overrides.TorchFunctionMode):
+    """Dropout as PyTorch runs it on CUDA.
 
-    def __init__(self) -> None:
+    ``F.dropout`` in training becomes ``torch.native_dropout``, the one kernel CUDA runs
+    (output and a one-byte mask); on the CPU, ``F.dropout`` would instead draw a mask in the
+    input's dtype and apply it in three passes. With ``fused_attention``,
+    ``F.scaled_dot_product_attention`` is called with ``dropout_p=0`` and the largest dropout
+    asked for is noted (see the module's docstring).
+    """
+
+    def __init__(self, *, fused_attention: bool) -> None:
         super().__init__()
+        self.fused_attention = fused_attention
         self.dropout_p = 0.0
 
     def __torch_function__(
@@ -76,7 +85,9 @@ class _FusedAttentionDropout(torch.overrides.TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = dict(kwargs or {})
-        if func is torch.nn.functional.scaled_dot_product_attention:
+        if func is torch.nn.functional.dropout:
+            return _native_dropout(*args, **kwargs)
+        if func is torch.nn.functional.scaled_dot_product_attention and self.fused_attention:
             args = tuple(args)
             if len(args) > SDPA_DROPOUT_ARG:
                 self.dropout_p = max(self.dropout_p, float(args[SDPA_DROPOUT_ARG]))
@@ -85,6 +96,16 @@ class _FusedAttentionDropout(torch.overrides.TorchFunctionMode):
                 self.dropout_p = max(self.dropout_p, float(kwargs["dropout_p"]))
                 kwargs["dropout_p"] = 0.0
         return func(*args, **kwargs)
+
+
+def _native_dropout(
+    input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False
+) -> torch.Tensor:
+    """``F.dropout`` with CUDA's kernel (``torch.native_dropout``) where it applies."""
+    if not training or p == 0 or inplace:
+        return torch.nn.functional.dropout(input, p, training, inplace)
+    out: torch.Tensor = torch.native_dropout(input, p, True)[0]
+    return out
 
 
 SDPA_DROPOUT_ARG = 4
@@ -424,8 +445,8 @@ def trace_built(
     if run.mode == "train" and _fp16_master(built, run):
         _to_fp16(built.model)  # fairseq's --fp16 trains an fp16 model (see _Fp16Master)
     rec = Recorder()
-    fused = _FusedAttentionDropout()
-    with rec, fused if built.fused_attention_dropout else contextlib.nullcontext():
+    fused = _CudaDropout(fused_attention=built.fused_attention_dropout)
+    with rec, fused:
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():
