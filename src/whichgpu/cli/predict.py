@@ -57,10 +57,12 @@ def predict(
     Each operator of the model's real training step (traced on the CPU, or stored for named
     workloads) is timed on each GPU by a roofline — FLOPs over the peak of the engine its
     precision uses (tensor cores, TF32, FP32 units), bytes over the memory bandwidth, a
-    launch floor — with five constants fitted on measured throughputs. Without --batch-size
-    each GPU runs the largest batch that fits it (as `whichgpu fit` finds it). Every
-    prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
-    validate throughput`); GPUs whose bands overlap are too close to rank.
+    launch floor — with five constants fitted on measured throughputs, times a speed factor:
+    the workload's own if it was measured, else its type's (vision, language). Without
+    --batch-size each GPU runs the largest batch that fits it (as `whichgpu fit` finds it).
+    Every prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
+    validate throughput`), wider for a workload never measured; GPUs whose bands overlap are
+    too close to rank.
 
     With --gpus N, N such GPUs of one node train data parallel: each runs its own batch, then
     the gradients are averaged over NVLink/NVSwitch, a bridge or PCIe (from the catalog); the
