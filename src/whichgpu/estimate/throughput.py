@@ -275,7 +275,14 @@ def merge_repeats(table: OpTable) -> OpTable:
     for i, key in enumerate(keys):
         row = first.setdefault(key, i)
         counts[row] = counts.get(row, 0.0) + float(table.weights[i])
-    rows = np.array(sorted(counts))
+    rows = np.array(sorted(counts), dtype=np.intp)
+    return _select(table, rows, np.array([counts[i] for i in rows]))
+
+
+def _select(
+    table: OpTable, rows: npt.NDArray[np.intp], counts: npt.NDArray[np.float64] | None
+) -> OpTable:
+    """The operators ``rows`` of ``table``, each standing for ``counts`` of them."""
     return OpTable(
         kinds=tuple(table.kinds[i] for i in rows),
         dtypes=tuple(table.dtypes[i] for i in rows),
@@ -288,7 +295,7 @@ def merge_repeats(table: OpTable) -> OpTable:
         is_half=table.is_half[rows],
         is_fp32=table.is_fp32[rows],
         phases=table.phases[rows],
-        counts=np.array([counts[i] for i in rows]),
+        counts=counts,
     )
 
 
@@ -315,21 +322,8 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
 
 def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
     """The operators of ``table`` that run in ``phases``."""
-    keep = np.isin(table.phases, phases)
-    return OpTable(
-        kinds=tuple(k for k, kept in zip(table.kinds, keep, strict=True) if kept),
-        dtypes=tuple(d for d, kept in zip(table.dtypes, keep, strict=True) if kept),
-        flops=table.flops[keep],
-        bytes_moved=table.bytes_moved[keep],
-        units_per_step=table.units_per_step,
-        batch_size=table.batch_size,
-        seq_len=table.seq_len,
-        is_matrix=table.is_matrix[keep],
-        is_half=table.is_half[keep],
-        is_fp32=table.is_fp32[keep],
-        phases=table.phases[keep],
-        counts=None if table.counts is None else table.counts[keep],
-    )
+    rows = np.flatnonzero(np.isin(table.phases, phases))
+    return _select(table, rows, None if table.counts is None else table.counts[rows])
 
 
 @dataclass(frozen=True)
