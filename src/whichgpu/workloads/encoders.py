@@ -238,8 +238,45 @@ def _multi_task_bert(encoder: torch.nn.Module, hidden: int) -> torch.nn.Module:
     return MultiTaskBert()
 
 
+MT_DNN_GELU = "gelu_python"
+"""transformers' name for the GELU written out in Python, ``x * 0.5 * (1 + erf(x / sqrt 2))``:
+the activation of pytorch-pretrained-bert 0.6.0, which namisan/mt-dnn's image installs
+(``docker/Dockerfile``: ``pytorch/pytorch:1.1.0`` and ``pytorch-pretrained-bert==v0.6.0``).
+Its autograd keeps the intermediate tensors the fused kernel does not."""
+
+
+def _python_layer_norms(model: torch.nn.Module) -> None:
+    """Replace every ``nn.LayerNorm`` of ``model`` by the one pytorch-pretrained-bert 0.6.0
+    falls back to without apex (namisan/mt-dnn's image installs none): mean, centred input,
+    variance, normalised input and affine, each an autograd node of its own."""
+    from torch import nn
+
+    class PythonLayerNorm(nn.Module):
+        def __init__(self, norm: nn.LayerNorm) -> None:
+            super().__init__()
+            self.weight, self.bias, self.eps = norm.weight, norm.bias, norm.eps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            import torch
+
+            mean = x.mean(-1, keepdim=True)
+            centred = x - mean
+            variance = centred.pow(2).mean(-1, keepdim=True)
+            out: torch.Tensor = self.weight * (centred / torch.sqrt(variance + self.eps))
+            return out + self.bias
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.LayerNorm):
+                setattr(module, name, PythonLayerNorm(child))
+
+
 def _mt_dnn() -> Workload:
-    config = {**read_config("bert-large"), "architectures": ["BertModel"]}
+    config = {
+        **read_config("bert-large"),
+        "architectures": ["BertModel"],
+        "hidden_act": MT_DNN_GELU,
+    }
     vocab = int(config["vocab_size"])
     hidden = int(config["hidden_size"])
 
@@ -247,6 +284,7 @@ def _mt_dnn() -> Workload:
         import torch
 
         encoder = build_hf_model(config, run)
+        _python_layer_norms(encoder)
         with default_dtype(weight_dtype(run)):
             model = _multi_task_bert(encoder, hidden)
 
@@ -286,7 +324,9 @@ def _mt_dnn() -> Workload:
             "tasks (6 classifiers, STS-B regression, QNLI ranking score), 512 tokens; each step "
             "is one MNLI batch. Lambda's 2020 'MT-DNN'; Lambda does not say base or large: "
             "namisan/mt-dnn's GLUE recipe (scripts/run_mt_dnn.sh) and the paper start from "
-            "BERT-Large, and Lambda's batches (2 on 11 GB, none on 6 GB) fit Large, not Base."
+            "BERT-Large, and Lambda's batches (2 on 11 GB, none on 6 GB) fit Large, not Base. "
+            "As pytorch-pretrained-bert 0.6.0 ran it without apex: GELU and LayerNorm written "
+            "out in Python, attention scores materialised."
         ),
         input_desc="a sentence pair of token ids (MNLI premise + hypothesis) and its label",
         throughput_unit="sequences",
