@@ -9,11 +9,12 @@ Kernel choices that depend on the device are made explicit here and written into
 the optimizer implementation is ``foreach`` (PyTorch's default on CUDA; the CPU default would
 differ), autocast follows the CPU autocast rules with the target dtype, ``F.dropout`` runs
 CUDA's one-kernel ``native_dropout`` (a one-byte mask) instead of the CPU's three passes over
-a mask in the input's dtype, and ``F.scaled_dot_product_attention`` with dropout runs
-without it, so that the CPU traces its
-fused kernel (which has no dropout) as CUDA runs its flash or memory-efficient kernel (which
-apply the dropout inside); the CPU would otherwise fall back to the math path and
-materialise the scores, dropout mask and probabilities that no CUDA kernel keeps.
+a mask in the input's dtype, and ``F.scaled_dot_product_attention`` with dropout runs without
+it, so that the CPU traces its fused kernel (which has no dropout) as CUDA runs its flash or
+memory-efficient kernel (which apply the dropout inside); the CPU would otherwise fall back
+to the math path and materialise the scores, dropout mask and probabilities that no CUDA
+kernel keeps. Workloads that stand for fairseq's ``--fp16`` train as its ``FP16Optimizer``
+(``_Fp16Master``).
 """
 
 from __future__ import annotations
