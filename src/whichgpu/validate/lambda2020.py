@@ -38,11 +38,6 @@ class LambdaModel:
     repository" (the post), so the authors' repository's."""
 
     @property
-    def pytorch(self) -> bool:
-        """Whether the reference ran PyTorch code, as whichgpu's workloads model."""
-        return self.framework.startswith("PyTorch")
-
-    @property
     def batches_set_by_hand(self) -> bool:
         """Whether the column's batches are round values set by hand rather than a search:
         the token columns (2000, 3584 — fairseq's recipe value —, 4000, 8000, 16000) and BERT
