@@ -8,6 +8,8 @@ Run from the repository root with the torch extra installed:
 
 Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.workloads.stored``)
 and prints each workload's trace time. A test regenerates one profile and compares it.
+The replays shipped with the old files no longer apply: run ``scripts/warm_replays.py`` next
+(a test fails until it has run).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def main(args: list[str]) -> int:
                 f"{path.stat().st_size / 1024:7.1f} KiB",
                 flush=True,
             )
+    print("next: python scripts/warm_replays.py (the new files need their replays)")
     return 1 if failures else 0
 
 

@@ -42,7 +42,7 @@ from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import read_config
 from whichgpu.workloads.registry import get_workload
 from whichgpu.workloads.run_config import inference_context
-from whichgpu.workloads.stored import ScalableProfile, load_stored
+from whichgpu.workloads.stored import ScalableProfile, load_stored, profile_key
 
 if TYPE_CHECKING:
     from whichgpu.bench.jobs import BenchProgress
@@ -195,8 +195,6 @@ def _prepare(
     """Resolve the run's sizes for ``chosen`` and load (or trace) its step (``loaded``: the
     profile and how it was obtained, when the caller has it already; it does not depend on
     how many GPUs share the step)."""
-    from whichgpu.estimate.memory import StepMemory
-
     if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
         run = run.model_copy(update={"batch_size": run.concurrency})
     if chosen.info.is_sequence_model and run.seq_len is None and run.mode == "train":
@@ -222,7 +220,16 @@ def _prepare(
             f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
             "estimate one GPU."
         )
-    return _Step(run, profile, method, StepMemory(profile), seq_limit, kv_per_token)
+    return _Step(run, profile, method, _step_memory(chosen, run, profile), seq_limit, kv_per_token)
+
+
+def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
+    """The replays of ``profile``: of a stored profile, shared by every call in this process
+    and started from the replays shipped with it (``estimate.replay_cache``)."""
+    from whichgpu.estimate.replay_cache import step_memory
+
+    stem = profile_key(workload.info.name, run) if _is_registered(workload) else None
+    return step_memory(profile, stem)
 
 
 def fit(

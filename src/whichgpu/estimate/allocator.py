@@ -73,6 +73,14 @@ class OutOfMemory(Exception):
     """The replay needed more device memory than the capacity it was given."""
 
 
+_SIZE_SHIFT = 64
+_SEGMENT_SHIFT = 40
+"""A free block's sort key packs (size, segment, offset) into one integer: offsets stay below
+2**40 B (1 TiB) and segment numbers below 2**24, so ordering the integers orders the triples
+(best fit: smallest size, then lowest segment and address), and comparing integers is several
+times cheaper than comparing tuples."""
+
+
 @dataclass(eq=False, slots=True)
 class _Block:
     segment: int
@@ -83,33 +91,36 @@ class _Block:
     prev: _Block | None = None
     next: _Block | None = None
 
-    def key(self) -> tuple[int, int, int]:
-        return (self.size, self.segment, self.offset)
+    def key(self) -> int:
+        return (self.size << _SIZE_SHIFT) | (self.segment << _SEGMENT_SHIFT) | self.offset
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pool:
     small: bool
-    free: list[tuple[int, int, int]] = field(default_factory=list)
-    """Sorted (size, segment, offset) of the free blocks: best fit is a bisection."""
-    blocks: dict[tuple[int, int], _Block] = field(default_factory=dict)
-    """Free blocks by (segment, offset)."""
+    free: list[int] = field(default_factory=list)
+    """Sorted keys (``_Block.key``) of the free blocks: best fit is a bisection."""
+    blocks: dict[int, _Block] = field(default_factory=dict)
+    """Free blocks by key."""
 
     def insert(self, block: _Block) -> None:
-        bisect.insort(self.free, (block.size, block.segment, block.offset))
-        self.blocks[(block.segment, block.offset)] = block
+        key = block.key()
+        bisect.insort(self.free, key)
+        self.blocks[key] = block
 
     def remove(self, block: _Block) -> None:
-        index = bisect.bisect_left(self.free, (block.size, block.segment, block.offset))
-        del self.free[index]
-        del self.blocks[(block.segment, block.offset)]
+        key = block.key()
+        del self.free[bisect.bisect_left(self.free, key)]
+        del self.blocks[key]
 
-    def best_fit(self, size: int) -> _Block | None:
-        index = bisect.bisect_left(self.free, (size, -1, -1))
-        if index == len(self.free):
+    def take_best_fit(self, size: int) -> _Block | None:
+        """Remove and return the smallest free block of at least ``size`` bytes (lowest
+        segment and address among equals), or None."""
+        free = self.free
+        index = bisect.bisect_left(free, size << _SIZE_SHIFT)
+        if index == len(free):
             return None
-        _, segment, offset = self.free[index]
-        return self.blocks[(segment, offset)]
+        return self.blocks.pop(free.pop(index))
 
 
 @dataclass(frozen=True)
@@ -160,15 +171,24 @@ class CachingAllocator:
 
     def malloc(self, handle: int, size_bytes: int) -> None:
         """Serve a request of ``size_bytes`` for the tensor storage ``handle``."""
-        size = round_request(size_bytes)
+        # round_request, inlined: a replay makes thousands of these calls
+        size = (
+            -(-size_bytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+            if size_bytes > MIN_BLOCK_BYTES
+            else MIN_BLOCK_BYTES
+        )
         small = size <= SMALL_REQUEST_BYTES
         pool = self._pools[small]
-        block = pool.best_fit(size)
-        if block is not None:
-            pool.remove(block)
-        else:
+        block = pool.take_best_fit(size)
+        if block is None:
             block = self._grow(pool, size)
-        block = self._split(pool, block, size)
+        remaining = block.size - size
+        if (
+            remaining >= MIN_BLOCK_BYTES
+            if (small or self.expandable)
+            else remaining > SMALL_REQUEST_BYTES
+        ):
+            self._split(pool, block, size, remaining)
         block.allocated = True
         self._live[handle] = block
         self._requested[handle] = size_bytes
@@ -186,10 +206,13 @@ class CachingAllocator:
         self.requested_bytes -= self._requested.pop(handle)
         block.allocated = False
         pool = self._pools[block.small]
-        for neighbour in (block.prev, block.next):
-            if neighbour is not None and not neighbour.allocated:
-                pool.remove(neighbour)
-                block = self._merge(block, neighbour)
+        before, after = block.prev, block.next
+        if before is not None and not before.allocated:
+            pool.remove(before)
+            block = self._merge(before, block)
+        if after is not None and not after.allocated:
+            pool.remove(after)
+            block = self._merge(block, after)
         pool.insert(block)
 
     def stats(self) -> AllocatorStats:
@@ -289,22 +312,11 @@ class CachingAllocator:
 
     # --- blocks ------------------------------------------------------------------------------
 
-    def _split(self, pool: _Pool, block: _Block, size: int) -> _Block:
-        remaining = block.size - size
-        threshold_ok = (
-            remaining >= MIN_BLOCK_BYTES
-            if (pool.small or self.expandable)
-            else remaining > SMALL_REQUEST_BYTES
-        )
-        if not threshold_ok:
-            return block
+    def _split(self, pool: _Pool, block: _Block, size: int, remaining: int) -> None:
+        """Keep the first ``size`` bytes of ``block`` and free the ``remaining`` rest (the
+        caller has checked the pool's split threshold)."""
         rest = _Block(
-            segment=block.segment,
-            offset=block.offset + size,
-            size=remaining,
-            small=block.small,
-            prev=block,
-            next=block.next,
+            block.segment, block.offset + size, remaining, block.small, False, block, block.next
         )
         if block.next is not None:
             block.next.prev = rest
@@ -313,11 +325,9 @@ class CachingAllocator:
         block.next = rest
         block.size = size
         pool.insert(rest)
-        return block
 
-    def _merge(self, block: _Block, neighbour: _Block) -> _Block:
-        """Merge two adjacent blocks of a segment; the lower one survives."""
-        low, high = (neighbour, block) if neighbour.offset < block.offset else (block, neighbour)
+    def _merge(self, low: _Block, high: _Block) -> _Block:
+        """Merge two adjacent blocks of a segment, ``low`` below ``high``; ``low`` survives."""
         low.size += high.size
         low.next = high.next
         if high.next is not None:

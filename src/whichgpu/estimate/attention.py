@@ -532,14 +532,22 @@ def step_attention_extra(
     saved = transient = 0
     backends: list[str] = []
     reason = ""
+    # the layers of a model repeat the same calls: each distinct one is worked out once
+    known: dict[tuple[str, str, str | None, tuple[int, ...]], tuple[AttentionChoice, int, int]]
+    known = {}
     for op in ops:
         if op.kind != "attention" or op.attention is None or len(op.attention) < 8:
             continue
-        choice = attention_backend_for_op(gpu, op, training=training, dropout=dropout)
+        key = (op.name, op.phase, op.dtype, op.attention)
+        found = known.get(key)
+        if found is None:
+            choice = attention_backend_for_op(gpu, op, training=training, dropout=dropout)
+            extra = _segments(extra_attention_bytes(op, choice))
+            kept = _segments(saved_attention_bytes(op, choice))
+            found = known[key] = (choice, extra, kept)
+        choice, extra, kept = found
         if choice.backend not in backends:
             backends.append(choice.backend)
-        extra = _segments(extra_attention_bytes(op, choice))
-        kept = _segments(saved_attention_bytes(op, choice))
         if extra and not reason:
             reason = choice.reason
         saved += kept

@@ -58,6 +58,18 @@ MAX_BATCH_LIMIT = 65536
 MAX_SEQ_LIMIT = 1 << 20
 """The sequence-length search stops here when the model names no position limit."""
 
+REPLAY_MODEL_VERSION = 1
+"""Version of what ``StepMemory.replay`` returns for a given profile and key. Replays shipped
+with the stored profiles (``whichgpu.estimate.replay_cache``) carry it and are ignored when it
+differs: bump it with any change to ``estimate.allocator``, ``estimate.sharding``'s event
+stream or ``StepMemory.replay`` that changes a result (the shipped-replays test recomputes a
+sample of them, and fails on a change made without a bump), then run
+``scripts/warm_replays.py``."""
+
+ReplayKey = tuple[int, int | None, tuple[int, ...], Parallel]
+"""What a replay depends on besides the profile: (batch size, sequence length, workspace
+sizes, GPUs and sharding)."""
+
 _ACTIVATION = CATEGORIES.index("activation")
 _WEIGHTS = [CATEGORIES.index("parameter"), CATEGORIES.index("buffer")]
 
@@ -148,7 +160,11 @@ class StepMemory:
     sharding); with more than one GPU each replay is of one GPU's stream
     (``whichgpu.estimate.sharding``)."""
 
-    def __init__(self, profile: ScalableProfile) -> None:
+    def __init__(
+        self, profile: ScalableProfile, known: Mapping[ReplayKey, Replay] | None = None
+    ) -> None:
+        """``known``: replays of this very profile computed before (shipped with a stored
+        profile, ``whichgpu.estimate.replay_cache``), used instead of replaying again."""
         self.profile = profile
         self._handles = profile.events[:, 1].tolist()
         self._allocs = profile.events[:, 2].astype(bool).tolist()
@@ -159,11 +175,16 @@ class StepMemory:
             [op.phase for op in profile.ops],
         )
         self._plans: dict[Parallel, ShardingPlan] = {}
-        self._cache: dict[tuple[int, int | None, tuple[int, ...], Parallel], Replay] = {}
+        self._cache: dict[ReplayKey, Replay] = dict(known or {})
+        self.live_replays = 0
+        """Replays computed here (not memoised or known)."""
         self._max_batch: dict[tuple[int | None, tuple[int, ...], Parallel, int], tuple[int, bool]]
         self._max_batch = {}
         self._attention: dict[tuple[str | None, int, int | None, str], AttentionExtra] = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
+        self._attention_ops = [
+            op for op in profile.ops if op.kind == "attention" and op.attention is not None
+        ]
 
     def state_sizes(self, category: TensorCategory) -> list[int]:
         """Sizes of the step's ``parameter`` or ``gradient`` tensors, in allocation order (they
@@ -198,20 +219,24 @@ class StepMemory:
         values = self.profile.polynomials.values(batch_size, seq_len)
         # a bf16 profile answers an fp16 run too: its attention then runs in fp16
         half = "float16" if precision == "fp16" else None
-        ops = [
-            OpRecord(
-                name=op.name,
-                kind=op.kind,
-                phase=op.phase,
-                flops=0,
-                bytes_read=0,
-                bytes_written=0,
-                dtype=half if half and op.dtype == "bfloat16" else op.dtype,
-                attention=tuple(int(values[i]) for i in op.attention),
-            )
-            for op in self.profile.ops
-            if op.kind == "attention" and op.attention is not None
-        ]
+        records: dict[tuple[str, str, str, tuple[int, ...]], OpRecord] = {}
+        ops = []
+        for op in self._attention_ops:
+            assert op.attention is not None
+            call = (op.name, op.phase, op.dtype, op.attention)
+            record = records.get(call)
+            if record is None:  # the layers repeat the same few calls
+                record = records[call] = OpRecord(
+                    name=op.name,
+                    kind=op.kind,
+                    phase=op.phase,
+                    flops=0,
+                    bytes_read=0,
+                    bytes_written=0,
+                    dtype=half if half and op.dtype == "bfloat16" else op.dtype,
+                    attention=tuple(int(values[i]) for i in op.attention),
+                )
+            ops.append(record)
         found = step_attention_extra(
             gpu,
             ops,
@@ -234,31 +259,38 @@ class StepMemory:
         found = self._cache.get(key)
         if found is not None:
             return found
+        self.live_replays += 1
         sizes = self.profile.event_sizes(batch_size, seq_len).tolist()
         allocator = CachingAllocator()
-        live: dict[TensorCategory, int] = dict.fromkeys(CATEGORIES, 0)
-        at_peak: dict[TensorCategory, int] = {}
         for i, nbytes in enumerate(workspaces):
             allocator.malloc(-1 - i, nbytes)
-        peak = allocator.allocated_bytes
         events = rank_events(
             self._handles, sizes, self._allocs, self._categories, self._phases, self.plan(parallel)
         )
-        for handle, size, alloc, category in events:
+        # the allocator's peak is found in one pass that only remembers where it was; what was
+        # live there, by category, is summed afterwards (cheaper than a copy at every new peak)
+        malloc, free = allocator.malloc, allocator.free
+        peak, peak_index = allocator.allocated_bytes, -1
+        for index, (handle, size, alloc, _) in enumerate(events):
             if size == 0:
                 continue
             if alloc:
-                allocator.malloc(handle, size)
-                live[category] += size
+                malloc(handle, size)
                 if allocator.allocated_bytes > peak:
-                    peak = allocator.allocated_bytes
-                    at_peak = {k: v for k, v in live.items() if v}
+                    peak, peak_index = allocator.allocated_bytes, index
             else:
-                allocator.free(handle)
-                live[category] -= size
+                free(handle)
+        live: dict[TensorCategory, int] = dict.fromkeys(CATEGORIES, 0)
+        for _, size, alloc, category in events[: peak_index + 1]:
+            live[category] += size if alloc else -size
+        at_peak = {k: v for k, v in live.items() if v}
         result = Replay(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes, at_peak)
         self._cache[key] = result
         return result
+
+    def replays(self) -> dict[ReplayKey, Replay]:
+        """Every replay known so far, by key (a copy)."""
+        return dict(self._cache)
 
     def max_batch(
         self,

@@ -299,24 +299,65 @@ def _select(
     )
 
 
-def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
-    """The steady-state step's operators at ``(batch_size, seq_len)``."""
-    values = profile.polynomials.values(batch_size, seq_len).astype(np.float64)
+@dataclass(frozen=True)
+class _OpColumns:
+    """What of a profile's operators does not depend on the size (``op_table``'s static
+    part, built once per profile)."""
+
+    flops: npt.NDArray[np.intp]
+    bytes_read: npt.NDArray[np.intp]
+    bytes_written: npt.NDArray[np.intp]
+    kinds: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    is_matrix: npt.NDArray[np.bool_]
+    is_half: npt.NDArray[np.bool_]
+    is_fp32: npt.NDArray[np.bool_]
+    phases: npt.NDArray[np.str_]
+
+
+_COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
+"""``_OpColumns`` by ``id`` of the profile, which the entry keeps alive (so the id is not
+reused while it is here)."""
+
+
+def _op_columns(profile: ScalableProfile) -> _OpColumns:
+    found = _COLUMNS.get(id(profile))
+    if found is not None and found[0] is profile:
+        return found[1]
     ops = profile.ops
-    flops = values[[op.flops for op in ops]]
-    moved = values[[op.bytes_read for op in ops]] + values[[op.bytes_written for op in ops]]
-    return OpTable(
+    columns = _OpColumns(
+        flops=np.array([op.flops for op in ops], dtype=np.intp),
+        bytes_read=np.array([op.bytes_read for op in ops], dtype=np.intp),
+        bytes_written=np.array([op.bytes_written for op in ops], dtype=np.intp),
         kinds=tuple(op.kind for op in ops),
         dtypes=tuple(op.dtype for op in ops),
-        flops=flops,
-        bytes_moved=moved,
-        units_per_step=int(values[profile.units_per_step]),
-        batch_size=batch_size,
-        seq_len=seq_len,
         is_matrix=np.array([op.kind in MATRIX_KINDS for op in ops], dtype=bool),
         is_half=np.array([op.dtype in _HALF for op in ops], dtype=bool),
         is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
         phases=np.array([op.phase for op in ops]),
+    )
+    if len(_COLUMNS) >= 16:
+        _COLUMNS.clear()
+    _COLUMNS[id(profile)] = (profile, columns)
+    return columns
+
+
+def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> OpTable:
+    """The steady-state step's operators at ``(batch_size, seq_len)``."""
+    values = profile.polynomials.values(batch_size, seq_len).astype(np.float64)
+    columns = _op_columns(profile)
+    return OpTable(
+        kinds=columns.kinds,
+        dtypes=columns.dtypes,
+        flops=values[columns.flops],
+        bytes_moved=values[columns.bytes_read] + values[columns.bytes_written],
+        units_per_step=int(values[profile.units_per_step]),
+        batch_size=batch_size,
+        seq_len=seq_len,
+        is_matrix=columns.is_matrix,
+        is_half=columns.is_half,
+        is_fp32=columns.is_fp32,
+        phases=columns.phases,
     )
 
 

@@ -18,6 +18,7 @@ from whichgpu.errors import WhichGpuError
 from whichgpu.schema import MemoryValidation, MemoryValidationCase, Verdict
 from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
 from whichgpu.workloads import get_workload, run_config
+from whichgpu.workloads.stored import profile_key
 
 LAMBDA_STACK = "lambda-2020"
 
@@ -48,6 +49,7 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
     """Predict every case of the reference table and compare."""
     from whichgpu.api import scalable_profile
     from whichgpu.estimate.memory import StepMemory, estimate_on_gpu
+    from whichgpu.estimate.replay_cache import step_memory
 
     catalog = load_catalog()
     stack = get_stack(LAMBDA_STACK)
@@ -90,7 +92,8 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
             except WhichGpuError as exc:
                 cases.append(_skipped(base, str(exc)))
                 continue
-            memories[model.workload] = (StepMemory(profile), method)
+            stem = profile_key(model.workload, run)
+            memories[model.workload] = (step_memory(profile, stem), method)
         memory, method = memories[model.workload]
         estimate = estimate_on_gpu(memory, run, gpu, catalog, stack, method=method)
         predicted = estimate.max_batch_size

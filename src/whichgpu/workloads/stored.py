@@ -25,7 +25,9 @@ This module is pure Python + numpy; it never imports torch.
 
 from __future__ import annotations
 
+import functools
 import gzip
+import hashlib
 import itertools
 import json
 import math
@@ -105,12 +107,22 @@ class Polynomials:
 
     def values(self, batch_size: int, seq_len: int | None) -> npt.NDArray[np.int64]:
         """Every polynomial at ``(batch_size, seq_len)``, rounded to the nearest integer."""
-        point = monomials(self.basis, batch_size, seq_len)
-        out = np.empty(len(self.numerators), dtype=np.int64)
-        for i, (coeffs, den) in enumerate(zip(self.numerators, self.denominators, strict=True)):
-            total = sum(c * x for c, x in zip(coeffs, point, strict=True))
-            out[i] = (2 * total + den) // (2 * den) if den != 1 else total
+        numerators, denominators, whole = self._exact_arrays
+        point = np.array(monomials(self.basis, batch_size, seq_len), dtype=object)
+        totals = numerators.dot(point)  # Python integers: exact at any size
+        rounded = np.where(whole, totals, (2 * totals + denominators) // (2 * denominators))
+        out: npt.NDArray[np.int64] = rounded.astype(np.int64)
         return out
+
+    @functools.cached_property
+    def _exact_arrays(
+        self,
+    ) -> tuple[npt.NDArray[np.object_], npt.NDArray[np.object_], npt.NDArray[np.bool_]]:
+        """Numerators and denominators as arrays of Python integers, and which polynomials
+        have integer coefficients (built once)."""
+        numerators = np.array(self.numerators, dtype=object).reshape(len(self), len(self.basis))
+        denominators = np.array(self.denominators, dtype=object)
+        return numerators, denominators, np.array([d == 1 for d in self.denominators])
 
 
 @dataclass(frozen=True)
@@ -435,15 +447,32 @@ def storable(run: RunConfig) -> bool:
 
 
 def load_stored(workload: str, run: RunConfig) -> ScalableProfile | None:
-    """The stored profile of a named workload for ``run``, or None if none is shipped."""
+    """The stored profile of a named workload for ``run``, or None if none is shipped (read
+    once per process: the same object is returned again, its arrays read-only)."""
     if not storable(run):
         return None
-    name = profile_key(workload, run) + ".json.gz"
-    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR).joinpath(name)
+    return load_stem(profile_key(workload, run))
+
+
+@functools.lru_cache(maxsize=64)
+def load_stem(stem: str) -> ScalableProfile | None:
+    """The stored profile whose file stem is ``stem`` (``profile_key``), or None."""
+    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR).joinpath(stem + ".json.gz")
     if not ref.is_file():
         return None
     with resources.as_file(ref) as path:
-        return ScalableProfile.load(path)
+        profile = ScalableProfile.load(path)
+    profile.events.flags.writeable = False
+    return profile
+
+
+def stored_digest(stem: str) -> str | None:
+    """SHA-256 of the stored profile file ``stem`` (what replays computed from it name), or
+    None if there is none."""
+    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR).joinpath(stem + ".json.gz")
+    if not ref.is_file():
+        return None
+    return hashlib.sha256(ref.read_bytes()).hexdigest()
 
 
 def stored_keys() -> list[str]:

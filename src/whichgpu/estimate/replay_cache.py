@@ -1,0 +1,134 @@
+"""Replays of the stored profiles, shipped with them, so that a whole-catalog answer needs none.
+
+Sizing a step on every catalog GPU replays it through the allocator model at each batch size
+the largest-batch search visits — about two per GPU, 15-60 ms each in pure Python, so a few
+seconds for the catalog. For the named workloads those replays are the same on every machine:
+the stored profile, the catalog's budgets and the stacks' workspaces fix them. So
+``scripts/warm_replays.py`` runs the default questions (``fit`` and ``predict`` on every
+catalog GPU and stack, ``validate memory``) and writes what they replayed beside the profiles,
+in ``profiles/replays/<stem>.json.gz``; ``step_memory`` starts from them. A question they do
+not cover (another sequence length, more GPUs, a GPU added to the catalog) is replayed as
+before, and remembered for the rest of the process.
+
+Shipped replays are used only for the profile file they were computed from (its SHA-256) and
+the replay model they were computed with (``REPLAY_MODEL_VERSION``); anything else ignores
+them, so they can make an answer faster, never different. A test recomputes a sample of them.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
+from whichgpu.estimate.sharding import Parallel
+from whichgpu.files import write_atomically
+from whichgpu.workloads.stored import (
+    CATEGORIES,
+    PROFILE_DIR,
+    ScalableProfile,
+    load_stem,
+    stored_digest,
+)
+
+REPLAYS_DIR = "replays"
+"""Directory, under the stored profiles', of their shipped replays."""
+FORMAT = "whichgpu-replays"
+
+
+def step_memory(profile: ScalableProfile, stem: str | None = None) -> StepMemory:
+    """The replays of ``profile``: for the stored profile ``stem`` (the very object
+    ``load_stem`` returns), one ``StepMemory`` per process that starts from the shipped
+    replays; for any other profile, a new one."""
+    if stem is not None and load_stem(stem) is profile:
+        return _stored_memory(stem)
+    return StepMemory(profile)
+
+
+@functools.lru_cache(maxsize=64)
+def _stored_memory(stem: str) -> StepMemory:
+    profile = load_stem(stem)
+    if profile is None:  # pragma: no cover - step_memory checked it
+        raise ValueError(f"no stored profile {stem}")
+    return StepMemory(profile, shipped_replays(stem))
+
+
+def replays_ref(stem: str) -> Any:
+    """The package resource of ``stem``'s shipped replays (may not exist)."""
+    return (
+        resources.files("whichgpu.workloads")
+        .joinpath(PROFILE_DIR)
+        .joinpath(REPLAYS_DIR)
+        .joinpath(stem + ".json.gz")
+    )
+
+
+def shipped_replays(stem: str) -> dict[ReplayKey, Replay]:
+    """The replays shipped for the stored profile ``stem``: empty when there are none, or when
+    they were computed from another profile file or another replay model."""
+    ref = replays_ref(stem)
+    if not ref.is_file():
+        return {}
+    doc = json.loads(gzip.decompress(ref.read_bytes()))
+    if (
+        doc.get("format") != FORMAT
+        or doc.get("replay_model_version") != REPLAY_MODEL_VERSION
+        or doc.get("profile_sha256") != stored_digest(stem)
+    ):
+        return {}
+    return decode_replays(doc)
+
+
+def decode_replays(doc: dict[str, Any]) -> dict[ReplayKey, Replay]:
+    """The replays of a document written by ``encode_replays``."""
+    categories = doc["categories"]
+    out: dict[ReplayKey, Replay] = {}
+    for batch, seq, workspaces, gpus, sharding, allocated, reserved, live in doc["replays"]:
+        key: ReplayKey = (batch, seq, tuple(workspaces), Parallel(gpus, sharding))
+        at_peak = {c: n for c, n in zip(categories, live, strict=True) if n}
+        out[key] = Replay(allocated, reserved, at_peak)
+    return out
+
+
+def encode_replays(stem: str, replays: dict[ReplayKey, Replay]) -> dict[str, Any]:
+    """A JSON-able document of ``replays`` of the stored profile ``stem`` (sorted, so that the
+    same replays always give the same file)."""
+    digest = stored_digest(stem)
+    if digest is None:
+        raise ValueError(f"no stored profile {stem}")
+    rows = [
+        [
+            batch,
+            seq,
+            list(workspaces),
+            parallel.gpus,
+            parallel.sharding,
+            replay.peak_allocated_bytes,
+            replay.peak_reserved_bytes,
+            [replay.live_at_peak.get(c, 0) for c in CATEGORIES],
+        ]
+        for (batch, seq, workspaces, parallel), replay in replays.items()
+    ]
+    rows.sort(key=lambda r: (r[3], r[4], r[2], -1 if r[1] is None else r[1], r[0]))
+    return {
+        "format": FORMAT,
+        "replay_model_version": REPLAY_MODEL_VERSION,
+        "profile": stem,
+        "profile_sha256": digest,
+        "written_by": "scripts/warm_replays.py",
+        "categories": list(CATEGORIES),
+        "replays": rows,
+    }
+
+
+def save_replays(stem: str, replays: dict[ReplayKey, Replay], directory: Path) -> Path:
+    """Write ``replays`` of ``stem`` to ``directory`` (atomically); returns the file."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{stem}.json.gz"
+    text = json.dumps(encode_replays(stem, replays), separators=(",", ":")).encode()
+    write_atomically(path, lambda out: out.write(gzip.compress(text, mtime=0)))
+    return path
