@@ -73,12 +73,12 @@ class OutOfMemory(Exception):
     """The replay needed more device memory than the capacity it was given."""
 
 
-_SIZE_SHIFT = 64
-_SEGMENT_SHIFT = 40
-"""A free block's sort key packs (size, segment, offset) into one integer: offsets stay below
-2**40 B (1 TiB) and segment numbers below 2**24, so ordering the integers orders the triples
-(best fit: smallest size, then lowest segment and address), and comparing integers is several
-times cheaper than comparing tuples."""
+_SIZE_SHIFT = 96
+_SEGMENT_SHIFT = 64
+"""A free block's sort key packs (size, segment, offset) into one integer: offsets are below
+2**64 B and segment numbers below 2**32, so ordering the integers orders the triples (best
+fit: smallest size, then lowest segment and address), and comparing integers is several times
+cheaper than comparing tuples."""
 
 
 @dataclass(eq=False, slots=True)
