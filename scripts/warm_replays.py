@@ -97,7 +97,7 @@ def main(args: list[str]) -> int:
     print(f"asked and written in {time.perf_counter() - started:.0f} s")
 
     # ask again from the files alone: nothing may need a replay
-    replay_cache._stored_memory.cache_clear()
+    replay_cache.forget_memories()
     ask(stems, everything=everything)
     missed = {stem: n for stem, n in live_replays(stems).items() if n}
     for stem, n in missed.items():

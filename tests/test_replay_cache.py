@@ -19,9 +19,9 @@ STALE = "run scripts/warm_replays.py to replay the stored profiles again"
 @pytest.fixture
 def fresh_memories():
     """Shared step memories start again from the shipped replays alone."""
-    replay_cache._stored_memory.cache_clear()
+    replay_cache.forget_memories()
     yield
-    replay_cache._stored_memory.cache_clear()
+    replay_cache.forget_memories()
 
 
 @pytest.mark.parametrize("stem", stored_keys())

@@ -20,20 +20,22 @@ from __future__ import annotations
 import functools
 import gzip
 import json
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
 from whichgpu.estimate.sharding import Parallel
 from whichgpu.files import write_atomically
 from whichgpu.workloads.stored import (
     CATEGORIES,
-    PROFILE_DIR,
     ScalableProfile,
     load_stem,
+    profiles_dir,
     stored_digest,
 )
+
+if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
+    from importlib.abc import Traversable
 
 REPLAYS_DIR = "replays"
 """Directory, under the stored profiles', of their shipped replays."""
@@ -57,14 +59,15 @@ def _stored_memory(stem: str) -> StepMemory:
     return StepMemory(profile, shipped_replays(stem))
 
 
-def replays_ref(stem: str) -> Any:
+def forget_memories() -> None:
+    """Drop the shared ``StepMemory`` of every stored profile: the next ``step_memory`` starts
+    again from the shipped replays alone (what they cover, without this process's own)."""
+    _stored_memory.cache_clear()
+
+
+def replays_ref(stem: str) -> Traversable:
     """The package resource of ``stem``'s shipped replays (may not exist)."""
-    return (
-        resources.files("whichgpu.workloads")
-        .joinpath(PROFILE_DIR)
-        .joinpath(REPLAYS_DIR)
-        .joinpath(stem + ".json.gz")
-    )
+    return profiles_dir().joinpath(REPLAYS_DIR).joinpath(stem + ".json.gz")
 
 
 def shipped_replays(stem: str) -> dict[ReplayKey, Replay]:

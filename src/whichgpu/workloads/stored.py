@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,6 +51,9 @@ from whichgpu.schema import (
     ThroughputUnit,
 )
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
+
+if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
+    from importlib.abc import Traversable
 
 FORMAT = "whichgpu-scalable-profile"
 FORMAT_VERSION = 1
@@ -454,10 +457,15 @@ def load_stored(workload: str, run: RunConfig) -> ScalableProfile | None:
     return load_stem(profile_key(workload, run))
 
 
+def profiles_dir() -> Traversable:
+    """The package directory of the stored profiles."""
+    return resources.files("whichgpu.workloads").joinpath(PROFILE_DIR)
+
+
 @functools.lru_cache(maxsize=64)
 def load_stem(stem: str) -> ScalableProfile | None:
     """The stored profile whose file stem is ``stem`` (``profile_key``), or None."""
-    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR).joinpath(stem + ".json.gz")
+    ref = profiles_dir().joinpath(stem + ".json.gz")
     if not ref.is_file():
         return None
     with resources.as_file(ref) as path:
@@ -469,7 +477,7 @@ def load_stem(stem: str) -> ScalableProfile | None:
 def stored_digest(stem: str) -> str | None:
     """SHA-256 of the stored profile file ``stem`` (what replays computed from it name), or
     None if there is none."""
-    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR).joinpath(stem + ".json.gz")
+    ref = profiles_dir().joinpath(stem + ".json.gz")
     if not ref.is_file():
         return None
     return hashlib.sha256(ref.read_bytes()).hexdigest()
@@ -477,7 +485,7 @@ def stored_digest(stem: str) -> str | None:
 
 def stored_keys() -> list[str]:
     """Stems of every stored profile."""
-    ref = resources.files("whichgpu.workloads").joinpath(PROFILE_DIR)
+    ref = profiles_dir()
     if not ref.is_dir():
         return []
     return sorted(
