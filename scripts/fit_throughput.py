@@ -4,9 +4,10 @@ Run from the repository root:
 
     python scripts/fit_throughput.py
 
-Fits the five constants of ``whichgpu.estimate.throughput`` and the speed factors of the
-measured workloads and their types (a maximum a-posteriori fit with the priors of
-``fit_priors`` in the data file) on every usable row of the Lambda 2020 table
+Fits the five constants of ``whichgpu.estimate.throughput``, the speed factors of the
+measured workloads and their types, and the host shares of their measured runs (the time per
+unit spent outside the GPU; a maximum a-posteriori fit with the priors of ``fit_priors`` in the
+data file) on every usable row of the Lambda 2020 table
 (``whichgpu.validate.throughput.lambda_cases``). Then refits without each GPU in turn and
 without each model in turn to measure the out-of-sample errors that become the prediction
 bands (80th percentile of the absolute error, by workload type): ``error_bands`` for a new GPU
@@ -59,7 +60,8 @@ def main() -> int:
         ),
         "method": (
             "scripts/fit_throughput.py: maximum a-posteriori fit of log(predicted / measured) "
-            "throughput with the constants' priors and hierarchical speed factors (fit_priors); "
+            "throughput with the constants' priors, hierarchical speed factors and host shares "
+            "(fit_priors, host_time); "
             "error_bands = P80 of |leave-one-GPU-out error| by workload type (a new GPU, the "
             "workload measured); unseen_error_bands = P80 of |leave-one-model-out error| (a "
             "workload never measured); calibrated_error_bands = P80 of the error of a "
@@ -70,6 +72,8 @@ def main() -> int:
         "parameters": {name: float(getattr(params, name)) for name in FIT_FIELDS},
         "workload_factors": params.workload_factors,
         "type_factors": params.type_factors,
+        "workload_host_shares": params.workload_host_shares,
+        "type_host_shares": params.type_host_shares,
         "error_bands": bands,
         "unseen_error_bands": unseen,
         "calibrated_error_bands": calibrated,
@@ -79,6 +83,8 @@ def main() -> int:
         print(f"{name} = {getattr(params, name):.4g}")
     print(f"workload factors: {params.workload_factors}")
     print(f"type factors: {params.type_factors}")
+    print(f"host shares: {params.workload_host_shares}")
+    print(f"type host shares: {params.type_host_shares}")
     print(f"bands: {bands}")
     print(f"unseen bands: {unseen}")
     print(f"calibrated bands: {calibrated}")

@@ -26,6 +26,7 @@ from whichgpu.estimate.throughput import (
     with_values,
 )
 from whichgpu.validate.throughput import (
+    CaseBatch,
     bandwidth,
     baseline_errors,
     fit_parameters,
@@ -104,11 +105,45 @@ def test_fit_recovers_constants_it_generated() -> None:
     truth = replace(
         with_values(load_parameters(), np.array([0.6, 0.7, 0.5, 2e7, 5e-6])),
         workload_factors={w: 0.7 + 0.05 * i for i, w in enumerate(workloads)},
+        workload_host_shares={w: 0.4 * (i % 3) for i, w in enumerate(workloads)},
     )
     synthetic = [replace(c, measured=c.predicted(truth)) for c in cases[::3]]
     fitted = fit_parameters(synthetic, load_parameters())
     errors = [c.predicted(fitted) / c.measured - 1 for c in synthetic]
     assert summarize("fit", errors).mape < 0.02
+    # without the host time the same constants cannot reproduce the runs
+    no_host = replace(truth, workload_host_shares=dict.fromkeys(workloads, 0.0))
+    missed = [c.predicted(no_host) / c.measured - 1 for c in synthetic]
+    assert summarize("no host", missed).mape > 0.1
+
+
+def test_the_fits_batched_times_are_the_step_times_of_each_case() -> None:
+    cases, _ = lambda_cases()
+    params = load_parameters()
+    on_gpu, on_reference = CaseBatch.of(cases).times_per_unit(params)
+    assert on_gpu * [c.modelled(params) for c in cases] == pytest.approx(np.ones(len(cases)))
+    assert on_reference == pytest.approx([c.reference_time(params) for c in cases])
+    # the reference is the same GPU for every case: a step's time there tracks its work alone
+    same = [i for i, c in enumerate(cases) if c.gpu.id == params.host_reference_gpu]
+    assert same and on_gpu[same] == pytest.approx(on_reference[same])
+
+
+def test_a_measured_run_adds_host_time_that_a_prediction_leaves_out() -> None:
+    params = load_parameters()
+    cases, _ = lambda_cases()
+    case = next(c for c in cases if c.workload == "yolov3" and c.gpu.id == "titan-rtx")
+    share = params.host_share("yolov3", case.family)
+    assert 0 < share == params.workload_host_shares["yolov3"]
+    gpu_only = case.modelled(params) * params.speed_factor("yolov3", case.family)
+    assert case.predicted(params) == pytest.approx(
+        gpu_only / (1 + share * case.reference_time(params) * case.modelled(params))
+    )
+    (estimate,) = predict(
+        "yolov3", gpus=["titan-rtx"], batch_size=case.table.batch_size, precision=case.precision
+    )
+    assert estimate.throughput == pytest.approx(gpu_only)
+    assert any("outside the GPU" in a and f"{share:.0%}" in a for a in estimate.assumptions)
+    assert params.host_share("mine", "something-new") == params.type_host_shares["default"]
 
 
 def test_a_workload_without_its_own_factor_takes_its_types_and_the_wider_band() -> None:
@@ -132,6 +167,8 @@ def test_shipped_constants_are_the_fit_of_the_shipped_cases() -> None:
     assert np.allclose(np.log(refit.vector), np.log(shipped.vector), atol=0.05)
     for workload, factor in shipped.workload_factors.items():
         assert refit.workload_factors[workload] == pytest.approx(factor, rel=0.05)
+        share = shipped.workload_host_shares[workload]
+        assert refit.workload_host_shares[workload] == pytest.approx(share, abs=0.05)
     assert 0 < shipped.error_bands["default"] < shipped.unseen_error_bands["default"] < 1
     assert summarize("bw", baseline_errors(cases, bandwidth)).mape > 0
 

@@ -58,7 +58,9 @@ def predict(
     workloads) is timed on each GPU by a roofline — FLOPs over the peak of the engine its
     precision uses (tensor cores, TF32, FP32 units), bytes over the memory bandwidth, a
     launch floor — with five constants fitted on measured throughputs, times a speed factor:
-    the workload's own if it was measured, else its type's (vision, language). Without
+    the workload's own if it was measured, else its type's (vision, language). The answer is
+    the GPU step on synthetic data: the fit also separates the time the measured runs spent
+    outside the GPU (their datasets' input pipelines), which is left out. Without
     --batch-size each GPU runs the largest batch that fits it (as `whichgpu fit` finds it).
     Every prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
     validate throughput`), wider for a workload never measured; GPUs whose bands overlap are

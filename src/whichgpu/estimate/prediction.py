@@ -71,6 +71,11 @@ class ThroughputPredictor:
         self.factor = self.params.speed_factor(profile.workload, family)
         self.factor_origin = self.params.factor_origin(profile.workload, family)
         self.fitted = profile.workload in self.params.workload_factors
+        share = self.params.host_share(profile.workload, family)
+        self.host_origin = (
+            f"{'this workload' if self.fitted else 'workloads of its type'}: "
+            f"{share:.0%} of its modelled GPU time on a {self.params.host_reference_gpu}"
+        )
         self.method = f"{method}; {self.params.method}"
         self.state = state or StepState()
         self.serving = "kv_cache" in profile.choices
@@ -96,7 +101,9 @@ class ThroughputPredictor:
             "flash attention): today's stacks likely run faster than predicted, on every GPU "
             "alike, so rankings hold better than absolute times until they are refitted on new "
             "measurements (whichgpu bench; predict --calibrate corrects one workload now)",
-            "synthetic data, no input pipeline or host stalls",
+            "the GPU step on synthetic data: the fitted runs read real datasets and also spent "
+            f"time outside the GPU ({self.host_origin}); that time is left out here, and a real "
+            "input pipeline that cannot keep up adds it back",
         )
         if self.serving and self.inference is not None:
             notes += (

@@ -22,10 +22,15 @@ stored with their provenance and their validation error in ``data/throughput.jso
 error is the width of each prediction's band.
 
 Beside them, each measured workload has a *speed factor*: how much faster its code ran than
-the operator model says, on every GPU alike (its framework's kernels, fusions, host overhead).
-The fit is hierarchical: the factors of one workload type (``vision``, ``language``) shrink
-towards the type's factor, which shrinks towards 1, and the five constants towards the
-physical values of ``fit_priors`` in ``data/throughput.json`` (each with its source). A
+the operator model says, on every GPU alike (its framework's kernels and fusions), and a *host
+share*: the time per unit its measured runs spent outside the GPU (reading and decoding real
+datasets, the framework's host work), which does not shrink on a faster GPU, as a share of its
+modelled GPU time on a reference GPU (``host_time`` in ``data/throughput.json``). The fit
+models a measured throughput as ``factor / (GPU time + share x reference GPU time)`` per unit;
+predictions are of the GPU step on synthetic data and leave the host time out.
+The fit is hierarchical: the factors (and shares) of one workload type (``vision``,
+``language``) shrink towards the type's, which shrinks towards 1 (0), and the five constants
+towards the physical values of ``fit_priors`` in ``data/throughput.json`` (each with its source). A
 workload that was measured uses its own factor and the band of a new GPU (leave one GPU out);
 any other uses its type's factor and the band of a new workload (leave one model out).
 
@@ -54,6 +59,8 @@ MATRIX_KINDS = ("gemm", "conv", "attention")
 """Operator kinds that run on the matrix engines; all others are bandwidth bound."""
 
 _HALF = ("float16", "bfloat16")
+Rate = float | npt.NDArray[np.float64]
+"""A GPU figure: one number, or one per operator of a table that stacks several GPUs."""
 PARAMETERS_FILE = "throughput.json"
 
 
@@ -91,6 +98,13 @@ class PerfParameters:
     type_factors: dict[str, float] = field(default_factory=dict)
     """The speed factor of a workload type (``vision``, ``language``, ``default``), for
     workloads without their own."""
+    host_reference_gpu: str = ""
+    """Catalog id of the GPU whose modelled time scales the host time of a measured run."""
+    workload_host_shares: dict[str, float] = field(default_factory=dict)
+    """Host time per unit of each fitted workload's measured runs, as a share of its modelled
+    GPU time per unit on ``host_reference_gpu`` (see ``host_share``)."""
+    type_host_shares: dict[str, float] = field(default_factory=dict)
+    """The same for a workload type, for workloads without their own."""
 
     def speed_factor(self, workload: str, family: str) -> float:
         """The factor a prediction of ``workload`` (of ``family``) is multiplied by."""
@@ -108,6 +122,18 @@ class PerfParameters:
             f"x{factor:.2f}: the speed factor of {workload_type(family)} workloads (this one "
             "was never measured)"
         )
+
+    def host_share(self, workload: str, family: str) -> float:
+        """The host time of a measured run of ``workload``: the time per unit it spent outside
+        the GPU (reading and decoding its dataset, the framework's host work), which does not
+        shrink on a faster GPU, as a share of its modelled GPU time per unit on
+        ``host_reference_gpu``. Predictions of a GPU step on synthetic data leave it out; the
+        fit and the validation, which reproduce measured runs, add it."""
+        found = self.workload_host_shares.get(workload)
+        if found is not None:
+            return found
+        shares = self.type_host_shares
+        return shares.get(workload_type(family), shares.get("default", 0.0))
 
     @property
     def vector(self) -> npt.NDArray[np.float64]:
@@ -153,6 +179,9 @@ def load_parameters() -> PerfParameters:
         unseen_error_bands=_floats(doc.get("unseen_error_bands", {})),
         workload_factors=_floats(doc.get("workload_factors", {})),
         type_factors=_floats(doc.get("type_factors", {})),
+        host_reference_gpu=str(doc["host_time"]["reference_gpu"]),
+        workload_host_shares=_floats(doc.get("workload_host_shares", {})),
+        type_host_shares=_floats(doc.get("type_host_shares", {})),
     )
 
 
@@ -176,6 +205,10 @@ class FitPriors:
     """Spread of workloads' factors about their type's, in natural log."""
     type_sd_log: float
     """Spread of the types' factors about 1, in natural log."""
+    host_share_sd: float
+    """Spread of workloads' host shares about their type's."""
+    type_host_share_sd: float
+    """Spread of the types' host shares about 0."""
 
 
 def load_fit_priors() -> FitPriors:
@@ -187,6 +220,8 @@ def load_fit_priors() -> FitPriors:
         data_sd_log=float(doc["data_sd_log"]),
         workload_sd_log=float(doc["workload_sd_log"]),
         type_sd_log=float(doc["type_sd_log"]),
+        host_share_sd=float(doc["host_share_sd"]),
+        type_host_share_sd=float(doc["type_host_share_sd"]),
     )
 
 
@@ -459,6 +494,35 @@ class StepTime:
     """Share of the FLOPs that run on tensor cores."""
 
 
+def operator_times(
+    flops: npt.NDArray[np.float64],
+    bytes_moved: npt.NDArray[np.float64],
+    is_matrix: npt.NDArray[np.bool_],
+    engine: tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]],
+    rates: tuple[Rate, Rate, Rate],
+    params: PerfParameters,
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per operator: its time (the larger of compute, memory and the launch floor), its
+    compute time and its memory time, in seconds.
+
+    ``engine`` is each operator's matrix-engine peak (FLOP/s) and whether that is a tensor
+    core; ``rates`` is the GPU's FP32 vector peak (FLOP/s), DRAM bandwidth (B/s) and SM count,
+    each a number or an array with one entry per operator (the fit stacks many GPUs' operators
+    into one table).
+    """
+    peak, tensor = engine
+    vector_peak, bandwidth, sm_count = rates
+    efficiency = np.where(tensor, params.tensor_efficiency, params.vector_efficiency)
+    work_per_sm = flops / sm_count
+    ramp = work_per_sm / (work_per_sm + params.half_work_flops_per_sm)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        matrix_time = np.where(is_matrix & (flops > 0), flops / (peak * efficiency * ramp), 0.0)
+    vector_time = np.where(~is_matrix, flops / (vector_peak * params.vector_efficiency), 0.0)
+    compute = np.maximum(matrix_time, vector_time)
+    memory = bytes_moved / (bandwidth * params.memory_efficiency)
+    return np.maximum(np.maximum(compute, memory), params.launch_s), compute, memory
+
+
 def step_time(
     table: OpTable,
     rates: GpuRates,
@@ -470,27 +534,23 @@ def step_time(
 
     ``engines`` is ``matrix_engines(table, rates, precision)`` when the caller has it.
     """
-    peak, tensor = engines or matrix_engines(table, rates, precision)
+    engines = engines or matrix_engines(table, rates, precision)
     matrix = table.is_matrix
-    efficiency = np.where(tensor, params.tensor_efficiency, params.vector_efficiency)
-    work_per_sm = table.flops / rates.sm_count
-    ramp = work_per_sm / (work_per_sm + params.half_work_flops_per_sm)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        matrix_time = np.where(
-            matrix & (table.flops > 0), table.flops / (peak * efficiency * ramp), 0.0
-        )
-    vector_time = np.where(
-        ~matrix, table.flops / (rates.vector_flops_per_s * params.vector_efficiency), 0.0
+    each, compute, memory = operator_times(
+        table.flops,
+        table.bytes_moved,
+        matrix,
+        engines,
+        (rates.vector_flops_per_s, rates.bandwidth_bytes_per_s, rates.sm_count),
+        params,
     )
-    compute = np.maximum(matrix_time, vector_time)
-    memory = table.bytes_moved / (rates.bandwidth_bytes_per_s * params.memory_efficiency)
     weights = table.weights
-    times = np.maximum(np.maximum(compute, memory), params.launch_s) * weights
+    times = each * weights
     bound_compute = (compute >= memory) & (compute >= params.launch_s)
     bound_memory = (memory > compute) & (memory >= params.launch_s)
     bound_launch = ~(bound_compute | bound_memory)
     total_flops = float((table.flops * weights).sum())
-    tensor_flops = float((table.flops * weights)[tensor & matrix].sum())
+    tensor_flops = float((table.flops * weights)[engines[1] & matrix].sum())
     return StepTime(
         step_time_s=float(times.sum()),
         matrix_s=float(times[bound_compute].sum()),

@@ -35,9 +35,11 @@ from whichgpu.estimate.throughput import (
     PerfParameters,
     gpu_rates,
     load_fit_priors,
+    load_parameters,
     matrix_engines,
     merge_repeats,
     op_table,
+    operator_times,
     step_time,
     with_values,
     workload_type,
@@ -76,12 +78,23 @@ class ThroughputCase:
     """Measured throughput, units per second."""
     unit: str
     """The table's unit."""
+    reference: GpuRates
+    """The peaks of the GPU whose modelled time scales the run's host time
+    (``PerfParameters.host_reference_gpu``)."""
 
     def modelled(self, params: PerfParameters) -> float:
         """Throughput the operator model gives with ``params``, before any speed factor."""
         merged = self.merged
         step = step_time(merged, self.rates, self.precision, params, self.merged_engines)
         return merged.units_per_step / step.step_time_s
+
+    def reference_time(self, params: PerfParameters) -> float:
+        """Modelled GPU time per unit of the same step on the reference GPU, before any speed
+        factor (the scale of the run's host time)."""
+        merged = self.merged
+        engines = matrix_engines(merged, self.reference, self.precision)
+        step = step_time(merged, self.reference, self.precision, params, engines)
+        return step.step_time_s / merged.units_per_step
 
     @functools.cached_property
     def merged(self) -> OpTable:
@@ -94,8 +107,13 @@ class ThroughputCase:
         return matrix_engines(self.merged, self.rates, self.precision)
 
     def predicted(self, params: PerfParameters) -> float:
-        """Predicted throughput with ``params`` (the operator model x the speed factor)."""
-        return self.modelled(params) * params.speed_factor(self.workload, self.family)
+        """Predicted throughput of the measured run with ``params``: the operator model's
+        GPU time plus the run's host time, both over the speed factor."""
+        factor = params.speed_factor(self.workload, self.family)
+        share = params.host_share(self.workload, self.family)
+        return float(
+            measured_rate(self.modelled(params), self.reference_time(params), factor, share)
+        )
 
     @functools.cached_property
     def engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
@@ -107,6 +125,99 @@ class ThroughputCase:
         peak, _ = self.engines
         flops_per_s = float(self.table.flops.sum()) * self.measured / self.table.units_per_step
         return flops_per_s / float(peak.max())
+
+
+def measured_rate(
+    modelled: float | npt.NDArray[np.float64],
+    reference_s: float | npt.NDArray[np.float64],
+    factor: float | npt.NDArray[np.float64],
+    host_share: float | npt.NDArray[np.float64],
+) -> float | npt.NDArray[np.float64]:
+    """Throughput of a measured run: per unit, the modelled GPU time (``1 / modelled``) plus
+    the host time (``host_share x reference_s``), both over the workload's speed ``factor``."""
+    return factor / (1 / modelled + host_share * reference_s)
+
+
+@dataclass(frozen=True)
+class CaseBatch:
+    """The operators of many cases on their GPUs and on the reference GPU as one table, so
+    the fit times them all in a few array operations (rows of case ``i`` on its own GPU are
+    group ``i``, on the reference GPU group ``n + i``)."""
+
+    group: npt.NDArray[np.intp]
+    flops: npt.NDArray[np.float64]
+    bytes_moved: npt.NDArray[np.float64]
+    weights: npt.NDArray[np.float64]
+    is_matrix: npt.NDArray[np.bool_]
+    peak: npt.NDArray[np.float64]
+    tensor: npt.NDArray[np.bool_]
+    vector_peak: npt.NDArray[np.float64]
+    bandwidth: npt.NDArray[np.float64]
+    sm_count: npt.NDArray[np.float64]
+    units: npt.NDArray[np.float64]
+    """Throughput units per step of each case."""
+
+    @classmethod
+    def of(cls, cases: Sequence[ThroughputCase]) -> CaseBatch:
+        """The batch of ``cases``."""
+        parts = []
+        for offset, on_reference in ((0, False), (len(cases), True)):
+            for i, case in enumerate(cases):
+                table = case.merged
+                rates = case.reference if on_reference else case.rates
+                engines = (
+                    matrix_engines(table, rates, case.precision)
+                    if on_reference
+                    else case.merged_engines
+                )
+                n = len(table.kinds)
+                parts.append(
+                    (
+                        np.full(n, offset + i),
+                        table.flops,
+                        table.bytes_moved,
+                        table.weights,
+                        table.is_matrix,
+                        engines[0],
+                        engines[1],
+                        np.full(n, rates.vector_flops_per_s),
+                        np.full(n, rates.bandwidth_bytes_per_s),
+                        np.full(n, float(rates.sm_count)),
+                    )
+                )
+        group, flops, moved, weights, matrix, peak, tensor, vector, bandwidth, sms = (
+            np.concatenate(column) for column in zip(*parts, strict=True)
+        )
+        return cls(
+            group=group,
+            flops=flops,
+            bytes_moved=moved,
+            weights=weights,
+            is_matrix=matrix,
+            peak=peak,
+            tensor=tensor,
+            vector_peak=vector,
+            bandwidth=bandwidth,
+            sm_count=sms,
+            units=np.array([float(c.merged.units_per_step) for c in cases]),
+        )
+
+    def times_per_unit(
+        self, params: PerfParameters
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """Modelled GPU time per unit of each case on its GPU and on the reference GPU, before
+        any speed factor (``step_time``'s sum, for all cases at once)."""
+        each, _, _ = operator_times(
+            self.flops,
+            self.bytes_moved,
+            self.is_matrix,
+            (self.peak, self.tensor),
+            (self.vector_peak, self.bandwidth, self.sm_count),
+            params,
+        )
+        n = len(self.units)
+        seconds = np.bincount(self.group, weights=each * self.weights, minlength=2 * n)
+        return seconds[:n] / self.units, seconds[n:] / self.units
 
 
 def _profile(workload: str, precision: Precision) -> ScalableProfile:
@@ -122,6 +233,7 @@ def lambda_cases(
 ) -> tuple[list[ThroughputCase], list[tuple[str, str, str]]]:
     """Every usable row of the table as a case, and the rows left out with why."""
     catalog = load_catalog()
+    reference = gpu_rates(catalog.get(load_parameters().host_reference_gpu))
     profiles: dict[str, ScalableProfile] = {}
     cases: list[ThroughputCase] = []
     left_out: list[tuple[str, str, str]] = []
@@ -151,6 +263,7 @@ def lambda_cases(
             rates=gpu_rates(gpu),
             measured=float(row["throughput"]),
             unit=row["throughput_unit"],
+            reference=reference,
         )
         share = case.peak_share()
         if share > 1.0:
@@ -168,66 +281,81 @@ _FACTOR_BOUND = 5.0
 """Largest |log| of a speed factor (x150 either way: far beyond any plausible one)."""
 
 
+_HOST_SHARE_BOUND = 10.0
+"""Largest host share (ten times the reference GPU's time: far beyond any plausible one)."""
+
+
 def fit_parameters(
     cases: Sequence[ThroughputCase], start: PerfParameters, priors: FitPriors | None = None
 ) -> PerfParameters:
-    """Constants and speed factors of the maximum a-posteriori fit over ``cases``.
+    """Constants, speed factors and host shares of the maximum a-posteriori fit over ``cases``.
 
     Minimises, in natural log, the squared errors of predicted throughput (over the expected
     scatter of a measurement), the constants' distances from their priors, each workload's
     factor's distance from its type's, and each type's factor's distance from 1 (each over
-    its spread in ``priors``). Workloads absent from ``cases`` get no factor of their own.
+    its spread in ``priors``); and, linearly, each workload's host share's distance from its
+    type's and each type's from 0. Workloads absent from ``cases`` get no factor or share of
+    their own.
     """
     from scipy.optimize import least_squares
 
     priors = priors or load_fit_priors()
+    batch = CaseBatch.of(cases)
     workloads = sorted({c.workload for c in cases})
     kind_of = {c.workload: workload_type(c.family) for c in cases}
     kinds = sorted(set(kind_of.values()))
     w_index = [workloads.index(c.workload) for c in cases]
     k_index = [kinds.index(kind_of[w]) for w in workloads]
-    n = len(start.vector)
+    n, n_w, n_k = len(start.vector), len(workloads), len(kinds)
     measured = np.log([c.measured for c in cases])
     prior_log = np.log(priors.values)
+    cut = np.cumsum([n, n_w, n_k, n_w])
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        params = with_values(start, np.exp(x[:n]))
-        factors = x[n : n + len(workloads)]
-        kind_factors = x[n + len(workloads) :]
-        modelled = np.log([c.modelled(params) for c in cases])
+        constants, factors, kind_factors, shares, kind_shares = np.split(x, cut)
+        gpu_s, reference_s = batch.times_per_unit(with_values(start, np.exp(constants)))
+        rate = measured_rate(1 / gpu_s, reference_s, np.exp(factors[w_index]), shares[w_index])
         return np.concatenate(
             [
-                (modelled + factors[w_index] - measured) / priors.data_sd_log,
-                (x[:n] - prior_log) / priors.sd_log,
+                (np.log(rate) - measured) / priors.data_sd_log,
+                (constants - prior_log) / priors.sd_log,
                 (factors - kind_factors[k_index]) / priors.workload_sd_log,
                 kind_factors / priors.type_sd_log,
+                (shares - kind_shares[k_index]) / priors.host_share_sd,
+                kind_shares / priors.type_host_share_sd,
             ]
         )
 
-    extra = len(workloads) + len(kinds)
-    lower = np.concatenate([_LOWER, np.full(extra, -_FACTOR_BOUND)])
-    upper = np.concatenate([_UPPER, np.full(extra, _FACTOR_BOUND)])
+    groups = n_w + n_k
+    lower = np.concatenate([_LOWER, np.full(groups, -_FACTOR_BOUND), np.zeros(groups)])
+    upper = np.concatenate(
+        [_UPPER, np.full(groups, _FACTOR_BOUND), np.full(groups, _HOST_SHARE_BOUND)]
+    )
     x0 = np.concatenate(
         [
             np.log(start.vector),
             [math.log(start.workload_factors.get(w, 1.0)) for w in workloads],
             [math.log(start.type_factors.get(k, 1.0)) for k in kinds],
+            [start.workload_host_shares.get(w, 0.1) for w in workloads],
+            [start.type_host_shares.get(k, 0.1) for k in kinds],
         ]
     )
     x0 = np.clip(x0, lower + 1e-9, upper - 1e-9)
     x = least_squares(residuals, x0, bounds=(lower, upper), x_scale="jac").x
-    fitted = with_values(start, np.exp(x[:n]))
-    type_factors = {
-        k: float(np.exp(v)) for k, v in zip(kinds, x[n + len(workloads) :], strict=True)
-    }
-    # A type the cases do not cover (and ``default``) gets the factor of the typical type.
-    type_factors["default"] = float(np.exp(np.mean(x[n + len(workloads) :])))
+    constants, factors, kind_factors, shares, kind_shares = np.split(x, cut)
+    # A type the cases do not cover (and ``default``) gets the typical type's factor and share.
     return replace(
-        fitted,
-        workload_factors={
-            w: float(np.exp(v)) for w, v in zip(workloads, x[n : n + len(workloads)], strict=True)
+        with_values(start, np.exp(constants)),
+        workload_factors={w: float(np.exp(v)) for w, v in zip(workloads, factors, strict=True)},
+        type_factors={
+            **{k: float(np.exp(v)) for k, v in zip(kinds, kind_factors, strict=True)},
+            "default": float(np.exp(np.mean(kind_factors))),
         },
-        type_factors=type_factors,
+        workload_host_shares={w: float(v) for w, v in zip(workloads, shares, strict=True)},
+        type_host_shares={
+            **{k: float(v) for k, v in zip(kinds, kind_shares, strict=True)},
+            "default": float(np.mean(kind_shares)),
+        },
     )
 
 
