@@ -4,8 +4,26 @@ from __future__ import annotations
 
 import json
 
+from rich.console import Console, RenderableType
+
 from tests.conftest import run_cli
+from whichgpu.api import fit
+from whichgpu.report.terminal import measured_memory_view
+from whichgpu.validate.measured import (
+    compare_measurements,
+    largest_under,
+    measured_cases,
+    shipped_measurements,
+    verdict,
+)
 from whichgpu.validate.memory import compare, on_grid
+
+
+def run_rich(renderable: RenderableType) -> str:
+    console = Console(width=200, record=True)
+    with console.capture() as captured:
+        console.print(renderable)
+    return captured.get()
 
 
 def test_grid_rounding_and_steps() -> None:
@@ -50,3 +68,75 @@ def test_cli_validate_memory_table() -> None:
     result = run_cli("validate", "memory")
     assert result.returncode == 0, result.stderr
     assert "cases compared" in result.stdout and "Assumptions" in result.stdout
+    assert "whichgpu's own measurements" in result.stdout
+    assert "CPU live-tensor peak" in result.stdout
+
+
+def test_largest_batch_under_a_cap_and_verdicts() -> None:
+    def peak(batch: int) -> int:
+        return 100 + 10 * batch
+
+    assert largest_under(peak, 175) == 7
+    assert largest_under(peak, 110) == 1
+    assert largest_under(peak, 100) == 0
+    assert largest_under(peak, 100 + 10 * 1024) == 1024
+    assert [verdict(8, p) for p in (8, 7, 9)] == ["exact", "conservative", "too high"]
+
+
+def test_shipped_cpu_measurements_match_the_traced_live_peak() -> None:
+    cases = measured_cases()
+    cpu = [c for c in cases if c.device_kind == "cpu"]
+    assert {c.workload for c in cpu} >= {"resnet50", "vit-b-16", "yolov3", "bert-base", "gpt2"}
+    for case in cpu:
+        error = case.predicted_allocated_bytes / case.measured_allocated_bytes - 1
+        if "dropout" in case.note:
+            # the CPU's dropout keeps a mask in the input's dtype, CUDA's (traced) one byte
+            assert -0.06 < error <= 1e-4, case
+        else:  # the same tensors: to the byte for the CNNs, within 0.2 % for ViT's attention
+            assert abs(error) < 0.002, case
+            if case.workload in ("resnet50", "yolov3"):
+                assert case.predicted_allocated_bytes == case.measured_allocated_bytes
+    searched = [c for c in cpu if c.measured_max_batch is not None]
+    assert {c.workload for c in searched} == {"resnet50", "bert-base"}
+    for case in searched:
+        assert case.measured_max_batch is not None and case.predicted_max_batch is not None
+        if "dropout" in case.note:  # the CPU's larger masks cost it at most one sample
+            assert 0 <= case.predicted_max_batch - case.measured_max_batch <= 1, case
+        else:
+            assert case.max_batch_verdict == "exact", case
+
+
+def test_a_cuda_measurement_is_compared_with_fit_for_its_gpu() -> None:
+    (cpu,) = [
+        r for r in shipped_measurements() if r.workload == "bert-base" and r.max_batch_size is None
+    ]
+    gib = 2**30
+    on_gpu = cpu.model_copy(
+        update={
+            "gpu": "rtx-4090",
+            "device_name": "NVIDIA GeForce RTX 4090",
+            "max_batch_size": 60,
+            "peak_reserved_bytes": 3 * gib,
+            "device_used_bytes": 4 * gib,
+            "environment": cpu.environment.model_copy(update={"device_kind": "cuda"}),
+        }
+    )
+    (case,) = compare_measurements([on_gpu])
+    run = cpu.run
+    (at_batch,) = fit(
+        "bert-base",
+        gpus=["rtx-4090"],
+        precision=run.precision,
+        seq_len=run.seq_len,
+        batch_size=run.batch_size,
+    )
+    (largest,) = fit("bert-base", gpus=["rtx-4090"], precision=run.precision, seq_len=run.seq_len)
+    assert case.predicted_allocated_bytes == at_batch.peak_allocated_bytes
+    assert case.predicted_reserved_bytes == at_batch.peak_reserved_bytes
+    assert case.predicted_device_bytes == at_batch.device_total_bytes
+    assert case.measured_reserved_bytes == 3 * gib and case.measured_device_bytes == 4 * gib
+    assert case.predicted_max_batch == largest.max_batch_size
+    assert case.max_batch_verdict == verdict(60, largest.max_batch_size)
+    view = run_rich(measured_memory_view([case]))
+    assert "peak reserved within 5 % or 256 MiB" in view and "rtx-4090" in view
+    assert "none shipped yet" in run_rich(measured_memory_view([]))

@@ -812,6 +812,53 @@ class MemoryValidationCase(_Frozen):
     one is not shown to be too high."""
 
 
+class MeasuredMemoryCase(_Frozen):
+    """One of whichgpu's own measurements (``whichgpu bench``, shipped in
+    ``validate/data/measured``) against the prediction of the same run.
+
+    On a CUDA GPU the measured numbers are PyTorch's peak allocated and reserved bytes and
+    the memory NVML saw in use; the predictions are ``fit``'s for that catalog GPU. On the CPU
+    there is no caching allocator: the measured number is the peak of live tensor bytes
+    (``bench.tensor_memory``), the prediction the traced step's (``ScalableProfile.
+    live_peak_bytes``), and reserved and device memory do not apply.
+    """
+
+    result_id: str
+    """Id of the measurement (``whichgpu results show``)."""
+    workload: str
+    """Workload measured."""
+    device_name: str
+    """The device as the measurement names it."""
+    device_kind: str
+    """``cuda``, ``cpu``, ``mps``."""
+    gpu: str | None
+    """Catalog id of the GPU (None off CUDA)."""
+    run: RunConfig
+    """The run measured (its batch size and sequence length set)."""
+    measured_allocated_bytes: int
+    """Peak allocated (CUDA) or live tensor (CPU) bytes measured."""
+    predicted_allocated_bytes: int
+    """The prediction of the same."""
+    measured_reserved_bytes: int | None = None
+    """Peak reserved bytes measured (CUDA)."""
+    predicted_reserved_bytes: int | None = None
+    """Peak reserved bytes predicted (CUDA)."""
+    measured_device_bytes: int | None = None
+    """Device memory in use that NVML saw (CUDA)."""
+    predicted_device_bytes: int | None = None
+    """``fit``'s device total (CUDA)."""
+    memory_limit_bytes: int | None = None
+    """The cap the largest-batch search ran under, if any."""
+    measured_max_batch: int | None = None
+    """Largest batch the search found (None: not searched)."""
+    predicted_max_batch: int | None = None
+    """Largest batch predicted for the same device (and cap)."""
+    max_batch_verdict: Verdict | None = None
+    """``exact``, ``conservative`` or ``too high``."""
+    note: str = ""
+    """What the comparison assumes or why part of it is missing."""
+
+
 class MemoryValidation(_Frozen):
     """``whichgpu validate memory``: every case and the summary."""
 
@@ -832,6 +879,8 @@ class MemoryValidation(_Frozen):
     too_high_evidenced: int = 0
     """Of ``too_high``, those the reference can show: PyTorch code (what whichgpu models) with
     batches from a search, or a model the reference could not run at all."""
+    measured: tuple[MeasuredMemoryCase, ...] = ()
+    """whichgpu's own measurements against the predictions (``MeasuredMemoryCase``)."""
 
 
 # --- Throughput ------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
     GpuSpec,
+    MeasuredMemoryCase,
     MemoryEstimate,
     MemoryValidation,
     Price,
@@ -441,7 +442,110 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         style="bold",
     )
     notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")
-    return Group(table, summary, notes)
+    return Group(table, summary, notes, measured_memory_view(validation.measured))
+
+
+RESERVED_TOLERANCE = (0.05, 256 * 2**20)
+"""The issue's target for peak reserved memory: within 5 % or 256 MiB of the measurement."""
+
+
+def _within(measured: int, predicted: int) -> bool:
+    share, floor = RESERVED_TOLERANCE
+    return abs(predicted - measured) <= max(share * measured, floor)
+
+
+def measured_memory_view(cases: Sequence[MeasuredMemoryCase]) -> RenderableType:
+    """whichgpu's own measurements against the predictions: a row per measurement."""
+    if not cases:
+        return Text(
+            "whichgpu's own measurements: none shipped yet (scripts/measure_reference.py "
+            "measures and saves them).",
+            style="bold",
+        )
+    table = Table(
+        header_style="bold",
+        title="Peak memory and largest batch: whichgpu's own measurements",
+        title_justify="left",
+    )
+    for col in ("workload", "device", "run", "memory", "measured GiB", "predicted GiB", "error"):
+        table.add_column(col, justify="right" if "GiB" in col or col == "error" else "left")
+    table.add_column("largest batch (measured / predicted)")
+
+    def row(c: MeasuredMemoryCase, what: str, measured: int | None, predicted: int | None) -> None:
+        if measured is None or predicted is None:
+            return
+        error = predicted / measured - 1 if measured else 0.0
+        first = what == "allocated" or what == "live tensors"
+        largest = ""
+        if first and c.measured_max_batch is not None:
+            style = _VERDICT_STYLE.get(c.max_batch_verdict or "", "dim")
+            cap = (
+                f" under {bytes_to_gib(c.memory_limit_bytes):.1f} GiB"
+                if c.memory_limit_bytes
+                else ""
+            )
+            predicted_max = "-" if c.predicted_max_batch is None else str(c.predicted_max_batch)
+            largest = f"{c.measured_max_batch} / {predicted_max}{cap}" + (
+                f" [{style}]{c.max_batch_verdict}[/{style}]" if c.max_batch_verdict else ""
+            )
+        run = c.run
+        table.add_row(
+            c.workload if first else "",
+            (c.gpu or c.device_kind) if first else "",
+            (
+                f"{run.mode} {run.precision} b{run.batch_size}"
+                + (f" L{run.seq_len}" if run.seq_len else "")
+                + (f" {run.method}" if run.method != "full" else "")
+            )
+            if first
+            else "",
+            what,
+            f"{bytes_to_gib(measured):.3f}",
+            f"{bytes_to_gib(predicted):.3f}",
+            f"{error:+.1%}",
+            largest,
+        )
+
+    for c in cases:
+        on_cpu = c.device_kind == "cpu"
+        first = "live tensors" if on_cpu else "allocated"
+        row(c, first, c.measured_allocated_bytes, c.predicted_allocated_bytes)
+        row(c, "reserved", c.measured_reserved_bytes, c.predicted_reserved_bytes)
+        row(c, "device (NVML)", c.measured_device_bytes, c.predicted_device_bytes)
+    lines = []
+    reserved = [
+        (c.measured_reserved_bytes, c.predicted_reserved_bytes)
+        for c in cases
+        if c.measured_reserved_bytes is not None and c.predicted_reserved_bytes is not None
+    ]
+    if reserved:
+        ok = sum(_within(m, p) for m, p in reserved)
+        lines.append(f"peak reserved within 5 % or 256 MiB: {ok} of {len(reserved)}")
+    cpu = [c for c in cases if c.device_kind == "cpu" and c.measured_allocated_bytes]
+    if cpu:
+        errors = [abs(c.predicted_allocated_bytes / c.measured_allocated_bytes - 1) for c in cpu]
+        lines.append(
+            f"CPU live-tensor peak: {len(cpu)} runs, median |error| "
+            f"{statistics.median(errors):.2%}, largest {max(errors):.2%}"
+        )
+    searched = [c for c in cases if c.max_batch_verdict is not None]
+    if searched:
+        counts = {v: sum(c.max_batch_verdict == v for c in searched) for v in _VERDICT_STYLE}
+        lines.append(
+            f"largest batch: {len(searched)} searched, {counts['exact']} exact, "
+            f"{counts['conservative']} conservative, {counts['too high']} too high"
+        )
+    if not any(c.device_kind == "cuda" for c in cases):
+        lines.append(
+            "no GPU measurement shipped yet: the allocator model, reserved memory and the "
+            "overheads outside PyTorch's allocator are checked only against Lambda's table"
+        )
+    notes = list(dict.fromkeys(part for c in cases for part in c.note.split("; ") if part))
+    return Group(
+        table,
+        Text("; ".join(lines) + ".", style="bold"),
+        Text("Notes: " + "; ".join(notes) + ".", style="dim"),
+    )
 
 
 def closed_form_check_view(rows: Sequence[CrossCheckRow]) -> RenderableType:

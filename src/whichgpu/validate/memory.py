@@ -1,11 +1,12 @@
-"""``whichgpu validate memory``: predicted largest batches against measured ones.
+"""``whichgpu validate memory``: predicted memory and largest batches against measured ones.
 
-The reference is Lambda's 2020 table of the largest batch before running out of memory (see
-``data/README.md`` for what it does and does not state). Each (model, GPU) is predicted with
+Two references. Lambda's 2020 table of the largest batch before running out of memory (see
+``data/README.md`` for what it does and does not state): each (model, GPU) is predicted with
 the ``lambda-2020`` software stack and the settings of ``lambda2020.LAMBDA_MODELS``, converted
-to the table's unit (tokens for the
-translation models: sentences x sentence length), rounded down to the sizes Lambda's search
-could have tried, and compared in grid steps.
+to the table's unit (tokens for the translation models: sentences x sentence length), rounded
+down to the sizes Lambda's search could have tried, and compared in grid steps. And
+whichgpu's own measurements (``validate.measured``): peak memory at a batch and the largest
+batch, each against the prediction of the same run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import WhichGpuError
 from whichgpu.schema import MemoryValidation, MemoryValidationCase, Verdict
 from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
+from whichgpu.validate.measured import measured_cases
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.stored import profile_key
 
@@ -134,6 +136,7 @@ def validate_memory(progress: Callable[[str], None] | None = None) -> MemoryVali
         conservative_more=sum(c.steps < -1 for c in judged),
         too_high=sum(c.verdict == "too high" for c in judged),
         too_high_evidenced=sum(c.verdict == "too high" and _evidenced(c) for c in judged),
+        measured=tuple(measured_cases(progress)),
     )
 
 

@@ -194,6 +194,14 @@ class ScalableProfile:
         values = self.polynomials.values(batch_size, seq_len)
         return values[self.events[:, 5]]
 
+    def live_peak_bytes(self, batch_size: int, seq_len: int | None) -> int:
+        """Peak of live tensor bytes over the traced steps at ``(batch_size, seq_len)``: what
+        the tensors themselves hold at the worst moment, before any allocator rounding or
+        caching (``profile_summary.live_peak`` of ``at``, without building it)."""
+        sizes = self.event_sizes(batch_size, seq_len)
+        signed = np.where(self.events[:, 2] == 1, sizes, -sizes)
+        return int(max(0, np.cumsum(signed).max(initial=0)))
+
     def at(self, batch_size: int, seq_len: int | None) -> StepProfile:
         """The full ``StepProfile`` at one size (operators and events as objects)."""
         values = self.polynomials.values(batch_size, seq_len)

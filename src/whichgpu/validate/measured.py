@@ -1,0 +1,173 @@
+"""whichgpu's own measurements (``data/measured/*.json``) against the predictions of the same runs.
+
+The files are ``whichgpu results export`` documents written by ``scripts/measure_reference.py``:
+``whichgpu bench`` results, each with the machine and software it ran on. For every result
+the same run is predicted and compared:
+
+- on a CUDA GPU, ``fit`` for the result's catalog GPU at its batch: peak allocated and
+  reserved bytes (PyTorch's counters) and the device total (what NVML saw in use); and, when
+  the bench searched the largest batch without a cap, ``fit``'s largest batch;
+- on the CPU, which has no caching allocator, the traced step's peak of live tensor bytes
+  against the live bytes the bench counted, and, for a search under ``--memory-limit``, the
+  largest batch whose traced peak stays under the cap.
+
+The CPU cases check the tracer against real execution (the step's tensors, their sizes and
+lifetimes); only the GPU cases check the allocator model and the overheads outside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from whichgpu.schema import BenchResult, MeasuredMemoryCase, RunConfig, Verdict
+from whichgpu.store import read_results_file
+from whichgpu.workloads.stored import ScalableProfile
+
+MEASURED_DIR = "measured"
+"""Folder of the shipped measurements, under ``validate/data``."""
+
+
+def shipped_measurements() -> list[BenchResult]:
+    """Every shipped measurement, in file order (files by name)."""
+    folder = resources.files("whichgpu.validate").joinpath("data").joinpath(MEASURED_DIR)
+    if not folder.is_dir():
+        return []
+    results: list[BenchResult] = []
+    for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+        if entry.name.endswith(".json"):
+            with resources.as_file(entry) as path:
+                results += [r for _, r in read_results_file(Path(path), "json")]
+    return results
+
+
+def verdict(measured: int, predicted: int) -> Verdict:
+    """A predicted largest batch against the measured one."""
+    if predicted == measured:
+        return "exact"
+    return "conservative" if predicted < measured else "too high"
+
+
+def largest_under(live_peak: Callable[[int], int], limit_bytes: int) -> int:
+    """The largest batch whose ``live_peak(batch)`` stays within ``limit_bytes`` (0 if even 1
+    does not): doubling, then bisection (the peak grows with the batch)."""
+    if live_peak(1) > limit_bytes:
+        return 0
+    low, high = 1, 2
+    while live_peak(high) <= limit_bytes:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if live_peak(middle) <= limit_bytes:
+            low = middle
+        else:
+            high = middle
+    return low
+
+
+def compare_measurements(
+    results: list[BenchResult], progress: Callable[[str], None] | None = None
+) -> list[MeasuredMemoryCase]:
+    """Each result against the prediction of its run (results of other devices, or of
+    workloads that are not named, are left out)."""
+    cases = []
+    for result in results:
+        if progress is not None:
+            progress(f"{result.workload} on {result.device_name}")
+        if result.environment.device_kind == "cpu":
+            cases.append(_on_cpu(result))
+        elif result.environment.device_kind == "cuda" and result.gpu is not None:
+            cases.append(_on_cuda(result))
+    return cases
+
+
+def _base(result: BenchResult) -> dict[str, Any]:
+    return {
+        "result_id": result.id,
+        "workload": result.workload,
+        "device_name": result.device_name,
+        "device_kind": result.environment.device_kind,
+        "gpu": result.gpu,
+        "run": result.run,
+        "measured_allocated_bytes": result.peak_allocated_bytes or 0,
+        "memory_limit_bytes": result.memory_limit_bytes,
+        "measured_max_batch": result.max_batch_size,
+    }
+
+
+def _profile(result: BenchResult) -> ScalableProfile:
+    from whichgpu.api import scalable_profile
+    from whichgpu.workloads import get_workload
+
+    profile, _ = scalable_profile(get_workload(result.workload), result.run)
+    return profile
+
+
+def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
+    profile = _profile(result)
+    seq_len = result.seq_len if profile.is_sequence_model else None
+    predicted = profile.live_peak_bytes(result.batch_size, seq_len)
+    fields: dict[str, Any] = {}
+    limit = result.memory_limit_bytes
+    if result.max_batch_size is not None and limit is not None:
+        largest = largest_under(lambda b: profile.live_peak_bytes(b, seq_len), limit)
+        fields = {
+            "predicted_max_batch": largest,
+            "max_batch_verdict": verdict(result.max_batch_size, largest),
+        }
+    note = (
+        "CPU: live tensor bytes of the step, traced vs counted (no caching allocator, no "
+        "device overheads)"
+    )
+    if any(op.name == "aten.native_dropout" for op in profile.ops):
+        note += (
+            "; a model with dropout: the CPU keeps a mask in the input's dtype where CUDA's "
+            "native_dropout (which the trace models) keeps one byte per element, so the CPU "
+            "holds more once activations make the peak"
+        )
+    return MeasuredMemoryCase(
+        **_base(result), predicted_allocated_bytes=predicted, **fields, note=note
+    )
+
+
+def _fit_options(run: RunConfig) -> dict[str, Any]:
+    """``api.fit`` keyword arguments for ``run``."""
+    options = run.model_dump()
+    options["gpu_count"] = options.pop("gpus")
+    return options
+
+
+def _on_cuda(result: BenchResult) -> MeasuredMemoryCase:
+    from whichgpu.api import fit
+
+    assert result.gpu is not None
+    options = _fit_options(result.run)
+    (at_batch,) = fit(result.workload, gpus=[result.gpu], **options)
+    fields: dict[str, Any] = {}
+    note = "CUDA: fit for the catalog GPU at the measured batch, default software stack"
+    if result.max_batch_size is not None:
+        if result.memory_limit_bytes is None:
+            (largest,) = fit(result.workload, gpus=[result.gpu], **{**options, "batch_size": None})
+            fields = {
+                "predicted_max_batch": largest.max_batch_size,
+                "max_batch_verdict": verdict(result.max_batch_size, largest.max_batch_size),
+            }
+        else:
+            note += "; the largest batch was searched under a memory cap: not compared"
+    return MeasuredMemoryCase(
+        **_base(result),
+        predicted_allocated_bytes=at_batch.peak_allocated_bytes,
+        measured_reserved_bytes=result.peak_reserved_bytes,
+        predicted_reserved_bytes=at_batch.peak_reserved_bytes,
+        measured_device_bytes=result.device_used_bytes,
+        predicted_device_bytes=at_batch.device_total_bytes,
+        **fields,
+        note=note,
+    )
+
+
+def measured_cases(progress: Callable[[str], None] | None = None) -> list[MeasuredMemoryCase]:
+    """The shipped measurements against the predictions of their runs."""
+    return compare_measurements(shipped_measurements(), progress)
