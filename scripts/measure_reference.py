@@ -21,15 +21,14 @@ validation needs no torch; the CPU plan keeps to sizes a CPU steps through in se
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from whichgpu.api import bench
-from whichgpu.schema import SCHEMA_VERSION, BenchResult
-from whichgpu.store import read_results_file
+from whichgpu.schema import BenchResult
+from whichgpu.store import read_results_file, write_results_file
 
 OUT_DIR = (
     Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "validate" / "data" / "measured"
@@ -137,12 +136,8 @@ def main(argv: list[str]) -> int:
     kept = []
     if out.exists():
         kept = [r for _, r in read_results_file(out, "json") if not set(r.notes) & measured]
-    results = [r.model_dump(mode="json") for r in (*kept, *fresh)]
-    doc = {"schema_version": SCHEMA_VERSION, "results": results}
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    tmp.replace(out)
+    write_results_file(out, [*kept, *fresh], "json")
     print(f"wrote {len(fresh)} results ({len(kept)} kept) to {out}")
     return 0
 

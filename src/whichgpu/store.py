@@ -429,8 +429,7 @@ class ResultStore:
         fmt = format_of(path, fmt)
         results = self.list(workload=workload, gpu=gpu, device=device)
         results.reverse()
-        writer = _write_json if fmt == "json" else _write_csv
-        _write_atomically(path, lambda out: writer(out, results))
+        write_results_file(path, results, fmt)
         return ExportSummary(path=str(path), format=fmt, results=len(results))
 
     def import_file(self, path: Path, fmt: ExportFormat | None = None) -> ImportSummary:
@@ -788,6 +787,13 @@ def _validate(
     except ValidationError as exc:
         problems.append(f"{where}, {_first_problem(exc, rename)}")
         return None
+
+
+def write_results_file(path: Path, results: Sequence[BenchResult], fmt: ExportFormat) -> None:
+    """Write ``results`` to an exported file (``read_results_file`` reads it back), through a
+    temporary file renamed into place: the old file or the whole new one, never half written."""
+    writer = _write_json if fmt == "json" else _write_csv
+    _write_atomically(path, lambda out: writer(out, results))
 
 
 def read_results_file(path: Path, fmt: ExportFormat) -> builtins.list[tuple[str, BenchResult]]:

@@ -471,11 +471,17 @@ def measured_memory_view(cases: Sequence[MeasuredMemoryCase]) -> RenderableType:
         table.add_column(col, justify="right" if "GiB" in col or col == "error" else "left")
     table.add_column("largest batch (measured / predicted)")
 
-    def row(c: MeasuredMemoryCase, what: str, measured: int | None, predicted: int | None) -> None:
+    def row(
+        c: MeasuredMemoryCase,
+        what: str,
+        measured: int | None,
+        predicted: int | None,
+        *,
+        first: bool = False,
+    ) -> None:
         if measured is None or predicted is None:
             return
         error = predicted / measured - 1 if measured else 0.0
-        first = what == "allocated" or what == "live tensors"
         largest = ""
         if first and c.measured_max_batch is not None:
             style = _VERDICT_STYLE.get(c.max_batch_verdict or "", "dim")
@@ -507,9 +513,8 @@ def measured_memory_view(cases: Sequence[MeasuredMemoryCase]) -> RenderableType:
         )
 
     for c in cases:
-        on_cpu = c.device_kind == "cpu"
-        first = "live tensors" if on_cpu else "allocated"
-        row(c, first, c.measured_allocated_bytes, c.predicted_allocated_bytes)
+        what = "live tensors" if c.device_kind == "cpu" else "allocated"
+        row(c, what, c.measured_allocated_bytes, c.predicted_allocated_bytes, first=True)
         row(c, "reserved", c.measured_reserved_bytes, c.predicted_reserved_bytes)
         row(c, "device (NVML)", c.measured_device_bytes, c.predicted_device_bytes)
     lines = []

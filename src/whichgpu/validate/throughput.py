@@ -92,8 +92,7 @@ class ThroughputCase:
         """Modelled GPU time per unit of the same step on the reference GPU, before any speed
         factor (the scale of the run's host time)."""
         merged = self.merged
-        engines = matrix_engines(merged, self.reference, self.precision)
-        step = step_time(merged, self.reference, self.precision, params, engines)
+        step = step_time(merged, self.reference, self.precision, params, self.reference_engines)
         return step.step_time_s / merged.units_per_step
 
     @functools.cached_property
@@ -105,6 +104,11 @@ class ThroughputCase:
     def merged_engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
         """``engines`` of ``merged``."""
         return matrix_engines(self.merged, self.rates, self.precision)
+
+    @functools.cached_property
+    def reference_engines(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
+        """``engines`` of ``merged`` on the reference GPU."""
+        return matrix_engines(self.merged, self.reference, self.precision)
 
     def predicted(self, params: PerfParameters) -> float:
         """Predicted throughput of the measured run with ``params``: the operator model's
@@ -165,11 +169,7 @@ class CaseBatch:
             for i, case in enumerate(cases):
                 table = case.merged
                 rates = case.reference if on_reference else case.rates
-                engines = (
-                    matrix_engines(table, rates, case.precision)
-                    if on_reference
-                    else case.merged_engines
-                )
+                engines = case.reference_engines if on_reference else case.merged_engines
                 n = len(table.kinds)
                 parts.append(
                     (
