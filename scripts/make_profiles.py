@@ -5,6 +5,7 @@ Run from the repository root with the torch extra installed:
     python scripts/make_profiles.py                 # every workload, every stored run
     python scripts/make_profiles.py resnet50 gpt2   # some workloads
     python scripts/make_profiles.py --mode inference llama-3.1-8b   # only its inference run
+    python scripts/make_profiles.py --missing       # only runs with no stored profile yet
 
 Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.workloads.stored``)
 and prints each workload's trace time. A test regenerates one profile and compares it.
@@ -34,6 +35,10 @@ INFERENCE_FAMILIES = {"llm"}
 and context are the profile's variables) is stored too."""
 
 
+PURE_BF16 = {"llama-3.2-1b"}
+"""Workloads whose full training in pure bf16 (bf16 weights and optimizer states, no fp32
+master copy) is stored too: the issue's 1-3B full fine-tune is measured in both conventions."""
+
 FINETUNED = {"llama-3.1-8b"}
 """Workloads whose QLoRA fine-tuning with gradient checkpointing (the usual recipe on one
 card; `whichgpu recommend --for llm-finetune`) is stored too."""
@@ -42,6 +47,8 @@ card; `whichgpu recommend --for llm-finetune`) is stored too."""
 def stored_runs(workload: Workload) -> list[RunConfig]:
     """The run configurations stored for a workload."""
     runs = [run_config()]
+    if workload.info.name in PURE_BF16:
+        runs.append(run_config(precision="bf16-pure"))
     if workload.info.name in FINETUNED:
         runs.append(run_config(method="qlora", checkpointing=True))
     if workload.info.family in SEED_FAMILIES or workload.info.family in {"encoders", "vision"}:
@@ -57,7 +64,8 @@ def main(args: list[str]) -> int:
     mode = None
     if args[:1] == ["--mode"]:
         mode, args = args[1], args[2:]
-    names = args
+    missing_only = "--missing" in args
+    names = [a for a in args if a != "--missing"]
     OUT.mkdir(parents=True, exist_ok=True)
     failures = 0
     for workload in all_workloads():
@@ -67,6 +75,9 @@ def main(args: list[str]) -> int:
             if mode is not None and run.mode != mode:
                 continue
             key = profile_key(workload.info.name, run)
+            path = OUT / f"{key}.json.gz"
+            if missing_only and path.exists():
+                continue
             started = time.perf_counter()
             try:
                 profile = trace_scalable(workload, run)
@@ -74,7 +85,6 @@ def main(args: list[str]) -> int:
                 print(f"{key:48s} NOT STORED: {exc}", flush=True)
                 failures += 1
                 continue
-            path = OUT / f"{key}.json.gz"
             profile.save(path)
             print(
                 f"{key:48s} {time.perf_counter() - started:6.1f} s  "
