@@ -43,7 +43,7 @@ from whichgpu.bench.worker import measure_task, probe_task
 from whichgpu.errors import UsageError
 from whichgpu.schema import BenchResult
 from whichgpu.units import GIB, KIB, MIB
-from whichgpu.workloads import run_config
+from whichgpu.workloads import run_config, select_workload
 
 MLP = "tests/fixtures/user_model.py:build"
 """Linear(32, 64), ReLU, Linear(64, 10): a step takes milliseconds on the CPU."""
@@ -117,6 +117,58 @@ def test_search_guard_goes_past_a_failure_below_sizes_that_run() -> None:
     found = search_largest(fake_probe(device))
     assert found.largest == 100
     assert any("non-monotonic" in note and "batch 4" in note for note in found.notes)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    capacity=st.integers(min_value=1, max_value=5000),
+    fixed=st.integers(min_value=0, max_value=300),
+    guess=st.integers(min_value=1, max_value=12000),
+    resolution=st.integers(min_value=1, max_value=16),
+)
+def test_search_from_a_guess_finds_what_doubling_finds(
+    capacity: int, fixed: int, guess: int, resolution: int
+) -> None:
+    device = FakeDevice(
+        capacity_bytes=(capacity + fixed) * KIB, fixed_bytes=fixed * KIB, bytes_per_unit=KIB
+    )
+    truth = fits(device)
+    found = search_largest(fake_probe(device), resolution=resolution, guess=guess)
+    assert found.largest is not None and found.guess == guess
+    assert truth - resolution < found.largest <= truth
+    assert found.smallest_failure is not None and found.smallest_failure > truth
+    ran = {p.size for p in found.probes if p.verdict.runs}
+    assert found.largest == max(ran)  # only a size seen to run is the answer
+    assert found.probes[0].size == guess
+    # galloping: about twice the doublings the guess's error needs, plus the guard
+    error = abs(truth - guess) // resolution + 1
+    assert len(found.probes) <= 2 * error.bit_length() + 3
+
+
+@pytest.mark.parametrize(
+    ("guess", "probed"),
+    [
+        (100, [100, 101, 202]),  # right: it runs, the next fails, the guard confirms
+        (97, [97, 98, 100, 104, 208, 102, 101]),  # low: gallop up, then bisect
+        (103, [103, 102, 100, 101]),  # high: gallop down, then bisect
+    ],
+)
+def test_search_gallops_from_the_guess(guess: int, probed: list[int]) -> None:
+    device = FakeDevice(capacity_bytes=100 * MIB, fixed_bytes=0, bytes_per_unit=MIB)
+    found = search_largest(fake_probe(device), guess=guess)
+    assert found.largest == 100 and found.smallest_failure == 101
+    assert [p.size for p in found.probes] == probed
+
+
+def test_search_from_a_guess_when_nothing_fits_or_all_fits() -> None:
+    never = FakeDevice(capacity_bytes=GIB, fixed_bytes=2 * GIB)
+    found = search_largest(fake_probe(never), guess=40)
+    assert found.largest is None and found.smallest_failure == 1
+    assert [p.size for p in found.probes] == [40, 39, 37, 33, 25, 9, 1]
+    roomy = FakeDevice(capacity_bytes=GIB, fixed_bytes=0, bytes_per_unit=KIB)
+    capped = search_largest(fake_probe(roomy), guess=5000, upper=64)
+    assert capped.largest == 64 and capped.reached_upper and capped.guess == 64
+    assert [p.size for p in capped.probes] == [64]
 
 
 def test_search_batch_one_out_of_memory_does_not_fit() -> None:
@@ -344,6 +396,68 @@ def test_bench_finds_the_largest_batch_and_measures_it() -> None:
     assert result.environment.device_kind == "fake" and result.gpu is None
     assert any("doubling then bisection, exact" in n for n in result.notes)
     assert {"inspect", "search", "timing", "done"} <= set(seen)
+
+
+@pytest.mark.parametrize(("guess", "verdict"), [(48, "exact (+0)"), (45, "conservative (-3)")])
+def test_bench_starts_its_search_at_a_guess(guess: int, verdict: str) -> None:
+    device = FakeDevice()  # 1 GiB fixed + 64 MiB per image: 48 fit in 4 GiB
+    asked: list[int | None] = []
+
+    def batch_guess(environment: object, seq_len: int | None) -> int:
+        asked.append(seq_len)
+        return guess
+
+    options = BenchOptions(
+        find_max_batch=True, memory_limit_bytes=4 * GIB, rule=QUICK, batch_guess=batch_guess
+    )
+    (result,) = run_bench(WorkloadRef.of("resnet50"), run_config(), device, options)
+    assert result.max_batch_size == 48 and asked == [None]
+    (note,) = [n for n in result.notes if n.startswith("largest batch")]
+    assert f"galloping from whichgpu's predicted {guess}" in note
+    assert f"the prediction was {verdict}" in note
+    probes = int(note.split(" probes")[0].rsplit(" ", 1)[-1])
+    assert probes <= 7  # doubling from 1 takes 13 here
+
+
+def test_bench_without_a_usable_guess_doubles_from_one() -> None:
+    options = BenchOptions(
+        find_max_batch=True,
+        memory_limit_bytes=4 * GIB,
+        rule=QUICK,
+        batch_guess=lambda environment, seq_len: 0,  # predicted not to fit at all
+    )
+    (result,) = run_bench(WorkloadRef.of("resnet50"), run_config(), FakeDevice(), options)
+    assert result.max_batch_size == 48
+    assert any("doubling then bisection, exact" in n for n in result.notes)
+
+
+def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
+    from whichgpu.api import _batch_guesser, fit
+    from whichgpu.schema import BenchEnvironment
+    from whichgpu.workloads import get_workload
+    from whichgpu.workloads.stored import load_stored
+
+    def env(kind: str, name: str) -> BenchEnvironment:
+        return BenchEnvironment.model_construct(
+            device_kind=kind, device_name=name, memory_total_bytes=150 * 10**9
+        )
+
+    fp32 = run_config(precision="fp32")
+    on_cpu = _batch_guesser(get_workload("resnet50"), fp32, 2.0)
+    assert on_cpu is not None
+    profile = load_stored("resnet50", fp32)
+    assert profile is not None
+    assert on_cpu(env("cpu", "x86_64"), None) == profile.largest_batch_within(2 * GIB, None)
+    assert on_cpu(env("cuda", "NVIDIA H200"), None) is None  # a capped CUDA search: no guess
+    gpt2 = run_config(precision="bf16", seq_len=1024)
+    on_gpu = _batch_guesser(get_workload("gpt2"), gpt2, None)
+    assert on_gpu is not None
+    (expected,) = fit("gpt2", gpus=["h200-sxm"], precision="bf16", seq_len=512)
+    assert on_gpu(env("cuda", "NVIDIA H200"), 512) == expected.max_batch_size > 0
+    assert on_gpu(env("cuda", "Mystery GPU 9000"), 512) is None
+    assert on_gpu(env("mps", "Apple M3"), 512) is None
+    user = select_workload(None, None, model=MLP)
+    assert _batch_guesser(user, fp32, 2.0) is None  # a user's model: no stored profile
 
 
 def test_bench_of_a_step_that_never_fits() -> None:

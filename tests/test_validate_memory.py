@@ -9,14 +9,16 @@ from rich.console import Console, RenderableType
 from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.report.terminal import measured_memory_view
+from whichgpu.units import GIB
 from whichgpu.validate.measured import (
     compare_measurements,
-    largest_under,
     measured_cases,
     shipped_measurements,
     verdict,
 )
 from whichgpu.validate.memory import compare, on_grid
+from whichgpu.workloads import run_config
+from whichgpu.workloads.stored import load_stored
 
 
 def run_rich(renderable: RenderableType) -> str:
@@ -73,13 +75,16 @@ def test_cli_validate_memory_table() -> None:
 
 
 def test_largest_batch_under_a_cap_and_verdicts() -> None:
-    def peak(batch: int) -> int:
-        return 100 + 10 * batch
-
-    assert largest_under(peak, 175) == 7
-    assert largest_under(peak, 110) == 1
-    assert largest_under(peak, 100) == 0
-    assert largest_under(peak, 100 + 10 * 1024) == 1024
+    profile = load_stored("resnet50", run_config(precision="fp32"))
+    assert profile is not None
+    for limit_gib in (1, 2, 7.5, 40):
+        limit = round(limit_gib * GIB)
+        largest = profile.largest_batch_within(limit, None)
+        assert largest >= 1
+        assert profile.live_peak_bytes(largest, None) <= limit
+        assert profile.live_peak_bytes(largest + 1, None) > limit
+    assert profile.largest_batch_within(profile.live_peak_bytes(1, None) - 1, None) == 0
+    assert profile.largest_batch_within(profile.live_peak_bytes(1, None), None) == 1
     assert [verdict(8, p) for p in (8, 7, 9)] == ["exact", "conservative", "too high"]
 
 

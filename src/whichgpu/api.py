@@ -23,6 +23,7 @@ from whichgpu.catalog import load_catalog, sort_gpus
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
+    BenchEnvironment,
     BenchResult,
     Comparison,
     GpuSpec,
@@ -480,8 +481,10 @@ def bench(
     ``device`` is ``"cuda"``, ``"cuda:N"``, ``"cpu"``, ``"mps"`` (or ``"fake"``, a simulated
     device). ``run_options`` are the run configuration, as for ``fit``; ``gpu_count=N`` also
     measures N GPUs of this node together (DDP), after one alone, for the scaling efficiency.
-    ``find_max_batch`` searches the largest batch (doubling, then bisection to
-    ``max_batch_resolution``; 1 = exact) and measures at it; ``find_max_seq_len`` searches the
+    ``find_max_batch`` searches the largest batch and measures at it: from whichgpu's own
+    prediction of it on this device where a stored profile gives one at once (galloping
+    from it), else from 1 (doubling), then bisection to ``max_batch_resolution`` (1 =
+    exact); the result's notes say how far the prediction was off. ``find_max_seq_len`` searches the
     longest sequence at the batch. ``memory_limit_gib`` caps the memory a step may use (on the
     CPU a search needs it). Timing warms up until steady, then runs at least ``min_iters``
     steps and ``min_seconds`` seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
@@ -512,6 +515,7 @@ def bench(
             min_seconds=defaults.min_seconds if min_seconds is None else min_seconds,
         ),
         timeout_s=600.0 if timeout_s is None else timeout_s,
+        batch_guess=_batch_guesser(chosen, run, memory_limit_gib) if find_max_batch else None,
     )
     if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
         raise UsageError(
@@ -530,6 +534,48 @@ def bench(
     out: ResultList[BenchResult] = ResultList()
     run_bench(target, run, parse_device(device), options, progress=progress, on_result=completed)
     return out
+
+
+def _batch_guesser(
+    workload: Workload, run: RunConfig, memory_limit_gib: float | None
+) -> Callable[[BenchEnvironment, int | None], int | None] | None:
+    """whichgpu's prediction of the largest batch on the device a bench inspected, for the
+    search to start from; None where it has none to give at once.
+
+    A CUDA GPU in the catalog gets ``fit``'s largest batch on it (one GPU: the search probes
+    one); the CPU under ``--memory-limit`` the largest batch whose traced live tensors stay
+    within the limit (what the CPU device counts). Only a stored profile is used, so the
+    bench's own process never imports torch; a user's model, a run without a stored profile,
+    a capped CUDA search (the cap is not ``fit``'s capacity) or a device not in the catalog get
+    no guess, and the search doubles from 1.
+    """
+    from whichgpu.errors import WhichGpuError
+    from whichgpu.units import bytes_to_gb, gib_to_bytes
+
+    single = run.model_copy(update={"gpus": 1, "sharding": "ddp"})
+    if not _is_registered(workload) or load_stored(workload.info.name, single) is None:
+        return None
+    limit = None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
+
+    def guess(environment: BenchEnvironment, seq_len: int | None) -> int | None:
+        try:
+            if environment.device_kind == "cpu" and limit is not None:
+                profile, _ = scalable_profile(workload, single)
+                return profile.largest_batch_within(limit, seq_len)
+            if environment.device_kind != "cuda" or limit is not None:
+                return None
+            total = environment.memory_total_bytes
+            gpu = load_catalog().resolve(
+                environment.device_name, memory_gb=bytes_to_gb(total) if total else None
+            )
+            options = single.model_dump(exclude={"gpus", "batch_size", "concurrency"})
+            options["seq_len"] = seq_len
+            (estimate,) = fit(workload.info.name, gpus=[gpu.id], **options)
+            return estimate.max_batch_size
+        except WhichGpuError:
+            return None
+
+    return guess
 
 
 def _bench_on_catalog(result: BenchResult) -> BenchResult:

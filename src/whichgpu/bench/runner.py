@@ -102,6 +102,11 @@ class BenchOptions:
     """NVML sampling period."""
     probe_steps: int = 2
     """Steps each probe runs."""
+    batch_guess: Callable[[BenchEnvironment, int | None], int | None] | None = None
+    """A prediction of the largest batch on the inspected device at a sequence length (or
+    None when there is none), from which the batch search starts instead of from 1. The API
+    passes whichgpu's memory estimate; whatever it says, the answer is still found by
+    probing, and is always a size seen to run."""
 
 
 def inspect(device: Device, n_devices: int = 1, *, timeout_s: float = 600.0) -> Inspection:
@@ -261,12 +266,20 @@ class _Bench:
     # --- search ---------------------------------------------------------------------------
 
     def search_batch(self, seq: int | None) -> SearchResult:
+        guess = None
+        if self.options.batch_guess is not None:
+            guess = self.options.batch_guess(self.environment, seq)
+            if guess is not None and guess < 1:
+                guess = None  # predicted not to fit at all: probing from 1 says so quickest
+            if guess is not None:
+                self.say(BenchProgress("search", f"starting at the predicted largest {guess}"))
         return search_largest(
             lambda size: self.probe(size, seq, "batch", size),
             start=1,
             resolution=self.options.max_batch_resolution,
             upper=MAX_BATCH,
             what="batch",
+            guess=guess,
         )
 
     def search_seq_len(self, batch: int, seq: int) -> SearchResult:
@@ -499,10 +512,19 @@ def _search_notes(search: SearchResult, what: str, options: BenchOptions) -> lis
         if options.memory_limit_bytes is not None
         else ""
     )
+    how = (
+        "doubling then bisection"
+        if search.guess is None
+        else f"galloping from whichgpu's predicted {search.guess}, then bisection"
+    )
     note = (
-        f"largest {what}: doubling then bisection, {resolution}{limit}: "
+        f"largest {what}: {how}, {resolution}{limit}: "
         f"{len(search.probes)} probes, each {options.probe_steps} steps in its own process"
     )
+    if search.guess is not None and search.largest is not None and search.resolution == 1:
+        off = search.guess - search.largest
+        verdict = "exact" if off == 0 else ("too high" if off > 0 else "conservative")
+        note += f"; the prediction was {verdict} ({off:+d})"
     if search.reached_upper:
         note += f"; stopped at the search's upper bound ({search.largest})"
     return [note, *search.notes]

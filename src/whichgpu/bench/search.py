@@ -8,6 +8,12 @@ sequence length at a fixed batch) and returns the largest size that ran, to ``re
 2. Bisect between the largest size that ran and the smallest that failed until they are at
    most ``resolution`` apart (1: exact).
 
+Given a ``guess`` of the answer (whichgpu's memory prediction for the device), step 1 starts
+there instead and gallops: steps of ``resolution``, 2 x ``resolution``, 4 x … up from the guess
+while sizes run, or down from it while they fail. A guess that is right costs two probes (the
+guess runs, the next size fails) where doubling from 1 to a batch in the hundreds costs about
+twenty; a wrong one costs twice the number of doublings its error needs, no more.
+
 The answer is always a size that was seen to run. Memory grows with size, so a failure
 above a success is the boundary; but a size can fail for a reason of its own (an allocator or
 kernel choice particular to it, a transient), which would stop the growth far too early. The
@@ -61,6 +67,8 @@ class SearchResult:
     """Whether growth stopped at ``upper`` rather than at a failure."""
     notes: tuple[str, ...]
     """Anomalies: non-monotonic results, failures other than out-of-memory."""
+    guess: int | None = None
+    """The size the search started from when it was given a guess (within the bounds)."""
 
 
 def search_largest(
@@ -71,12 +79,16 @@ def search_largest(
     minimum: int = 1,
     upper: int | None = None,
     what: str = "batch",
+    guess: int | None = None,
 ) -> SearchResult:
-    """The largest size in ``[minimum, upper]`` for which ``probe`` runs, to ``resolution``."""
+    """The largest size in ``[minimum, upper]`` for which ``probe`` runs, to ``resolution``;
+    from ``guess`` (galloping) when one is given, else from ``start`` (doubling)."""
     if resolution < 1:
         raise ValueError("resolution must be at least 1")
     if minimum < 1 or start < minimum or (upper is not None and start > upper):
         raise ValueError("need 1 <= minimum <= start <= upper")
+    if guess is not None:
+        guess = max(minimum, guess if upper is None else min(guess, upper))
     records: list[ProbeRecord] = []
     notes: list[str] = []
 
@@ -93,13 +105,26 @@ def search_largest(
     good: int | None = None
     bad: int | None = None
     reached_upper = False
-    if run(start):
-        good = start
+    first = start if guess is None else guess
+    step = resolution
+
+    def grown(size: int) -> int:
+        """The next size up from a size that ran: double, or gallop on from the guess."""
+        nonlocal step
+        if guess is None:
+            bigger = size * 2
+        else:
+            bigger = size + step
+            step *= 2
+        return bigger if upper is None else min(bigger, upper)
+
+    if run(first):
+        good = first
         while True:
             if upper is not None and good >= upper:
                 reached_upper = True
                 break
-            size = good * 2 if upper is None else min(good * 2, upper)
+            size = grown(good)
             if run(size):
                 good = size
                 continue
@@ -116,10 +141,14 @@ def search_largest(
             bad = size
             break
     else:
-        bad = start
-        size = start
+        bad = first
+        size = first
         while size > minimum:
-            size = max(minimum, size // 2)
+            if guess is None:
+                size = max(minimum, size // 2)
+            else:
+                size = max(minimum, size - step)
+                step *= 2
             if run(size):
                 good = size
                 break
@@ -132,6 +161,7 @@ def search_largest(
                 probes=tuple(records),
                 reached_upper=False,
                 notes=tuple(notes),
+                guess=guess,
             )
     if bad is not None:
         assert good is not None
@@ -148,4 +178,5 @@ def search_largest(
         probes=tuple(records),
         reached_upper=reached_upper,
         notes=tuple(notes),
+        guess=guess,
     )

@@ -95,8 +95,9 @@ def bench(
         bool,
         typer.Option(
             "--find-max-batch",
-            help="Search the largest batch that runs (doubling, then bisection), and measure "
-            "at it.",
+            help="Search the largest batch that runs, and measure at it: from whichgpu's own "
+            "prediction where a stored profile gives one (galloping), else doubling from 1; then "
+            "bisection. The notes say how far the prediction was off.",
         ),
     ] = False,
     max_batch_resolution: Annotated[

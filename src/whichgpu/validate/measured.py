@@ -50,23 +50,6 @@ def verdict(measured: int, predicted: int) -> Verdict:
     return "conservative" if predicted < measured else "too high"
 
 
-def largest_under(live_peak: Callable[[int], int], limit_bytes: int) -> int:
-    """The largest batch whose ``live_peak(batch)`` stays within ``limit_bytes`` (0 if even 1
-    does not): doubling, then bisection (the peak grows with the batch)."""
-    if live_peak(1) > limit_bytes:
-        return 0
-    low, high = 1, 2
-    while live_peak(high) <= limit_bytes:
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        if live_peak(middle) <= limit_bytes:
-            low = middle
-        else:
-            high = middle
-    return low
-
-
 def compare_measurements(
     results: list[BenchResult], progress: Callable[[str], None] | None = None
 ) -> list[MeasuredMemoryCase]:
@@ -112,7 +95,7 @@ def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
     fields: dict[str, Any] = {}
     limit = result.memory_limit_bytes
     if result.max_batch_size is not None and limit is not None:
-        largest = largest_under(lambda b: profile.live_peak_bytes(b, seq_len), limit)
+        largest = profile.largest_batch_within(limit, seq_len)
         fields = {
             "predicted_max_batch": largest,
             "max_batch_verdict": verdict(result.max_batch_size, largest),

@@ -202,6 +202,22 @@ class ScalableProfile:
         signed = np.where(self.events[:, 2] == 1, sizes, -sizes)
         return int(max(0, np.cumsum(signed).max(initial=0)))
 
+    def largest_batch_within(self, limit_bytes: int, seq_len: int | None) -> int:
+        """The largest batch whose ``live_peak_bytes`` stays within ``limit_bytes`` (0 if even
+        1 does not): doubling, then bisection (the peak grows with the batch)."""
+        if self.live_peak_bytes(1, seq_len) > limit_bytes:
+            return 0
+        low, high = 1, 2
+        while self.live_peak_bytes(high, seq_len) <= limit_bytes:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self.live_peak_bytes(middle, seq_len) <= limit_bytes:
+                low = middle
+            else:
+                high = middle
+        return low
+
     def at(self, batch_size: int, seq_len: int | None) -> StepProfile:
         """The full ``StepProfile`` at one size (operators and events as objects)."""
         values = self.polynomials.values(batch_size, seq_len)
