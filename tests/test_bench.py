@@ -460,6 +460,34 @@ def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
     assert _batch_guesser(user, fp32, 2.0) is None  # a user's model: no stored profile
 
 
+def test_the_api_guesses_the_longest_sequence_from_a_stored_profile() -> None:
+    from whichgpu.api import _seq_len_guesser, fit
+    from whichgpu.schema import BenchEnvironment
+    from whichgpu.workloads import get_workload
+    from whichgpu.workloads.stored import load_stored
+
+    def env(kind: str, name: str) -> BenchEnvironment:
+        return BenchEnvironment.model_construct(
+            device_kind=kind, device_name=name, memory_total_bytes=150 * 10**9
+        )
+
+    bf16 = run_config(precision="bf16")
+    on_gpu = _seq_len_guesser(get_workload("llama-3.2-1b"), bf16, None)
+    assert on_gpu is not None
+    (expected,) = fit("llama-3.2-1b", gpus=["h200-sxm"], batch_size=1, precision="bf16")
+    assert on_gpu(env("cuda", "NVIDIA H200"), 1) == expected.max_seq_len
+    assert expected.max_seq_len is not None and expected.max_seq_len > 4096
+    fp32 = run_config(precision="fp32")
+    on_cpu = _seq_len_guesser(get_workload("bert-base"), fp32, 3.0)
+    assert on_cpu is not None
+    profile = load_stored("bert-base", fp32)
+    assert profile is not None
+    longest = on_cpu(env("cpu", "x86_64"), 4)
+    assert longest is not None and 1 <= longest < 512  # within BERT's position table
+    assert profile.live_peak_bytes(4, longest) <= 3 * GIB < profile.live_peak_bytes(4, longest + 1)
+    assert profile.longest_seq_within(100 * GIB, 4, 512) == 512  # the table, not the memory
+
+
 def test_bench_of_a_step_that_never_fits() -> None:
     device = FakeDevice(fixed_bytes=8 * GIB)
     options = BenchOptions(find_max_batch=True, memory_limit_bytes=4 * GIB, rule=QUICK)
@@ -484,6 +512,22 @@ def test_bench_finds_the_longest_sequence_at_a_batch() -> None:
     assert result.max_seq_len == result.seq_len == 512  # 1 GiB / (2 x 1 MiB)
     assert result.run.seq_len == 512 and result.throughput_unit == "tokens/s"
     assert result.throughput == pytest.approx(2 * 512 / result.step_time_s)
+
+
+def test_bench_starts_its_length_search_at_a_guess() -> None:
+    device = FakeDevice(capacity_bytes=GIB, fixed_bytes=0, bytes_per_unit=MIB)
+    asked: list[int] = []
+
+    def seq_len_guess(environment: object, batch_size: int) -> int:
+        asked.append(batch_size)
+        return 500
+
+    options = BenchOptions(find_max_seq_len=True, rule=QUICK, seq_len_guess=seq_len_guess)
+    (result,) = run_bench(WorkloadRef.of("gpt2"), run_config(batch_size=2), device, options)
+    assert result.max_seq_len == 512 and asked == [2]
+    (note,) = [n for n in result.notes if n.startswith("largest seq_len")]
+    assert "galloping from whichgpu's predicted 500" in note
+    assert "the prediction was conservative (-12)" in note
 
 
 def test_bench_is_repeatable_to_a_few_percent() -> None:

@@ -516,6 +516,9 @@ def bench(
         ),
         timeout_s=600.0 if timeout_s is None else timeout_s,
         batch_guess=_batch_guesser(chosen, run, memory_limit_gib) if find_max_batch else None,
+        seq_len_guess=(
+            _seq_len_guesser(chosen, run, memory_limit_gib) if find_max_seq_len else None
+        ),
     )
     if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
         raise UsageError(
@@ -539,43 +542,107 @@ def bench(
 def _batch_guesser(
     workload: Workload, run: RunConfig, memory_limit_gib: float | None
 ) -> Callable[[BenchEnvironment, int | None], int | None] | None:
-    """whichgpu's prediction of the largest batch on the device a bench inspected, for the
-    search to start from; None where it has none to give at once.
+    """whichgpu's prediction of the largest batch at a sequence length on the device a bench
+    inspected, for the search to start from (see ``_size_guess``)."""
 
-    A CUDA GPU in the catalog gets ``fit``'s largest batch on it (one GPU: the search probes
-    one); the CPU under ``--memory-limit`` the largest batch whose traced live tensors stay
-    within the limit (what the CPU device counts). Only a stored profile is used, so the
-    bench's own process never imports torch; a user's model, a run without a stored profile,
-    a capped CUDA search (the cap is not ``fit``'s capacity) or a device not in the catalog get
-    no guess, and the search doubles from 1.
+    def largest_batch(
+        environment: BenchEnvironment, seq_len: int | None, profile: ScalableProfile | None
+    ) -> int | None:
+        limit = _limit_bytes(memory_limit_gib)
+        if profile is not None and limit is not None:
+            return profile.largest_batch_within(limit, seq_len)
+        (estimate,) = _fit_on_device(workload, run, environment, None, seq_len)
+        return estimate.max_batch_size
+
+    return _size_guess(workload, run, memory_limit_gib, largest_batch)
+
+
+def _seq_len_guesser(
+    workload: Workload, run: RunConfig, memory_limit_gib: float | None
+) -> Callable[[BenchEnvironment, int], int | None] | None:
+    """whichgpu's prediction of the longest sequence at a batch size on the device a bench
+    inspected, for the search to start from (see ``_size_guess``)."""
+    from whichgpu.estimate.memory import MAX_SEQ_LIMIT
+
+    upper = workload.info.max_seq_len or MAX_SEQ_LIMIT
+
+    def longest(
+        environment: BenchEnvironment, batch_size: int, profile: ScalableProfile | None
+    ) -> int | None:
+        limit = _limit_bytes(memory_limit_gib)
+        if profile is not None and limit is not None:
+            return profile.longest_seq_within(limit, batch_size, upper)
+        seq_len = run.seq_len or workload.info.default_seq_len
+        (estimate,) = _fit_on_device(workload, run, environment, batch_size, seq_len)
+        return estimate.max_seq_len
+
+    return _size_guess(workload, run, memory_limit_gib, longest)
+
+
+def _limit_bytes(memory_limit_gib: float | None) -> int | None:
+    from whichgpu.units import gib_to_bytes
+
+    return None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
+
+
+def _size_guess(
+    workload: Workload,
+    run: RunConfig,
+    memory_limit_gib: float | None,
+    predict: Callable[[BenchEnvironment, Any, ScalableProfile | None], int | None],
+) -> Callable[[BenchEnvironment, Any], int | None] | None:
+    """A bench search's starting point from whichgpu's own memory estimate, or None where it
+    has none to give at once.
+
+    ``predict(environment, size, profile)`` answers on the device: with the stored profile on
+    the CPU under ``--memory-limit`` (the traced live tensors, what the CPU device counts),
+    with ``profile`` None on a CUDA GPU in the catalog (``fit`` on it, one GPU: a search probes
+    one). Only a stored profile is used, so the bench's own process never imports torch; a
+    user's model, a run without a stored profile, MPS, a capped CUDA search (the cap is not
+    ``fit``'s capacity) or a GPU outside the catalog get no guess, and the search starts from
+    the bottom. A prediction that fails for any reason of whichgpu's is no guess either.
     """
     from whichgpu.errors import WhichGpuError
-    from whichgpu.units import bytes_to_gb, gib_to_bytes
 
-    single = run.model_copy(update={"gpus": 1, "sharding": "ddp"})
+    single = _one_gpu(run)
     if not _is_registered(workload) or load_stored(workload.info.name, single) is None:
         return None
-    limit = None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
 
-    def guess(environment: BenchEnvironment, seq_len: int | None) -> int | None:
+    def guess(environment: BenchEnvironment, size: Any) -> int | None:
+        kind = environment.device_kind
+        if not (kind == "cpu" and memory_limit_gib is not None) and not (
+            kind == "cuda" and memory_limit_gib is None
+        ):
+            return None
         try:
-            if environment.device_kind == "cpu" and limit is not None:
-                profile, _ = scalable_profile(workload, single)
-                return profile.largest_batch_within(limit, seq_len)
-            if environment.device_kind != "cuda" or limit is not None:
-                return None
-            total = environment.memory_total_bytes
-            gpu = load_catalog().resolve(
-                environment.device_name, memory_gb=bytes_to_gb(total) if total else None
-            )
-            options = single.model_dump(exclude={"gpus", "batch_size", "concurrency"})
-            options["seq_len"] = seq_len
-            (estimate,) = fit(workload.info.name, gpus=[gpu.id], **options)
-            return estimate.max_batch_size
+            profile = scalable_profile(workload, single)[0] if kind == "cpu" else None
+            return predict(environment, size, profile)
         except WhichGpuError:
             return None
 
     return guess
+
+
+def _one_gpu(run: RunConfig) -> RunConfig:
+    return run.model_copy(update={"gpus": 1, "sharding": "ddp"})
+
+
+def _fit_on_device(
+    workload: Workload,
+    run: RunConfig,
+    environment: BenchEnvironment,
+    batch_size: int | None,
+    seq_len: int | None,
+) -> ResultList[MemoryEstimate]:
+    """``fit`` of one GPU of ``run`` on the catalog GPU a CUDA device is."""
+    from whichgpu.units import bytes_to_gb
+
+    total = environment.memory_total_bytes
+    gpu = load_catalog().resolve(
+        environment.device_name, memory_gb=bytes_to_gb(total) if total else None
+    )
+    options = _one_gpu(run).model_dump(exclude={"gpus", "batch_size", "concurrency", "seq_len"})
+    return fit(workload.info.name, gpus=[gpu.id], batch_size=batch_size, seq_len=seq_len, **options)
 
 
 def _bench_on_catalog(result: BenchResult) -> BenchResult:

@@ -107,6 +107,9 @@ class BenchOptions:
     None when there is none), from which the batch search starts instead of from 1. The API
     passes whichgpu's memory estimate; whatever it says, the answer is still found by
     probing, and is always a size seen to run."""
+    seq_len_guess: Callable[[BenchEnvironment, int], int | None] | None = None
+    """The same for the longest sequence at a batch size: where the length search starts
+    instead of at the workload's default length."""
 
 
 def inspect(device: Device, n_devices: int = 1, *, timeout_s: float = 600.0) -> Inspection:
@@ -268,11 +271,7 @@ class _Bench:
     def search_batch(self, seq: int | None) -> SearchResult:
         guess = None
         if self.options.batch_guess is not None:
-            guess = self.options.batch_guess(self.environment, seq)
-            if guess is not None and guess < 1:
-                guess = None  # predicted not to fit at all: probing from 1 says so quickest
-            if guess is not None:
-                self.say(BenchProgress("search", f"starting at the predicted largest {guess}"))
+            guess = self._usable(self.options.batch_guess(self.environment, seq), "batch")
         return search_largest(
             lambda size: self.probe(size, seq, "batch", size),
             start=1,
@@ -284,13 +283,25 @@ class _Bench:
 
     def search_seq_len(self, batch: int, seq: int) -> SearchResult:
         upper = self.info.max_seq_len or MAX_SEQ_LEN
+        guess = None
+        if self.options.seq_len_guess is not None:
+            guess = self._usable(self.options.seq_len_guess(self.environment, batch), "seq_len")
         return search_largest(
             lambda size: self.probe(batch, size, "seq_len", size),
             start=min(seq, upper),
             resolution=self.options.max_batch_resolution,
             upper=upper,
             what="seq_len",
+            guess=guess,
         )
+
+    def _usable(self, guess: int | None, what: str) -> int | None:
+        """A predicted size to start a search from, said in the progress; a prediction that
+        nothing fits is not one (probing from the bottom says so quickest)."""
+        if guess is None or guess < 1:
+            return None
+        self.say(BenchProgress("search", f"starting at the predicted largest {what} {guess}"))
+        return guess
 
     def probe(self, batch: int, seq: int | None, what: str, size: int) -> Verdict:
         self.say(BenchProgress("search", f"{what} {size}: probing"))
