@@ -433,6 +433,7 @@ def test_bench_without_a_usable_guess_doubles_from_one() -> None:
 
 def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
     from whichgpu.api import _batch_guesser, fit
+    from whichgpu.estimate.memory import largest_live_batch
     from whichgpu.schema import BenchEnvironment
     from whichgpu.workloads import get_workload
     from whichgpu.workloads.stored import load_stored
@@ -447,7 +448,7 @@ def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
     assert on_cpu is not None
     profile = load_stored("resnet50", fp32)
     assert profile is not None
-    assert on_cpu(env("cpu", "x86_64"), None) == profile.largest_batch_within(2 * GIB, None)
+    assert on_cpu(env("cpu", "x86_64"), None) == largest_live_batch(profile, 2 * GIB, None)
     assert on_cpu(env("cuda", "NVIDIA H200"), None) is None  # a capped CUDA search: no guess
     gpt2 = run_config(precision="bf16", seq_len=1024)
     on_gpu = _batch_guesser(get_workload("gpt2"), gpt2, None)
@@ -462,6 +463,7 @@ def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
 
 def test_the_api_guesses_the_longest_sequence_from_a_stored_profile() -> None:
     from whichgpu.api import _seq_len_guesser, fit
+    from whichgpu.estimate.memory import longest_live_seq
     from whichgpu.schema import BenchEnvironment
     from whichgpu.workloads import get_workload
     from whichgpu.workloads.stored import load_stored
@@ -485,7 +487,7 @@ def test_the_api_guesses_the_longest_sequence_from_a_stored_profile() -> None:
     longest = on_cpu(env("cpu", "x86_64"), 4)
     assert longest is not None and 1 <= longest < 512  # within BERT's position table
     assert profile.live_peak_bytes(4, longest) <= 3 * GIB < profile.live_peak_bytes(4, longest + 1)
-    assert profile.longest_seq_within(100 * GIB, 4, 512) == 512  # the table, not the memory
+    assert longest_live_seq(profile, 100 * GIB, 4, 512) == 512  # the table, not the memory
 
 
 def test_bench_of_a_step_that_never_fits() -> None:

@@ -8,6 +8,7 @@ from rich.console import Console, RenderableType
 
 from tests.conftest import run_cli
 from whichgpu.api import fit
+from whichgpu.estimate.memory import largest_live_batch
 from whichgpu.report.terminal import measured_memory_view
 from whichgpu.units import GIB
 from whichgpu.validate.measured import (
@@ -79,12 +80,12 @@ def test_largest_batch_under_a_cap_and_verdicts() -> None:
     assert profile is not None
     for limit_gib in (1, 2, 7.5, 40):
         limit = round(limit_gib * GIB)
-        largest = profile.largest_batch_within(limit, None)
+        largest = largest_live_batch(profile, limit, None)
         assert largest >= 1
         assert profile.live_peak_bytes(largest, None) <= limit
         assert profile.live_peak_bytes(largest + 1, None) > limit
-    assert profile.largest_batch_within(profile.live_peak_bytes(1, None) - 1, None) == 0
-    assert profile.largest_batch_within(profile.live_peak_bytes(1, None), None) == 1
+    assert largest_live_batch(profile, profile.live_peak_bytes(1, None) - 1, None) == 0
+    assert largest_live_batch(profile, profile.live_peak_bytes(1, None), None) == 1
     assert [verdict(8, p) for p in (8, 7, 9)] == ["exact", "conservative", "too high"]
 
 

@@ -484,10 +484,11 @@ def bench(
     ``find_max_batch`` searches the largest batch and measures at it: from whichgpu's own
     prediction of it on this device where a stored profile gives one at once (galloping
     from it), else from 1 (doubling), then bisection to ``max_batch_resolution`` (1 =
-    exact); the result's notes say how far the prediction was off. ``find_max_seq_len`` searches the
-    longest sequence at the batch. ``memory_limit_gib`` caps the memory a step may use (on the
-    CPU a search needs it). Timing warms up until steady, then runs at least ``min_iters``
-    steps and ``min_seconds`` seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
+    exact); the result's notes say how far the prediction was off. ``find_max_seq_len``
+    searches the longest sequence at the batch, from its prediction the same way.
+    ``memory_limit_gib`` caps the memory a step may use (on the CPU a search needs it).
+    Timing warms up until steady, then runs at least ``min_iters`` steps and ``min_seconds``
+    seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
     child process that makes no progress for that long.
 
     Returns one result per measurement (two with ``gpu_count`` > 1), each also passed to
@@ -544,17 +545,13 @@ def _batch_guesser(
 ) -> Callable[[BenchEnvironment, int | None], int | None] | None:
     """whichgpu's prediction of the largest batch at a sequence length on the device a bench
     inspected, for the search to start from (see ``_size_guess``)."""
+    from whichgpu.estimate.memory import largest_live_batch
 
-    def largest_batch(
-        environment: BenchEnvironment, seq_len: int | None, profile: ScalableProfile | None
-    ) -> int | None:
-        limit = _limit_bytes(memory_limit_gib)
-        if profile is not None and limit is not None:
-            return profile.largest_batch_within(limit, seq_len)
+    def on_gpu(environment: BenchEnvironment, seq_len: int | None) -> int | None:
         (estimate,) = _fit_on_device(workload, run, environment, None, seq_len)
         return estimate.max_batch_size
 
-    return _size_guess(workload, run, memory_limit_gib, largest_batch)
+    return _size_guess(workload, run, memory_limit_gib, largest_live_batch, on_gpu)
 
 
 def _seq_len_guesser(
@@ -562,63 +559,56 @@ def _seq_len_guesser(
 ) -> Callable[[BenchEnvironment, int], int | None] | None:
     """whichgpu's prediction of the longest sequence at a batch size on the device a bench
     inspected, for the search to start from (see ``_size_guess``)."""
-    from whichgpu.estimate.memory import MAX_SEQ_LIMIT
+    from whichgpu.estimate.memory import MAX_SEQ_LIMIT, longest_live_seq
 
     upper = workload.info.max_seq_len or MAX_SEQ_LIMIT
 
-    def longest(
-        environment: BenchEnvironment, batch_size: int, profile: ScalableProfile | None
-    ) -> int | None:
-        limit = _limit_bytes(memory_limit_gib)
-        if profile is not None and limit is not None:
-            return profile.longest_seq_within(limit, batch_size, upper)
+    def on_cpu(profile: ScalableProfile, limit_bytes: int, batch_size: int) -> int:
+        return longest_live_seq(profile, limit_bytes, batch_size, upper)
+
+    def on_gpu(environment: BenchEnvironment, batch_size: int) -> int | None:
         seq_len = run.seq_len or workload.info.default_seq_len
         (estimate,) = _fit_on_device(workload, run, environment, batch_size, seq_len)
         return estimate.max_seq_len
 
-    return _size_guess(workload, run, memory_limit_gib, longest)
-
-
-def _limit_bytes(memory_limit_gib: float | None) -> int | None:
-    from whichgpu.units import gib_to_bytes
-
-    return None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
+    return _size_guess(workload, run, memory_limit_gib, on_cpu, on_gpu)
 
 
 def _size_guess(
     workload: Workload,
     run: RunConfig,
     memory_limit_gib: float | None,
-    predict: Callable[[BenchEnvironment, Any, ScalableProfile | None], int | None],
+    on_cpu: Callable[[ScalableProfile, int, Any], int],
+    on_gpu: Callable[[BenchEnvironment, Any], int | None],
 ) -> Callable[[BenchEnvironment, Any], int | None] | None:
     """A bench search's starting point from whichgpu's own memory estimate, or None where it
     has none to give at once.
 
-    ``predict(environment, size, profile)`` answers on the device: with the stored profile on
-    the CPU under ``--memory-limit`` (the traced live tensors, what the CPU device counts),
-    with ``profile`` None on a CUDA GPU in the catalog (``fit`` on it, one GPU: a search probes
+    On the CPU under ``--memory-limit``, ``on_cpu(profile, limit_bytes, size)`` answers from
+    the stored profile's traced live tensors (what the CPU device counts); on a CUDA GPU in
+    the catalog, ``on_gpu(environment, size)`` from ``fit`` on it (one GPU: a search probes
     one). Only a stored profile is used, so the bench's own process never imports torch; a
     user's model, a run without a stored profile, MPS, a capped CUDA search (the cap is not
     ``fit``'s capacity) or a GPU outside the catalog get no guess, and the search starts from
     the bottom. A prediction that fails for any reason of whichgpu's is no guess either.
     """
     from whichgpu.errors import WhichGpuError
+    from whichgpu.units import gib_to_bytes
 
-    single = _one_gpu(run)
-    if not _is_registered(workload) or load_stored(workload.info.name, single) is None:
+    profile = load_stored(workload.info.name, _one_gpu(run)) if _is_registered(workload) else None
+    if profile is None:
         return None
+    limit = None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
 
     def guess(environment: BenchEnvironment, size: Any) -> int | None:
-        kind = environment.device_kind
-        if not (kind == "cpu" and memory_limit_gib is not None) and not (
-            kind == "cuda" and memory_limit_gib is None
-        ):
-            return None
         try:
-            profile = scalable_profile(workload, single)[0] if kind == "cpu" else None
-            return predict(environment, size, profile)
+            if environment.device_kind == "cpu" and limit is not None:
+                return on_cpu(profile, limit, size)
+            if environment.device_kind == "cuda" and limit is None:
+                return on_gpu(environment, size)
         except WhichGpuError:
-            return None
+            pass
+        return None
 
     return guess
 

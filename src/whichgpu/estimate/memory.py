@@ -432,6 +432,25 @@ def largest_within(
     return lo, False
 
 
+def largest_live_batch(profile: ScalableProfile, limit_bytes: int, seq_len: int | None) -> int:
+    """The largest batch whose traced live tensors (``live_peak_bytes``) stay within
+    ``limit_bytes``, 0 if even 1 does not: what a run holds where no caching allocator
+    stands between the tensors and the limit (the CPU under ``--memory-limit``)."""
+    return largest_within(
+        lambda batch: profile.live_peak_bytes(batch, seq_len), limit_bytes, MAX_BATCH_LIMIT
+    )[0]
+
+
+def longest_live_seq(
+    profile: ScalableProfile, limit_bytes: int, batch_size: int, upper: int
+) -> int:
+    """The longest sequence up to ``upper`` whose traced live tensors at ``batch_size`` stay
+    within ``limit_bytes``, 0 if even 1 token does not (see ``largest_live_batch``)."""
+    return largest_within(
+        lambda length: profile.live_peak_bytes(batch_size, length), limit_bytes, upper
+    )[0]
+
+
 def estimate_on_gpu(
     memory: StepMemory,
     run: RunConfig,

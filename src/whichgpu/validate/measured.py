@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from whichgpu.estimate.memory import largest_live_batch
 from whichgpu.schema import BenchResult, MeasuredMemoryCase, RunConfig, Verdict
 from whichgpu.store import read_results_file
 from whichgpu.workloads.stored import ScalableProfile
@@ -95,7 +96,7 @@ def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
     fields: dict[str, Any] = {}
     limit = result.memory_limit_bytes
     if result.max_batch_size is not None and limit is not None:
-        largest = profile.largest_batch_within(limit, seq_len)
+        largest = largest_live_batch(profile, limit, seq_len)
         fields = {
             "predicted_max_batch": largest,
             "max_batch_verdict": verdict(result.max_batch_size, largest),

@@ -31,7 +31,6 @@ import hashlib
 import itertools
 import json
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
@@ -203,18 +202,6 @@ class ScalableProfile:
         signed = np.where(self.events[:, 2] == 1, sizes, -sizes)
         return int(max(0, np.cumsum(signed).max(initial=0)))
 
-    def largest_batch_within(self, limit_bytes: int, seq_len: int | None) -> int:
-        """The largest batch whose ``live_peak_bytes`` stays within ``limit_bytes`` (0 if even
-        1 does not)."""
-        return _largest(lambda batch: self.live_peak_bytes(batch, seq_len) <= limit_bytes)
-
-    def longest_seq_within(self, limit_bytes: int, batch_size: int, upper: int) -> int:
-        """The longest sequence, up to ``upper``, whose ``live_peak_bytes`` at ``batch_size``
-        stays within ``limit_bytes`` (0 if even 1 token does not)."""
-        return _largest(
-            lambda length: self.live_peak_bytes(batch_size, length) <= limit_bytes, upper
-        )
-
     def at(self, batch_size: int, seq_len: int | None) -> StepProfile:
         """The full ``StepProfile`` at one size (operators and events as objects)."""
         values = self.polynomials.values(batch_size, seq_len)
@@ -336,27 +323,6 @@ class ScalableProfile:
         """Read a file written by ``save``."""
         with gzip.open(path, "rb") as fh:
             return cls.from_json(json.loads(fh.read()))
-
-
-def _largest(fits: Callable[[int], bool], upper: int | None = None) -> int:
-    """The largest size from 1 (to ``upper``) that ``fits``, which holds up to some size and
-    not beyond (memory grows with the size): doubling, then bisection; 0 if 1 does not fit."""
-    if not fits(1):
-        return 0
-    low, high = 1, 2
-    while (upper is None or high <= upper) and fits(high):
-        low, high = high, high * 2
-    if upper is not None and high > upper:
-        if fits(upper):
-            return upper
-        high = upper
-    while high - low > 1:
-        middle = (low + high) // 2
-        if fits(middle):
-            low = middle
-        else:
-            high = middle
-    return low
 
 
 def _point(p: list[Any]) -> tuple[int, int | None]:
