@@ -77,6 +77,7 @@ def main() -> int:
         "error_bands": bands,
         "unseen_error_bands": unseen,
         "calibrated_error_bands": calibrated,
+        "coverage": coverage(cases),
     }
     OUT.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     for name in FIT_FIELDS:
@@ -90,6 +91,23 @@ def main() -> int:
     print(f"calibrated bands: {calibrated}")
     print(f"wrote {OUT}")
     return 0
+
+
+def coverage(cases: list[ThroughputCase]) -> dict[str, object]:
+    """What the fitted runs covered: their GPUs' architectures, and which of them ran matrix
+    operators on tensor cores (``FitCoverage`` in the package)."""
+    tensor = [case for case in cases if bool(case.engines[1].any())]
+    return {
+        "about": (
+            "what the fitted runs covered; predict names a GPU architecture outside it, and "
+            "what the tensor-core efficiency rests on"
+        ),
+        "architectures": sorted({str(case.gpu.architecture) for case in cases}),
+        "tensor_runs": len(tensor),
+        "tensor_workloads": sorted({case.workload for case in tensor}),
+        "tensor_precisions": sorted({case.precision for case in tensor}),
+        "tensor_architectures": sorted({str(case.gpu.architecture) for case in tensor}),
+    }
 
 
 def _bands(cases: list[ThroughputCase], errors: list[float]) -> dict[str, float]:

@@ -291,3 +291,40 @@ def test_predict_says_when_attention_falls_back_to_the_math_path() -> None:
     turing, ada = (wg.predict("gpt2", gpus=[gpu], seq_len=1024)[0] for gpu in ("2080ti", "4090"))
     assert any("math path" in a for a in turing.assumptions)
     assert not any("math path" in a for a in ada.assumptions)
+
+
+def test_the_shipped_fit_records_what_its_runs_covered() -> None:
+    cases, _ = lambda_cases()
+    coverage = load_parameters().coverage
+    assert set(coverage.architectures) == {str(c.gpu.architecture) for c in cases}
+    tensor = [c for c in cases if c.engines[1].any()]
+    assert coverage.tensor_runs == len(tensor) > 0
+    assert set(coverage.tensor_workloads) == {c.workload for c in tensor}
+
+
+def test_predict_says_when_it_extrapolates_to_a_new_generation_or_engine() -> None:
+    coverage = replace(
+        load_parameters().coverage,
+        architectures=("Turing",),
+        tensor_runs=6,
+        tensor_workloads=("convs2s",),
+        tensor_precisions=("fp16",),
+        tensor_architectures=("Turing",),
+    )
+    assert coverage.architecture_note("Turing") is None
+    note = coverage.architecture_note("Hopper")
+    assert note is not None and "no Hopper GPU" in note and "only Turing" in note
+    assert "bf16 is taken to reach" in (coverage.tensor_note("bf16") or "")
+    assert "taken to reach" not in (coverage.tensor_note("fp16") or "x taken to reach")
+    assert replace(coverage, architectures=()).architecture_note("Hopper") is None
+
+    hopper, turing = (
+        wg.predict("gpt2", gpus=[gpu], seq_len=1024)[0] for gpu in ("h100-sxm", "2080ti")
+    )
+    assert any("no Hopper GPU" in a for a in hopper.assumptions)
+    assert any("tensor-core efficiency rests on" in a for a in hopper.assumptions)
+    assert not any("GPU was among the fitted runs" in a for a in turing.assumptions)
+    shown = run_cli("predict", "gpt2", "--gpu", "h100-sxm", "--gpu", "2080ti", "--seq-len", "1024")
+    text = " ".join(shown.stdout.split())
+    assert shown.returncode == 0, shown.stderr
+    assert "H100 SXM: no Hopper GPU" in text and "GeForce RTX 2080 Ti: attention falls" in text

@@ -140,6 +140,14 @@ class ThroughputPredictor:
             )
         return notes
 
+    def _with_tensor_note(self, assumptions: tuple[str, ...], step: StepTime) -> tuple[str, ...]:
+        """``assumptions`` and, when the step runs on tensor cores, what their fitted efficiency
+        rests on."""
+        if step.tensor_flops_share <= 0:
+            return assumptions
+        note = self.params.coverage.tensor_note(self.run.precision)
+        return assumptions if note is None else (*assumptions, note)
+
     def on_gpu(self, gpu: GpuSpec, rates: GpuRates, memory: MemoryEstimate) -> ThroughputEstimate:
         """The prediction on ``gpu`` at the batch of ``memory`` (its largest, unless given)."""
         assumptions = self.assumptions
@@ -163,6 +171,9 @@ class ThroughputPredictor:
             "assumptions": assumptions,
             "method": self.method,
         }
+        architecture = self.params.coverage.architecture_note(gpu.architecture)
+        if architecture is not None:
+            base["assumptions"] = assumptions = (*assumptions, architecture)
         if not memory.fits:
             return ThroughputEstimate(
                 **base,
@@ -209,6 +220,7 @@ class ThroughputPredictor:
             }
             if n > 1:
                 shares["exchange"] = exchange_s / seconds
+            base["assumptions"] = self._with_tensor_note(assumptions, prefill)
             return ThroughputEstimate(
                 **base,
                 step_time_s=seconds,
@@ -244,6 +256,7 @@ class ThroughputPredictor:
             shares["exchange"] = parallel.exposed_s / seconds
             base["link"] = parallel.link.description
         throughput = self.run.gpus * table.units_per_step / seconds
+        base["assumptions"] = self._with_tensor_note(assumptions, step)
         return ThroughputEstimate(
             **base,
             step_time_s=seconds,

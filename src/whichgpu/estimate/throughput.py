@@ -65,6 +65,50 @@ PARAMETERS_FILE = "throughput.json"
 
 
 @dataclass(frozen=True)
+class FitCoverage:
+    """What the measurements of the fit covered: where a prediction is an extrapolation."""
+
+    architectures: tuple[str, ...] = ()
+    """GPU architectures of the fitted runs (``GpuSpec.architecture``); empty: not recorded."""
+    tensor_runs: int = 0
+    """Fitted runs whose matrix operators ran on tensor cores."""
+    tensor_workloads: tuple[str, ...] = ()
+    """The workloads of those runs."""
+    tensor_precisions: tuple[str, ...] = ()
+    """Their precisions."""
+    tensor_architectures: tuple[str, ...] = ()
+    """Their GPUs' architectures."""
+
+    def architecture_note(self, architecture: str | None) -> str | None:
+        """Why a prediction on a GPU of ``architecture`` is an extrapolation (None: it is not,
+        or the coverage is unknown)."""
+        if not self.architectures or architecture in self.architectures:
+            return None
+        return (
+            f"no {architecture or 'such'} GPU was among the fitted runs (only "
+            f"{', '.join(self.architectures)}): the constants carry over through the "
+            "catalog's peaks, bandwidth and SM count, and the band is the error measured on "
+            "those generations"
+        )
+
+    def tensor_note(self, precision: str) -> str | None:
+        """What the tensor-core efficiency of a ``precision`` run rests on (None: coverage
+        unknown)."""
+        if not self.architectures:
+            return None
+        if not self.tensor_runs:
+            return "no fitted run used tensor cores: their efficiency is the prior's"
+        note = (
+            f"the tensor-core efficiency rests on {self.tensor_runs} fitted runs of "
+            f"{', '.join(self.tensor_workloads)} ({', '.join(self.tensor_precisions)} on "
+            f"{', '.join(self.tensor_architectures)})"
+        )
+        if precision not in self.tensor_precisions:
+            note += f"; {precision} is taken to reach the same share of its own peak"
+        return note
+
+
+@dataclass(frozen=True)
 class PerfParameters:
     """The fitted constants of the operator-time model, with where they come from."""
 
@@ -105,6 +149,8 @@ class PerfParameters:
     GPU time per unit on ``host_reference_gpu`` (see ``host_share``)."""
     type_host_shares: dict[str, float] = field(default_factory=dict)
     """The same for a workload type, for workloads without their own."""
+    coverage: FitCoverage = field(default_factory=FitCoverage)
+    """What the fitted runs covered (architectures, tensor-core runs)."""
 
     def speed_factor(self, workload: str, family: str) -> float:
         """The factor a prediction of ``workload`` (of ``family``) is multiplied by."""
@@ -182,6 +228,17 @@ def load_parameters() -> PerfParameters:
         host_reference_gpu=str(doc["host_time"]["reference_gpu"]),
         workload_host_shares=_floats(doc.get("workload_host_shares", {})),
         type_host_shares=_floats(doc.get("type_host_shares", {})),
+        coverage=_coverage(doc.get("coverage", {})),
+    )
+
+
+def _coverage(doc: dict[str, Any]) -> FitCoverage:
+    return FitCoverage(
+        architectures=tuple(str(a) for a in doc.get("architectures", ())),
+        tensor_runs=int(doc.get("tensor_runs", 0)),
+        tensor_workloads=tuple(str(w) for w in doc.get("tensor_workloads", ())),
+        tensor_precisions=tuple(str(p) for p in doc.get("tensor_precisions", ())),
+        tensor_architectures=tuple(str(a) for a in doc.get("tensor_architectures", ())),
     )
 
 
