@@ -158,6 +158,9 @@ def test_cli_fit_table_and_errors() -> None:
     assert "4090" in bad.stderr and "Traceback" not in bad.stderr
     stack = run_cli("fit", "resnet50", "--gpu", "4090", "--stack", "cuda7")
     assert stack.returncode != 0 and "pytorch2-cuda12" in stack.stderr
+    too_long = run_cli("fit", "gpt2", "--gpu", "4090", "--seq-len", "2048")
+    assert too_long.returncode == 2 and too_long.stdout == ""
+    assert "gpt2 has 1,024 positions" in too_long.stderr and "--seq-len 1024" in too_long.stderr
 
 
 def test_cli_fit_traces_a_users_config() -> None:

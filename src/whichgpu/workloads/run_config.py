@@ -91,6 +91,18 @@ def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
         raise UnsupportedWorkload(
             f"{info.name} takes fixed-size {info.input_desc} inputs; --seq-len does not apply."
         )
+    limit = info.max_seq_len
+    if (
+        run.mode == "train"
+        and run.seq_len is not None
+        and limit is not None
+        and run.seq_len > limit
+    ):
+        raise UnsupportedWorkload(
+            f"{info.name} has {limit:,} positions, so it cannot train on sequences of "
+            f"{run.seq_len:,} tokens (its position limit, max_position_embeddings). Use --seq-len "
+            f"{limit} or less, or a --config whose max_position_embeddings is longer."
+        )
     if (
         run.mode == "inference"
         and info.throughput_unit != "tokens"
