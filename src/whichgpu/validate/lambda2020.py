@@ -39,6 +39,10 @@ class LambdaModel:
     framework: str = "unknown"
     """The framework of the code Lambda ran: each model "comes from its authors' public
     repository" (the post), so the authors' repository's."""
+    unreadable_throughput: str | None = None
+    """Why the table's throughputs of this model cannot be read as a run of the workload
+    (None: they can); its rows are then left out of the throughput fit and validation, and
+    its largest batches still compared."""
 
     @property
     def batches_set_by_hand(self) -> bool:
@@ -112,6 +116,11 @@ LAMBDA_MODELS = {
         True,
         why="namisan/mt-dnn recipe: 512 tokens, fp32",
         framework="PyTorch (namisan/mt-dnn)",
+        unreadable_throughput=(
+            "namisan/mt-dnn pads each batch to its longest example (mt_dnn/batcher.py), so the "
+            "work per example was set by GLUE's sentence lengths, not by the 512 tokens that "
+            "bound its memory; those lengths are not known here"
+        ),
     ),
 }
 """Lambda's model names, the workloads that stand for them, and their settings."""

@@ -237,6 +237,7 @@ def lambda_cases(
     profiles: dict[str, ScalableProfile] = {}
     cases: list[ThroughputCase] = []
     left_out: list[tuple[str, str, str]] = []
+    unreadable: dict[str, list[ThroughputCase]] = {}
     for row in lambda_rows():
         if not row["throughput"]:
             continue
@@ -265,6 +266,9 @@ def lambda_cases(
             unit=row["throughput_unit"],
             reference=reference,
         )
+        if model.unreadable_throughput is not None:
+            unreadable.setdefault(row["model"], []).append(case)
+            continue
         share = case.peak_share()
         if share > 1.0:
             left_out.append(
@@ -272,6 +276,16 @@ def lambda_cases(
             )
             continue
         cases.append(case)
+    for name, rows in unreadable.items():
+        why = LAMBDA_MODELS[name].unreadable_throughput
+        over = [f"{c.peak_share():.0%}" for c in rows if c.peak_share() > 1.0]
+        proof = (
+            f"; read at {rows[0].table.seq_len} tokens, {len(over)} of "
+            f"its {len(rows)} rows would run above the peak ({', '.join(over)})"
+            if over
+            else ""
+        )
+        left_out.extend((name, c.gpu.id, f"{why}{proof}") for c in rows)
     return cases, left_out
 
 
@@ -497,13 +511,21 @@ def validate_throughput(
         cases=rows,
         summaries=tuple(summaries),
         rank_correlation=ranks,
-        left_out=tuple(f"{m} on {g}: {why}" for m, g, why in left_out),
+        left_out=_grouped(left_out),
         seed_checks=tuple(seed_checks(params)),
         assumptions=(
             "throughput at the table's largest batch; translation batches = tokens / 128",
             *settings,
         ),
     )
+
+
+def _grouped(left_out: Sequence[tuple[str, str, str]]) -> tuple[str, ...]:
+    """``model on gpu, gpu …: why``, one entry per model and reason."""
+    gpus: dict[tuple[str, str], list[str]] = {}
+    for model, gpu, why in left_out:
+        gpus.setdefault((model, why), []).append(gpu)
+    return tuple(f"{m} on {', '.join(g)}: {why}" for (m, why), g in gpus.items())
 
 
 def transfer_errors(cases: Sequence[ThroughputCase], held_out: dict[int, float]) -> list[float]:
