@@ -302,6 +302,19 @@ def test_the_shipped_fit_records_what_its_runs_covered() -> None:
     assert set(coverage.tensor_workloads) == {c.workload for c in tensor}
 
 
+def test_assumptions_of_many_gpus_are_shared_then_each_gpus_own() -> None:
+    hopper, turing = (
+        wg.predict("gpt2", gpus=[gpu], seq_len=1024)[0] for gpu in ("h100-sxm", "2080ti")
+    )
+    merged = hopper.merged_assumptions([hopper, turing])
+    shared = [a for a in hopper.assumptions if a in turing.assumptions]
+    assert list(merged[: len(shared)]) == shared
+    own = merged[len(shared) :]
+    assert any(a.startswith("H100 SXM: no Hopper GPU") for a in own)
+    assert any(a.startswith("GeForce RTX 2080 Ti: attention falls back") for a in own)
+    assert len(merged) == len(set(merged)) and hopper.merged_assumptions([]) == ()
+
+
 def test_predict_says_when_it_extrapolates_to_a_new_generation_or_engine() -> None:
     coverage = replace(
         load_parameters().coverage,

@@ -181,6 +181,9 @@ def test_page_is_self_contained_with_charts_and_tables(data: ReportData) -> None
     assert section_ids[0] == "answer" and section_ids[-1] == "provenance"
     text = " ".join(page.text)
     assert data.ranking.answer in text
+    assert "What the predictions assume" in text
+    shared = set.intersection(*(set(t.assumptions) for t in data.throughput))
+    assert all(a in text for a in shared)
 
 
 def test_hostile_model_name_is_text(data: ReportData) -> None:

@@ -10,6 +10,7 @@ with its unit in its name. Anything that changes a stored or exported shape bump
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Literal
 
@@ -942,6 +943,20 @@ class ThroughputEstimate(_Tabular):
     """What the prediction assumes."""
     method: str
     """How the step was obtained (stored profile / traced) and the constants' provenance."""
+
+    @staticmethod
+    def merged_assumptions(estimates: Sequence[ThroughputEstimate]) -> tuple[str, ...]:
+        """The assumptions of several GPUs' predictions, each once: those every GPU shares,
+        then the others after the names of the GPUs they hold for."""
+        if not estimates:
+            return ()
+        shared = [a for a in estimates[0].assumptions if all(a in e.assumptions for e in estimates)]
+        holders: dict[str, list[str]] = {}
+        for e in estimates:
+            for a in e.assumptions:
+                if a not in shared:
+                    holders.setdefault(a, []).append(e.gpu_name)
+        return (*shared, *(f"{', '.join(names)}: {a}" for a, names in holders.items()))
 
 
 class ErrorStats(_Frozen):

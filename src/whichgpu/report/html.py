@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichgpu.report_data import ReportData, SpeedPoint
-from whichgpu.schema import SCHEMA_VERSION, Breakeven, ValueTable
+from whichgpu.schema import SCHEMA_VERSION, Breakeven, ThroughputEstimate, ValueTable
 from whichgpu.store import ResultPivot
 
 CHARTS = ("throughput", "batch", "memory", "value", "rent", "breakeven")
@@ -582,9 +582,10 @@ def _speed(data: ReportData) -> str:
     band = data.provenance.throughput_error_band
     intro = (
         f"<p>Throughput of one GPU at its largest batch, divided by {esc(data.reference_name)}'s. "
-        f"Blue bars are predictions; their whiskers are the model's band (±{band:.0%}, its "
-        "80th-percentile leave-one-GPU-out error). Red bars marked <em>measured</em> come from "
-        "your own stored benchmark of the same run.</p>"
+        f"Blue bars are predictions; their whiskers are the model's band (±{band:.0%}, the "
+        "80th percentile of its out-of-sample error for this kind of workload: on a new GPU "
+        "for a workload it was fitted on, on a new workload for any other). Red bars marked "
+        "<em>measured</em> come from your own stored benchmark of the same run.</p>"
     )
     columns = [
         Column("GPU"),
@@ -612,7 +613,10 @@ def _speed(data: ReportData) -> str:
         "Speed per GPU",
         intro
         + _figure(speed_chart(data))
-        + html_table(columns, rows, "Throughput per GPU", "speeds"),
+        + html_table(columns, rows, "Throughput per GPU", "speeds")
+        + _assumptions(
+            ThroughputEstimate.merged_assumptions(data.throughput), "What the predictions assume"
+        ),
     )
 
 

@@ -650,21 +650,9 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
                 f"{(e.decode_step_s or 0) * 1000:,.2f}",
             ]
         table.add_row(*cells)
-    notes = [*_merged_notes(estimates), f"method: {first.method}"]
+    notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
     notes.append("≈: within the band of the next GPU down, too close to rank")
     return Group(head, table, Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
-
-
-def _merged_notes(estimates: Sequence[ThroughputEstimate]) -> list[str]:
-    """The assumptions of all ``estimates``: those every GPU shares, then each of the others
-    once, after the names of the GPUs it holds for."""
-    shared = [a for a in estimates[0].assumptions if all(a in e.assumptions for e in estimates)]
-    holders: dict[str, list[str]] = {}
-    for e in estimates:
-        for a in e.assumptions:
-            if a not in shared:
-                holders.setdefault(a, []).append(e.gpu_name)
-    return shared + [f"{', '.join(names)}: {a}" for a, names in holders.items()]
 
 
 def throughput_validation_view(validation: ThroughputValidation) -> RenderableType:
