@@ -157,6 +157,9 @@ class ThroughputPredictor:
                 "assumptions; bf16 before Ampere): the prediction assumes the fused kernel "
                 "and is optimistic; --precision fp16 runs fused",
             )
+        architecture = self.params.coverage.architecture_note(gpu.architecture)
+        if architecture is not None:
+            assumptions += (architecture,)
         base = {
             "gpu": gpu.id,
             "gpu_name": gpu.name,
@@ -171,9 +174,6 @@ class ThroughputPredictor:
             "assumptions": assumptions,
             "method": self.method,
         }
-        architecture = self.params.coverage.architecture_note(gpu.architecture)
-        if architecture is not None:
-            base["assumptions"] = assumptions = (*assumptions, architecture)
         if not memory.fits:
             return ThroughputEstimate(
                 **base,

@@ -278,7 +278,7 @@ def lambda_cases(
         cases.append(case)
     for name, rows in unreadable.items():
         why = LAMBDA_MODELS[name].unreadable_throughput
-        over = [f"{c.peak_share():.0%}" for c in rows if c.peak_share() > 1.0]
+        over = [f"{share:.0%}" for share in (c.peak_share() for c in rows) if share > 1.0]
         proof = (
             f"; read at {rows[0].table.seq_len} tokens, {len(over)} of "
             f"its {len(rows)} rows would run above the peak ({', '.join(over)})"
