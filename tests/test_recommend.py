@@ -74,6 +74,15 @@ def test_budget_and_memory_exclusions_say_why() -> None:
     assert values == sorted(values, reverse=True)
 
 
+def test_a_gpu_the_model_cannot_time_is_left_out_naming_the_missing_specs() -> None:
+    ranking = wg.recommend("resnet50", gpus=["rtx-4090", "tpu-v6e", "gaudi3"])
+    assert [c.gpu for c in ranking.ranking] == ["rtx-4090"]
+    reasons = {e.gpu: e.reason for e in ranking.excluded if e.kind == "speed"}
+    assert set(reasons) == {"tpu-v6e", "gaudi3"}
+    for reason in reasons.values():
+        assert reason.startswith("the catalog lacks ") and "sm_count" in reason
+
+
 def test_several_gpus_per_machine_are_candidates_with_build_checks() -> None:
     ranking = wg.recommend("resnet50", gpu_count="1-4", gpus=["rtx-3090", "rtx-4090"], top=20)
     counts = {c.count for c in ranking.ranking}

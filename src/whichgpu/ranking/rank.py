@@ -64,6 +64,8 @@ class Option:
     """Predicted speed (None when the catalog lacks the specs to predict it)."""
     measured: BenchResult | None = None
     """A stored measurement of the same run on this GPU and count, newest first."""
+    missing_specs: tuple[str, ...] = ()
+    """Catalog fields the speed model needs and this GPU lacks (why ``speed`` is None)."""
 
 
 @dataclass(frozen=True)
@@ -183,7 +185,8 @@ def rank(
             unit = speed.throughput_unit
             source = "predicted"
         else:
-            exclude(option, "speed", "the catalog lacks the specs to predict its speed")
+            lacks = ", ".join(option.missing_specs) or "the specs"
+            exclude(option, "speed", f"the catalog lacks {lacks}, which predicting its speed needs")
             continue
         extra: list[str] = []
         if option.gpu.vendor != Vendor.NVIDIA:
