@@ -5,6 +5,7 @@ Run from the repository root:
     python scripts/measure_reference.py --device cpu      # live-tensor peaks on the CPU
     python scripts/measure_reference.py --device cuda     # the GPU set (issue: memory, bench)
     python scripts/measure_reference.py --device cuda --only gpt2 resnet50
+    python scripts/measure_reference.py --trace-only    # after a tracer change: re-trace only
 
 Each measurement of the plan for the device is a ``whichgpu bench`` run (random weights,
 synthetic data; the largest-batch searches probe in child processes). The results, with the
@@ -14,6 +15,11 @@ replacing the measurements of the same plan entries and keeping the others, so a
 little time can measure part of the plan. ``whichgpu validate memory`` compares every shipped
 measurement with the prediction for the same run.
 
+On the CPU the script also traces each measured run with the CPU's own dropout and attention
+kernels, with the torch that measured it, into ``measured/cpu-kernels/`` (what the CPU cases
+are predicted from: ``whichgpu.validate.measured``). ``--trace-only`` re-traces those
+profiles for the shipped CPU measurements without measuring again (after a tracer change).
+
 The plans use run configurations whose profiles are stored with whichgpu where they can, so the
 validation needs no torch; the CPU plan keeps to sizes a CPU steps through in seconds.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +36,9 @@ from typing import Any
 from whichgpu.api import bench
 from whichgpu.schema import BenchResult
 from whichgpu.store import read_results_file, write_results_file
+from whichgpu.validate.measured import CPU_KERNEL_DIR
+from whichgpu.workloads import get_workload
+from whichgpu.workloads.stored import profile_key
 
 OUT_DIR = (
     Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "validate" / "data" / "measured"
@@ -105,7 +115,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--only", nargs="*", default=[], help="workloads of the plan to run")
     parser.add_argument("--min-seconds", type=float, default=None)
+    parser.add_argument(
+        "--trace-only",
+        action="store_true",
+        help="re-trace the CPU-kernel profiles of the shipped CPU measurements; measure nothing",
+    )
     args = parser.parse_args(argv)
+    if args.trace_only:
+        write_cpu_kernel_profiles(r for _, r in read_results_file(OUT_DIR / "cpu.json", "json"))
+        return 0
     on_cpu = args.device == "cpu"
     plan = [
         m for m in (CPU_PLAN if on_cpu else CUDA_PLAN) if not args.only or m.workload in args.only
@@ -139,7 +157,26 @@ def main(argv: list[str]) -> int:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     write_results_file(out, [*kept, *fresh], "json")
     print(f"wrote {len(fresh)} results ({len(kept)} kept) to {out}")
+    if on_cpu:
+        write_cpu_kernel_profiles(fresh)
     return 0
+
+
+def write_cpu_kernel_profiles(results: Iterable[BenchResult]) -> None:
+    """Trace each run of ``results`` with the CPU's kernels into ``measured/cpu-kernels/``."""
+    from whichgpu.trace.scaling import trace_scalable
+
+    folder = OUT_DIR / CPU_KERNEL_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    done: set[str] = set()
+    for result in results:
+        stem = profile_key(result.workload, result.run)
+        if stem in done:
+            continue
+        done.add(stem)
+        print(f"tracing {stem} with the CPU's kernels", flush=True)
+        profile = trace_scalable(get_workload(result.workload), result.run, kernels="cpu")
+        profile.save(folder / f"{stem}.json.gz")
 
 
 if __name__ == "__main__":

@@ -125,3 +125,39 @@ def test_adafactor_keeps_factored_second_moments() -> None:
     summary = summarize(trace_step(config_workload(FIXTURES / "tiny-llama.json"), run))
     by_category = summary.peak_live_by_category
     assert 0 < by_category["optimizer"] < 0.1 * by_category["parameter"]
+
+
+DROPOUT_MODEL = """
+import torch
+from torch import nn
+
+
+def build():
+    model = nn.Sequential(nn.Linear(64, 512), nn.Dropout(0.1), nn.ReLU(), nn.Linear(512, 10))
+
+    def make_batch(batch_size, seq_len):
+        return {"input": torch.randn(batch_size, 64)}
+
+    return model, make_batch
+"""
+
+
+def test_cpu_kernels_trace_the_cpu_dropout_and_cuda_kernels_its_one_byte_mask(
+    tmp_path: Path,
+) -> None:
+    from whichgpu.workloads.user import model_workload
+
+    path = tmp_path / "dropout_model.py"
+    path.write_text(DROPOUT_MODEL, encoding="utf-8")
+    workload = model_workload(f"{path}:build")
+    run = RunConfig(batch_size=256, precision="fp32")
+    cuda = trace_step(workload, run)
+    cpu = trace_step(workload, run, kernels="cpu")
+    assert any(op.name == "aten.native_dropout" for op in cuda.ops)
+    assert not any(op.name == "aten.native_dropout" for op in cpu.ops)
+    assert "kernels" not in cuda.choices and cpu.choices["kernels"].startswith("cpu:")
+    # the CPU's fp32 mask (4 B per element) against CUDA's bool one (1 B): 3 B more each
+    mask_elements = 256 * 512
+    assert live_peak(cpu)[0] - live_peak(cuda)[0] >= 3 * mask_elements
+    # and the CPU-kernel trace is the CPU's real step, to the byte
+    assert live_peak(cpu) == live_peak(trace_step(workload, run, fake=False, kernels="cpu"))

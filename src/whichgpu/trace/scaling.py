@@ -19,7 +19,7 @@ import numpy as np
 
 from whichgpu.errors import WorkloadError
 from whichgpu.schema import AllocEvent, RunConfig, StepProfile
-from whichgpu.trace.step import trace_step
+from whichgpu.trace.step import Kernels, trace_step
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 from whichgpu.workloads.stored import (
@@ -117,11 +117,16 @@ def _describe(structure: list[tuple[object, ...]], other: list[tuple[object, ...
     return "no difference"
 
 
-def trace_scalable(workload: Workload, run: RunConfig) -> ScalableProfile:
-    """Trace ``workload`` on its grid and return its exact polynomial profile."""
+def trace_scalable(
+    workload: Workload, run: RunConfig, *, kernels: Kernels = "cuda"
+) -> ScalableProfile:
+    """Trace ``workload`` on its grid and return its exact polynomial profile (``kernels``:
+    ``trace_step``'s)."""
     started = time.perf_counter()
     points = grid(workload, run, FIRST_BATCH)
-    traces = [trace_step(workload, run.model_copy(update=_size(run, p))) for p in points]
+    traces = [
+        trace_step(workload, run.model_copy(update=_size(run, p)), kernels=kernels) for p in points
+    ]
     fields = [_fields(t) for t in traces]
     reference = fields[0][0]
     for point, (structure, _) in zip(points, fields, strict=True):

@@ -15,6 +15,10 @@ memory-efficient kernel (which apply the dropout inside); the CPU would otherwis
 to the math path and materialise the scores, dropout mask and probabilities that no CUDA
 kernel keeps. Workloads that stand for fairseq's ``--fp16`` train as its ``FP16Optimizer``
 (``_Fp16Master``).
+
+``kernels="cpu"`` traces the CPU's own dropout and attention instead: the step the CPU runs,
+against which the CPU's live-tensor measurements check the tracer itself
+(``whichgpu.validate.measured``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import inspect
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -39,6 +43,10 @@ from whichgpu.workloads.hf import experts_choice
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+Kernels = Literal["cuda", "cpu"]
+"""Whose dropout and attention kernels a trace follows: CUDA's (what every GPU estimate
+needs) or the CPU's (what a CPU step really runs)."""
 
 
 def check_supported(run: RunConfig) -> None:
@@ -433,9 +441,15 @@ def _attention_choice(rec: Recorder) -> str:
 
 
 def trace_built(
-    workload: WorkloadInfo, built: BuiltWorkload, run: RunConfig, *, fake: bool = True
+    workload: WorkloadInfo,
+    built: BuiltWorkload,
+    run: RunConfig,
+    *,
+    fake: bool = True,
+    kernels: Kernels = "cuda",
 ) -> StepProfile:
-    """Trace steps of an already built workload (``fake``: under the active fake mode)."""
+    """Trace steps of an already built workload (``fake``: under the active fake mode;
+    ``kernels``: whose dropout and attention kernels, see the module's docstring)."""
     batch_size = run.batch_size or workload.default_batch_size
     seq_len = (run.seq_len or workload.default_seq_len) if workload.is_sequence_model else None
     serving = serving_sizes(workload, built, run)
@@ -447,7 +461,8 @@ def trace_built(
         _to_fp16(built.model)  # fairseq's --fp16 trains an fp16 model (see _Fp16Master)
     rec = Recorder()
     fused = _CudaDropout(fused_attention=built.fused_attention_dropout)
-    with rec, fused:
+    kernel_mode = fused if kernels == "cuda" else contextlib.nullcontext()
+    with rec, kernel_mode:
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():
@@ -493,6 +508,14 @@ def trace_built(
             "attention": _attention_choice(rec),
             **(
                 {
+                    "kernels": "cpu: dropout draws a mask in the input's dtype; attention "
+                    "with dropout runs the math path"
+                }
+                if kernels == "cpu"
+                else {}
+            ),
+            **(
+                {
                     "attention_dropout": f"p={fused.dropout_p:g}, applied inside the fused "
                     "kernel as on CUDA (traced without it; the kernel keeps only its random "
                     "state)"
@@ -510,8 +533,11 @@ def trace_built(
     )
 
 
-def trace_step(workload: Workload, run: RunConfig, *, fake: bool = True) -> StepProfile:
-    """Build ``workload`` for ``run`` and trace its step; ``fake=False`` runs it for real."""
+def trace_step(
+    workload: Workload, run: RunConfig, *, fake: bool = True, kernels: Kernels = "cuda"
+) -> StepProfile:
+    """Build ``workload`` for ``run`` and trace its step; ``fake=False`` runs it for real,
+    ``kernels="cpu"`` with the CPU's dropout and attention instead of CUDA's."""
     check_supported(run)
     context: Any
     if fake:
@@ -522,4 +548,4 @@ def trace_step(workload: Workload, run: RunConfig, *, fake: bool = True) -> Step
         context = contextlib.nullcontext()
     with context:
         built = apply_method(workload.build(run), run)
-        return trace_built(workload.info, built, run, fake=fake)
+        return trace_built(workload.info, built, run, fake=fake, kernels=kernels)

@@ -12,28 +12,52 @@ the same run is predicted and compared:
   largest batch whose traced peak stays under the cap.
 
 The CPU cases check the tracer against real execution (the step's tensors, their sizes and
-lifetimes); only the GPU cases check the allocator model and the overheads outside it.
+lifetimes); only the GPU cases check the allocator model and the overheads outside it. For
+that, a CPU case is predicted from a trace of the CPU's own dropout and attention kernels
+(``trace_step(kernels="cpu")``), shipped next to the measurements in ``cpu-kernels/`` by the
+script that measured them; the profiles every GPU estimate uses follow CUDA's kernels, whose
+dropout keeps a one-byte mask where the CPU keeps one in the input's dtype. Without a
+CPU-kernel profile the CUDA-kernel one is used, and the case says so.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from whichgpu.estimate.memory import largest_live_batch
 from whichgpu.schema import BenchResult, MeasuredMemoryCase, RunConfig, Verdict
 from whichgpu.store import read_results_file
-from whichgpu.workloads.stored import ScalableProfile
+from whichgpu.workloads.stored import ScalableProfile, profile_key
 
 MEASURED_DIR = "measured"
 """Folder of the shipped measurements, under ``validate/data``."""
 
+CPU_KERNEL_DIR = "cpu-kernels"
+"""Folder, under ``MEASURED_DIR``, of the profiles traced with the CPU's kernels for the CPU
+measurements (file stems: ``stored.profile_key``)."""
+
+
+def measured_dir() -> Traversable:
+    """The package folder of the shipped measurements."""
+    return resources.files("whichgpu.validate").joinpath("data").joinpath(MEASURED_DIR)
+
+
+def cpu_kernel_profile(workload: str, run: RunConfig) -> ScalableProfile | None:
+    """The shipped CPU-kernel profile of ``workload`` for ``run``, or None."""
+    ref = measured_dir().joinpath(CPU_KERNEL_DIR).joinpath(profile_key(workload, run) + ".json.gz")
+    if not ref.is_file():
+        return None
+    with resources.as_file(ref) as path:
+        return ScalableProfile.load(Path(path))
+
 
 def shipped_measurements() -> list[BenchResult]:
     """Every shipped measurement, in file order (files by name)."""
-    folder = resources.files("whichgpu.validate").joinpath("data").joinpath(MEASURED_DIR)
+    folder = measured_dir()
     if not folder.is_dir():
         return []
     results: list[BenchResult] = []
@@ -90,7 +114,8 @@ def _profile(result: BenchResult) -> ScalableProfile:
 
 
 def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
-    profile = _profile(result)
+    own = cpu_kernel_profile(result.workload, result.run)
+    profile = own or _profile(result)
     seq_len = result.seq_len if profile.is_sequence_model else None
     predicted = profile.live_peak_bytes(result.batch_size, seq_len)
     fields: dict[str, Any] = {}
@@ -105,7 +130,9 @@ def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
         "CPU: live tensor bytes of the step, traced vs counted (no caching allocator, no "
         "device overheads)"
     )
-    if any(op.name == "aten.native_dropout" for op in profile.ops):
+    if own is not None:
+        note += "; traced with the CPU's own dropout and attention kernels"
+    elif any(op.name == "aten.native_dropout" for op in profile.ops):
         note += (
             "; a model with dropout: the CPU keeps a mask in the input's dtype where CUDA's "
             "native_dropout (which the trace models) keeps one byte per element, so the CPU "
