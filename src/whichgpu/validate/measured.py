@@ -24,14 +24,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib import resources
-from importlib.resources.abc import Traversable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.estimate.memory import largest_live_batch
 from whichgpu.schema import BenchResult, MeasuredMemoryCase, RunConfig, Verdict
 from whichgpu.store import read_results_file
 from whichgpu.workloads.stored import ScalableProfile, profile_key
+
+if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
+    from importlib.abc import Traversable
 
 MEASURED_DIR = "measured"
 """Folder of the shipped measurements, under ``validate/data``."""
