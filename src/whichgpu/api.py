@@ -717,7 +717,7 @@ def recommend(
     from whichgpu.estimate.calibration import calibrate as correct
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.prediction import ThroughputPredictor
-    from whichgpu.estimate.throughput import gpu_rates, missing_rates
+    from whichgpu.estimate.throughput import gpu_rates
     from whichgpu.ranking.presets import get_preset
     from whichgpu.ranking.rank import Option, Question, rank
 
@@ -805,10 +805,12 @@ def recommend(
                 search_seq_len=False,
                 kv_per_token_bytes=step.kv_per_token,
             )
-            missing = tuple(missing_rates(gpu))
-            speed = None
-            if memory.fits and not missing:
-                speed = predictor.on_gpu(gpu, gpu_rates(gpu), memory)
+            speed = speed_unknown = None
+            if memory.fits:
+                try:
+                    speed = predictor.on_gpu(gpu, gpu_rates(gpu), memory)
+                except UsageError as exc:  # the catalog lacks what the prediction needs
+                    speed_unknown = str(exc)
             if speed is not None and calibration is not None:
                 speed = correct([speed], *calibration)[0]
             found = measured.get((gpu.id, count))
@@ -819,7 +821,7 @@ def recommend(
                     memory=memory,
                     speed=speed,
                     measured=found,
-                    missing_specs=missing,
+                    speed_unknown=speed_unknown,
                 )
             )
         run = step.run

@@ -477,18 +477,13 @@ class GpuRates:
     """Streaming multiprocessors (compute units)."""
 
 
-def missing_rates(gpu: GpuSpec) -> list[str]:
-    """The catalog fields the model needs that ``gpu`` lacks (empty: it can be predicted)."""
-    return [
+def gpu_rates(gpu: GpuSpec) -> GpuRates:
+    """The catalog figures the model uses; ``UsageError`` naming what is missing."""
+    missing = [
         name
         for name in ("fp32_tflops", "memory_bandwidth_gbps", "sm_count")
         if getattr(gpu, name) is None
     ]
-
-
-def gpu_rates(gpu: GpuSpec) -> GpuRates:
-    """The catalog figures the model uses; ``UsageError`` naming what is missing."""
-    missing = missing_rates(gpu)
     if missing:
         raise UsageError(
             f"{gpu.name} lacks {', '.join(missing)} in the catalog; its speed cannot be predicted."

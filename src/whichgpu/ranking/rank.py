@@ -64,8 +64,8 @@ class Option:
     """Predicted speed (None when the catalog lacks the specs to predict it)."""
     measured: BenchResult | None = None
     """A stored measurement of the same run on this GPU and count, newest first."""
-    missing_specs: tuple[str, ...] = ()
-    """Catalog fields the speed model needs and this GPU lacks (why ``speed`` is None)."""
+    speed_unknown: str | None = None
+    """Why ``speed`` is None although the GPU fits: what the catalog lacks to predict it."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +185,7 @@ def rank(
             unit = speed.throughput_unit
             source = "predicted"
         else:
-            lacks = ", ".join(option.missing_specs) or "the specs"
-            exclude(option, "speed", f"the catalog lacks {lacks}, which predicting its speed needs")
+            exclude(option, "speed", option.speed_unknown or "its speed cannot be predicted")
             continue
         extra: list[str] = []
         if option.gpu.vendor != Vendor.NVIDIA:
