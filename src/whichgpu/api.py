@@ -440,7 +440,12 @@ def predict(
         )
         if not estimate.fits and not named:
             continue
-        out.append(predictor.on_gpu(gpu, rates, estimate))
+        try:
+            out.append(predictor.on_gpu(gpu, rates, estimate))
+        except UsageError:  # the catalog lacks what timing several of this GPU needs
+            if named:
+                raise
+            continue
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
         from whichgpu.estimate.calibration import matching_measurement
