@@ -93,7 +93,14 @@ LAMBDA_MODELS = {
         "transformer-big", False, why=_TRANSFORMER_FP32, framework=_FAIRSEQ
     ),
     "Conv. Seq2Seq": LambdaModel("convs2s", False, "fp16", why=_FAIRSEQ_FP16, framework=_FAIRSEQ),
-    "unsupMT": LambdaModel("unsupmt", False, framework="PyTorch (facebookresearch/UnsupervisedMT)"),
+    "unsupMT": LambdaModel(
+        "unsupmt",
+        False,
+        framework=(
+            "PyTorch (Lample et al.'s unsupervised MT: facebookresearch/UnsupervisedMT or its "
+            "successor XLM, which the workload models; the post's link is not in the copy kept)"
+        ),
+    ),
     "BERT Base": LambdaModel(
         "bert-base",
         True,
