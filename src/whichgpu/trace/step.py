@@ -2,8 +2,9 @@
 
 Training: two steps of forward, loss, backward, optimizer step and ``zero_grad``, so the
 second step (the one whose operators are kept) runs with optimizer state present, as every
-step after the first does. Inference: a prefill forward pass without gradients, then one
-decode step with the KV cache for language models.
+step after the first does. The batch and the loss stay alive until the step ends, as in a
+training loop, which holds both through the optimizer step. Inference: a prefill forward pass
+without gradients, then one decode step with the KV cache for language models.
 
 Kernel choices that depend on the device are made explicit here and written into the profile:
 the optimizer implementation is ``foreach`` (PyTorch's default on CUDA; the CPU default would
@@ -158,7 +159,6 @@ def _train_steps(
         rec.end_forward()
         rec.phase = "backward"
         loss.backward()  # type: ignore[no-untyped-call]
-        del loss, batch
         for p in params:
             if p.grad is not None:
                 rec.mark(p.grad, "gradient")
@@ -176,6 +176,7 @@ def _train_steps(
         if master:
             for p in params:
                 p.grad = None
+        del loss, batch  # a training loop holds both until its next iteration
 
 
 def _to_fp16(model: torch.nn.Module) -> None:
