@@ -77,8 +77,36 @@ CPU_PLAN = (
     ),
     Measurement("gpt2", {"precision": "bf16", "seq_len": 256, "batch_size": 2}),
     Measurement("yolov3", {"precision": "fp32", "batch_size": 1}),
+    # the fine-tuning methods, checkpointing, pure bf16 and the other optimizers
+    Measurement("gpt2", {"precision": "bf16", "seq_len": 256, "batch_size": 2, "method": "lora"}),
+    Measurement(
+        "gpt2",
+        {
+            "precision": "bf16",
+            "seq_len": 256,
+            "method": "lora",
+            "find_max_batch": True,
+            "memory_limit_gib": 2.0,
+        },
+    ),
+    Measurement("gpt2", {"precision": "bf16", "seq_len": 256, "batch_size": 2, "method": "qlora"}),
+    Measurement(
+        "gpt2", {"precision": "bf16", "seq_len": 256, "batch_size": 2, "checkpointing": True}
+    ),
+    Measurement("gpt2", {"precision": "bf16-pure", "seq_len": 256, "batch_size": 2}),
+    Measurement(
+        "gpt2", {"precision": "bf16", "seq_len": 256, "batch_size": 2, "optimizer": "adamw-8bit"}
+    ),
+    Measurement(
+        "bert-base", {"precision": "fp32", "seq_len": 128, "batch_size": 4, "optimizer": "sgd"}
+    ),
+    Measurement(
+        "bert-base",
+        {"precision": "fp32", "seq_len": 128, "batch_size": 4, "optimizer": "adafactor"},
+    ),
 )
-"""Small steps whose live tensors the CPU counts exactly (``bench.tensor_memory``)."""
+"""Small steps whose live tensors the CPU counts exactly (``bench.tensor_memory``): the model
+families, LoRA and QLoRA, checkpointing, pure bf16, and each optimizer."""
 
 CUDA_PLAN = (
     Measurement("resnet50", {"precision": "bf16", "find_max_batch": True}),

@@ -502,6 +502,8 @@ def measured_memory_view(cases: Sequence[MeasuredMemoryCase]) -> RenderableType:
                 f"{run.mode} {run.precision} b{run.batch_size}"
                 + (f" L{run.seq_len}" if run.seq_len else "")
                 + (f" {run.method}" if run.method != "full" else "")
+                + (" ckpt" if run.checkpointing else "")
+                + (f" {run.optimizer}" if run.optimizer != "adamw" else "")
             )
             if first
             else "",
