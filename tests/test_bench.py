@@ -9,6 +9,7 @@ formulas, failures come on request), in real child processes; the CPU runs build
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import run_cli
 from whichgpu.bench import BenchOptions, CpuDevice, FakeDevice, TimingRule, WorkloadRef, run_bench
 from whichgpu.bench.devices import StepOutOfMemory
 from whichgpu.bench.distributed import AGGREGATION_RULES, aggregate
@@ -625,6 +627,35 @@ def test_a_real_cpu_bench_finds_the_exact_batch_under_the_limit() -> None:
 
     assert steps(batch) == result.peak_allocated_bytes
     assert steps(batch + 1) is None
+
+
+def test_a_real_cpu_bench_serves_a_language_model_as_the_tracer_does() -> None:
+    from whichgpu.estimate.profile_summary import live_peak
+    from whichgpu.trace import trace_step
+    from whichgpu.workloads.user import config_workload
+
+    config = Path(__file__).parent / "fixtures" / "tiny-llama.json"
+    run = run_config(mode="inference", context=32, new_tokens=4, concurrency=3)
+    (result,) = run_bench(WorkloadRef.of(config=config), run, CpuDevice(), BenchOptions(rule=QUICK))
+    assert (result.batch_size, result.seq_len) == (3, 32)
+    assert (result.run.context, result.run.new_tokens) == (32, 4)
+    # a step is a whole request: 3 sequences x 4 generated tokens
+    assert result.throughput is not None and result.step_time_s is not None
+    assert result.throughput * result.step_time_s == pytest.approx(3 * 4)
+    assert any("static KV cache" in n for n in result.notes)
+    # the same tensors as the traced prefill and decode step, to the byte
+    traced = trace_step(config_workload(config), result.run, kernels="cpu")
+    assert result.peak_allocated_bytes == live_peak(traced)[0]
+    # the command line takes the serving sizes
+    cli = run_cli(
+        *("bench", "--config", str(config), "--device", "cpu", "--mode", "inference"),
+        *("--context", "32", "--new-tokens", "4", "--concurrency", "3"),
+        *("--min-seconds", "0.2", "--no-store", "--json"),
+    )
+    assert cli.returncode == 0, cli.stderr
+    (row,) = json.loads(cli.stdout)
+    assert (row["batch_size"], row["seq_len"]) == (3, 32)
+    assert row["peak_allocated_bytes"] == result.peak_allocated_bytes
 
 
 def test_a_real_two_process_cpu_run(tmp_path: Path) -> None:

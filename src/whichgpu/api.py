@@ -415,8 +415,8 @@ def predict(
     measured = _calibration_source(calibrate, store) if calibrate is not None else None
     if measured is not None and step.run.mode != "train":
         raise UsageError(
-            "--calibrate corrects training predictions; whichgpu bench does not measure "
-            "generation yet."
+            "--calibrate corrects training predictions only; compare an inference "
+            "prediction with your bench result (whichgpu results show) instead."
         )
     out = []
     for gpu in targets:

@@ -155,8 +155,7 @@ def run_bench(
         )
     bench = _Bench(target, info, run, device, options, environment, say)
     notes = list(inspection.notes)
-    batch = run.batch_size or info.default_batch_size
-    seq = (run.seq_len or info.default_seq_len) if info.is_sequence_model else None
+    batch, seq = _sizes(info, run)
     found_batch = found_seq = None
     if options.find_max_batch:
         search = bench.search_batch(seq)
@@ -186,6 +185,19 @@ def run_bench(
     return results
 
 
+def _sizes(info: WorkloadInfo, run: RunConfig) -> tuple[int, int | None]:
+    """Batch and sequence length of the step. A language model's inference serves
+    ``--concurrency`` sequences of ``--context`` tokens (``--batch-size`` and ``--seq-len``
+    name the same), as ``whichgpu.trace.step.serving_sizes`` reads them."""
+    batch = run.batch_size or info.default_batch_size
+    seq = run.seq_len or info.default_seq_len
+    if run.mode == "inference":
+        if run.concurrency != 1:
+            batch = run.batch_size or run.concurrency
+        seq = run.context or seq
+    return batch, seq if info.is_sequence_model else None
+
+
 def _emit(on_result: Callable[[BenchResult], None] | None, result: BenchResult) -> None:
     if on_result is not None:
         on_result(result)
@@ -198,12 +210,6 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
     if run.sharding != "ddp":
         raise UsageError(
             f"--sharding {run.sharding}: bench measures data parallel (DDP) runs only for now."
-        )
-    if run.mode == "inference" and (run.context or run.new_tokens or run.concurrency != 1):
-        raise UsageError(
-            "bench measures inference as one forward pass of --batch-size x --seq-len (the "
-            "prefill of a language model); --context, --new-tokens and --concurrency (serving "
-            "with a KV cache) are not measured yet."
         )
     if options.find_max_batch and run.batch_size is not None:
         raise UsageError("Give --batch-size or --find-max-batch, not both.")

@@ -7,7 +7,10 @@ run's half dtype for ``fp16``/``bf16`` (on the device measured, not the CPU rule
 uses). What a real training loop adds is added here: a ``GradScaler`` for ``fp16``, and
 ``zero_grad(set_to_none=True)`` after each optimizer step. The batch is synthetic, made once
 and reused (no input pipeline is timed). Inference is one forward pass under
-``torch.inference_mode`` (for language models: the prefill of ``seq_len`` tokens).
+``torch.inference_mode``; a causal language model's inference is a request batch served as
+the tracer serves it (``whichgpu.trace.step._serve``): a ``StaticCache`` for context + new
+tokens, the prefill of the prompt (last position's logits only), then one greedy decode step
+per new token, so a step generates ``sequences x new_tokens`` tokens.
 
 Numeric settings on CUDA: ``fp32`` turns TF32 off for matmuls and cuDNN, ``tf32`` turns both
 on, the other precisions keep torch's defaults; ``cudnn.benchmark`` is on (the warm-up absorbs
@@ -35,7 +38,7 @@ from whichgpu.bench.devices import (
 )
 from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
-from whichgpu.trace.step import make_optimizer
+from whichgpu.trace.step import ServingSizes, make_optimizer, serving_sizes, takes_argument
 from whichgpu.workloads.finetune import apply_method
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -70,7 +73,11 @@ class TorchSession:
             with torch.device(target):
                 built = apply_method(workload.build(run), run)
                 model = built.model.to(target)
-                batch = built.make_batch(spec.batch_size, spec.seq_len)
+                self._serving = serving_sizes(workload.info, built, run)
+                if self._serving is None:
+                    batch = built.make_batch(spec.batch_size, spec.seq_len)
+                else:
+                    batch = {"input_ids": _prompt(model, self._serving)}
             batch = tree_map(lambda x: x.to(target) if isinstance(x, torch.Tensor) else x, batch)
         except Exception as exc:
             if device.is_out_of_memory(exc):
@@ -109,6 +116,8 @@ class TorchSession:
             if run.precision == "fp16":
                 self._scaler = torch.amp.GradScaler(device.kind)
         self._units = spec.batch_size * built.units_per_sample(spec.seq_len)
+        if self._serving is not None:  # a step generates new_tokens per sequence
+            self._units = self._serving.sequences * self._serving.new_tokens
 
     # --- construction helpers -----------------------------------------------------------
 
@@ -270,7 +279,10 @@ class TorchSession:
 
     def _inference_step(self, model: torch.nn.Module) -> None:
         with torch.inference_mode(), self._autocast():
-            model(**self._inputs)
+            if self._serving is None:
+                model(**self._inputs)
+            else:
+                _serve(model, self._inputs["input_ids"], self._serving)
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
@@ -297,8 +309,9 @@ def _run_notes(spec: StepSpec) -> list[str]:
     notes = []
     if run.mode == "inference":
         notes.append(
-            "inference: one forward pass per step under torch.inference_mode (language "
-            "models: the prefill of seq_len tokens; no generation)"
+            "inference: one forward pass per step under torch.inference_mode (causal language "
+            "models: a request batch served with a static KV cache, prefill then one greedy "
+            "decode step per new token; throughput counts the generated tokens)"
         )
     if run.optimizer == "adamw-8bit":
         notes.append(
@@ -313,6 +326,30 @@ def _run_notes(spec: StepSpec) -> list[str]:
     if run.precision == "fp16" and run.mode == "train":
         notes.append("fp16: torch.amp.GradScaler (dynamic loss scaling), as AMP training uses")
     return notes
+
+
+def _prompt(model: torch.nn.Module, serving: ServingSizes) -> torch.Tensor:
+    """Random prompt token ids, ``sequences x context``."""
+    config: Any = model.config
+    vocab_size = int(config.get_text_config().vocab_size)
+    return torch.randint(0, vocab_size, (serving.sequences, serving.context_tokens))
+
+
+def _serve(model: torch.nn.Module, ids: torch.Tensor, serving: ServingSizes) -> None:
+    """One request batch: a static cache for context + new tokens, the prefill, then a greedy
+    decode step per new token (the tracer's ``_serve``, run to the end of the request)."""
+    from transformers import StaticCache
+
+    config: Any = model.config
+    cache = StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
+    last = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last)
+    token = out.logits[:, -1:].argmax(dim=-1)
+    del out
+    for _ in range(serving.new_tokens):
+        out = model(input_ids=token, past_key_values=cache, use_cache=True, **last)
+        token = out.logits[:, -1:].argmax(dim=-1)
+        del out
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

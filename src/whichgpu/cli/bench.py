@@ -90,6 +90,9 @@ def bench(
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
+    context: o.ContextOption = None,
+    new_tokens: o.NewTokensOption = None,
+    concurrency: o.ConcurrencyOption = None,
     gpus: o.GpusOption = None,
     find_max_batch: Annotated[
         bool,
@@ -195,6 +198,9 @@ def bench(
         "method": method,
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
+        "context": context,
+        "new_tokens": new_tokens,
+        "concurrency": concurrency,
     }
     finished: list[BenchResult] = []
     failures: list[str] = []

@@ -374,7 +374,7 @@ def _serve(
     config: Any = model.config
     vocab_size = int(config.get_text_config().vocab_size)
     device = next(model.parameters()).device
-    last_logits = {"logits_to_keep": 1} if _takes(model, "logits_to_keep") else {}
+    last_logits = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
     rec.phase = "setup"
     ids = torch.randint(0, vocab_size, (serving.sequences, serving.context_tokens), device=device)
     rec.mark(ids, "input")
@@ -394,7 +394,7 @@ def _serve(
     return choices
 
 
-def _takes(model: torch.nn.Module, argument: str) -> bool:
+def takes_argument(model: torch.nn.Module, argument: str) -> bool:
     """Whether ``model.forward`` has a parameter named ``argument``."""
     return argument in inspect.signature(model.forward).parameters
 
