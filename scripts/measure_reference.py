@@ -104,9 +104,25 @@ CPU_PLAN = (
         "bert-base",
         {"precision": "fp32", "seq_len": 128, "batch_size": 4, "optimizer": "adafactor"},
     ),
+    # inference: a forward pass without gradients; a language model serves a request batch
+    Measurement("resnet50", {"mode": "inference", "precision": "fp32", "batch_size": 4}),
+    Measurement(
+        "bert-base", {"mode": "inference", "precision": "fp32", "seq_len": 128, "batch_size": 4}
+    ),
+    Measurement(
+        "gpt2",
+        {
+            "mode": "inference",
+            "precision": "bf16",
+            "context": 256,
+            "new_tokens": 16,
+            "batch_size": 4,
+        },
+    ),
 )
 """Small steps whose live tensors the CPU counts exactly (``bench.tensor_memory``): the model
-families, LoRA and QLoRA, checkpointing, pure bf16, and each optimizer."""
+families, LoRA and QLoRA, checkpointing, pure bf16, each optimizer, and inference (a language
+model's: a request batch served with a static KV cache)."""
 
 CUDA_PLAN = (
     Measurement("resnet50", {"precision": "bf16", "find_max_batch": True}),

@@ -98,6 +98,9 @@ def test_shipped_cpu_measurements_match_the_traced_live_peak() -> None:
     assert {m for m, *_ in runs} >= {"full", "lora", "qlora"}
     assert {o for *_, o in runs} >= {"adamw", "adamw-8bit", "sgd", "adafactor"}
     assert any(ckpt for _, ckpt, *_ in runs) and any(p == "bf16-pure" for *_, p, _ in runs)
+    served = [c for c in cpu if c.run.mode == "inference" and c.run.context is not None]
+    assert [c.workload for c in served] == ["gpt2"]  # a request batch with a KV cache
+    assert {c.workload for c in cpu if c.run.mode == "inference"} >= {"resnet50", "bert-base"}
     for case in cpu:
         # predicted from a trace of the CPU's own kernels, shipped with the measurements:
         # the same tensors, to the byte
@@ -113,7 +116,10 @@ def test_without_a_cpu_kernel_profile_a_cpu_case_says_the_trace_follows_cuda() -
     (bert,) = [
         r
         for r in shipped_measurements()
-        if r.workload == "bert-base" and r.max_batch_size is None and r.run.optimizer == "adamw"
+        if r.workload == "bert-base"
+        and r.max_batch_size is None
+        and r.run.optimizer == "adamw"
+        and r.run.mode == "train"
     ]
     other_run = bert.run.model_copy(update={"precision": "bf16"})  # no CPU-kernel profile
     assert cpu_kernel_profile("bert-base", other_run) is None
@@ -125,7 +131,10 @@ def test_a_cuda_measurement_is_compared_with_fit_for_its_gpu() -> None:
     (cpu,) = [
         r
         for r in shipped_measurements()
-        if r.workload == "bert-base" and r.max_batch_size is None and r.run.optimizer == "adamw"
+        if r.workload == "bert-base"
+        and r.max_batch_size is None
+        and r.run.optimizer == "adamw"
+        and r.run.mode == "train"
     ]
     gib = 2**30
     on_gpu = cpu.model_copy(
