@@ -10,6 +10,7 @@ from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.estimate.memory import largest_live_batch
 from whichgpu.report.terminal import measured_memory_view
+from whichgpu.schema import BenchResult
 from whichgpu.units import GIB
 from whichgpu.validate.measured import (
     compare_measurements,
@@ -112,8 +113,9 @@ def test_shipped_cpu_measurements_match_the_traced_live_peak() -> None:
         assert case.max_batch_verdict == "exact", case
 
 
-def test_without_a_cpu_kernel_profile_a_cpu_case_says_the_trace_follows_cuda() -> None:
-    (bert,) = [
+def bert_base_training_at_batch_4() -> BenchResult:
+    """The shipped CPU measurement of BERT-Base's AdamW training step at batch 4."""
+    (result,) = [
         r
         for r in shipped_measurements()
         if r.workload == "bert-base"
@@ -121,6 +123,11 @@ def test_without_a_cpu_kernel_profile_a_cpu_case_says_the_trace_follows_cuda() -
         and r.run.optimizer == "adamw"
         and r.run.mode == "train"
     ]
+    return result
+
+
+def test_without_a_cpu_kernel_profile_a_cpu_case_says_the_trace_follows_cuda() -> None:
+    bert = bert_base_training_at_batch_4()
     other_run = bert.run.model_copy(update={"precision": "bf16"})  # no CPU-kernel profile
     assert cpu_kernel_profile("bert-base", other_run) is None
     (case,) = compare_measurements([bert.model_copy(update={"run": other_run})])
@@ -128,14 +135,7 @@ def test_without_a_cpu_kernel_profile_a_cpu_case_says_the_trace_follows_cuda() -
 
 
 def test_a_cuda_measurement_is_compared_with_fit_for_its_gpu() -> None:
-    (cpu,) = [
-        r
-        for r in shipped_measurements()
-        if r.workload == "bert-base"
-        and r.max_batch_size is None
-        and r.run.optimizer == "adamw"
-        and r.run.mode == "train"
-    ]
+    cpu = bert_base_training_at_batch_4()
     gib = 2**30
     on_gpu = cpu.model_copy(
         update={
