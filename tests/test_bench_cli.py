@@ -57,6 +57,8 @@ def test_bench_on_the_cpu_finds_the_batch_measures_stores_and_lists() -> None:
     ("args", "expected"),
     [
         (["resnet50", "--batch-size", "8", "--find-max-batch"], "not both"),
+        (["gpt2", "--mode", "inference", "--concurrency", "4", "--find-max-batch"], "not both"),
+        (["resnet50", "--mode", "inference", "--context", "64"], "not a language model"),
         (["resnet50", "--device", "cpu", "--find-max-batch"], "needs --memory-limit"),
         (["resnet-5O", "--device", "cpu"], "Unknown workload 'resnet-5O'"),
         (["resnet50", "--device", "tpu"], "expected cuda, cuda:N, cpu or mps"),

@@ -213,6 +213,11 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
         )
     if options.find_max_batch and run.batch_size is not None:
         raise UsageError("Give --batch-size or --find-max-batch, not both.")
+    if options.find_max_batch and run.concurrency != 1:
+        raise UsageError(
+            "Give --concurrency or --find-max-batch (which searches the largest concurrency), "
+            "not both."
+        )
     if options.find_max_batch and options.find_max_seq_len:
         raise UsageError(
             "--find-max-seq-len searches the length at one batch (--batch-size, or the "
