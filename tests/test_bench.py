@@ -631,12 +631,19 @@ def test_a_real_cpu_bench_finds_the_exact_batch_under_the_limit() -> None:
 
 def test_a_real_cpu_bench_serves_a_language_model_as_the_tracer_does() -> None:
     from whichgpu.estimate.profile_summary import live_peak
+    from whichgpu.schema import BenchResult
     from whichgpu.trace import trace_step
     from whichgpu.workloads.user import config_workload
 
     config = Path(__file__).parent / "fixtures" / "tiny-llama.json"
-    run = run_config(mode="inference", context=32, new_tokens=4, concurrency=3)
-    (result,) = run_bench(WorkloadRef.of(config=config), run, CpuDevice(), BenchOptions(rule=QUICK))
+    cli = run_cli(
+        *("bench", "--config", str(config), "--device", "cpu", "--mode", "inference"),
+        *("--context", "32", "--new-tokens", "4", "--concurrency", "3"),
+        *("--min-seconds", "0.2", "--no-store", "--json"),
+    )
+    assert cli.returncode == 0, cli.stderr
+    (row,) = json.loads(cli.stdout)
+    result = BenchResult.model_validate({k: v for k, v in row.items() if k != "schema_version"})
     assert (result.batch_size, result.seq_len) == (3, 32)
     assert (result.run.context, result.run.new_tokens) == (32, 4)
     # a step is a whole request: 3 sequences x 4 generated tokens
@@ -646,16 +653,6 @@ def test_a_real_cpu_bench_serves_a_language_model_as_the_tracer_does() -> None:
     # the same tensors as the traced prefill and decode step, to the byte
     traced = trace_step(config_workload(config), result.run, kernels="cpu")
     assert result.peak_allocated_bytes == live_peak(traced)[0]
-    # the command line takes the serving sizes
-    cli = run_cli(
-        *("bench", "--config", str(config), "--device", "cpu", "--mode", "inference"),
-        *("--context", "32", "--new-tokens", "4", "--concurrency", "3"),
-        *("--min-seconds", "0.2", "--no-store", "--json"),
-    )
-    assert cli.returncode == 0, cli.stderr
-    (row,) = json.loads(cli.stdout)
-    assert (row["batch_size"], row["seq_len"]) == (3, 32)
-    assert row["peak_allocated_bytes"] == result.peak_allocated_bytes
 
 
 def test_a_real_two_process_cpu_run(tmp_path: Path) -> None:
