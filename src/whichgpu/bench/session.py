@@ -38,7 +38,14 @@ from whichgpu.bench.devices import (
 )
 from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
-from whichgpu.trace.step import ServingSizes, make_optimizer, serving_sizes, takes_argument
+from whichgpu.trace.step import (
+    ServingSizes,
+    make_optimizer,
+    prompt_ids,
+    serving_sizes,
+    static_cache,
+    takes_argument,
+)
 from whichgpu.workloads.finetune import apply_method
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -77,7 +84,7 @@ class TorchSession:
                 if self._serving is None:
                     batch = built.make_batch(spec.batch_size, spec.seq_len)
                 else:
-                    batch = {"input_ids": _prompt(model, self._serving)}
+                    batch = {"input_ids": prompt_ids(model, self._serving)}
             batch = tree_map(lambda x: x.to(target) if isinstance(x, torch.Tensor) else x, batch)
         except Exception as exc:
             if device.is_out_of_memory(exc):
@@ -328,20 +335,10 @@ def _run_notes(spec: StepSpec) -> list[str]:
     return notes
 
 
-def _prompt(model: torch.nn.Module, serving: ServingSizes) -> torch.Tensor:
-    """Random prompt token ids, ``sequences x context``."""
-    config: Any = model.config
-    vocab_size = int(config.get_text_config().vocab_size)
-    return torch.randint(0, vocab_size, (serving.sequences, serving.context_tokens))
-
-
 def _serve(model: torch.nn.Module, ids: torch.Tensor, serving: ServingSizes) -> None:
     """One request batch: a static cache for context + new tokens, the prefill, then a greedy
     decode step per new token (the tracer's ``_serve``, run to the end of the request)."""
-    from transformers import StaticCache
-
-    config: Any = model.config
-    cache = StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
+    cache = static_cache(model, serving)
     last = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
     out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last)
     token = out.logits[:, -1:].argmax(dim=-1)

@@ -369,16 +369,11 @@ def _serve(
     reads only the filled slots: about ``context + new / 2`` on average over a generation).
     Only the last position's logits are computed (``logits_to_keep=1``, as ``generate`` does).
     """
-    from transformers import StaticCache
-
-    config: Any = model.config
-    vocab_size = int(config.get_text_config().vocab_size)
-    device = next(model.parameters()).device
     last_logits = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
     rec.phase = "setup"
-    ids = torch.randint(0, vocab_size, (serving.sequences, serving.context_tokens), device=device)
+    ids = prompt_ids(model, serving)
     rec.mark(ids, "input")
-    cache = StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
+    cache = static_cache(model, serving)
     with torch.no_grad(), _autocast(run):
         rec.phase = "prefill"
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last_logits)
@@ -392,6 +387,23 @@ def _serve(
     rec.end_forward()  # what outlives the request's steps: the KV cache (and the prompt)
     del ids, cache
     return choices
+
+
+def prompt_ids(model: torch.nn.Module, serving: ServingSizes) -> torch.Tensor:
+    """Random prompt token ids, ``sequences x context``, on the model's device."""
+    config: Any = model.config
+    vocab_size = int(config.get_text_config().vocab_size)
+    device = next(model.parameters()).device
+    shape = (serving.sequences, serving.context_tokens)
+    return torch.randint(0, vocab_size, shape, device=device)
+
+
+def static_cache(model: torch.nn.Module, serving: ServingSizes) -> Any:
+    """A request's KV cache: transformers' ``StaticCache`` for context + new tokens."""
+    from transformers import StaticCache
+
+    config: Any = model.config
+    return StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
 
 
 def takes_argument(model: torch.nn.Module, argument: str) -> bool:
