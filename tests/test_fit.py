@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack, shipped_stacks
 from whichgpu.estimate.memory import capacity_of, largest_within, workspace_sizes
+from whichgpu.schema import GpuSpec
 from whichgpu.units import GIB, MIB
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -74,14 +73,43 @@ def test_capacity_is_measured_or_derived_below_marketed() -> None:
     measured = capacity_of(catalog.resolve("rtx-2080-ti"), catalog)
     assert "catalog" in measured.note
     assert 10.7 * GIB < measured.bytes < 11 * GIB
+
+    def share(gpu: GpuSpec, total_bytes: float) -> float:
+        return total_bytes / ((gpu.memory_gb or 0) * GIB)
+
+    known = [g for g in catalog.all() if g.memory_gb and g.memory_cuda_total_mib]
+    derived_any = False
     for gpu in catalog.all():
-        if gpu.memory_gb and not gpu.memory_cuda_total_mib:
-            derived = capacity_of(gpu, catalog)
-            assert "derived" in derived.note
-            assert derived.bytes < gpu.memory_gb * GIB
-            break
-    else:
-        pytest.fail("every GPU has a measured total; nothing derived to test")
+        if not gpu.memory_gb or gpu.memory_cuda_total_mib:
+            continue
+        derived = capacity_of(gpu, catalog)
+        assert "derived" in derived.note
+        derived_any = True
+        # never above what any measured GPU of its kind keeps of its marketed size
+        like = [
+            g
+            for g in known
+            if (g.vendor, g.segment, (g.memory_type or "")[:3])
+            == (gpu.vendor, gpu.segment, (gpu.memory_type or "")[:3])
+        ]
+        for g in like:
+            kept = share(g, (g.memory_cuda_total_mib or 0) * MIB)
+            assert share(gpu, derived.bytes) <= kept + 1e-9, (gpu.id, g.id)
+        if like:
+            assert f"{gpu.segment.value}" in derived.note, derived.note
+    assert derived_any, "every GPU has a measured total; nothing derived to test"
+    # a GeForce card is not charged the ECC reserve of datacenter GDDR cards
+    geforce = next(
+        g
+        for g in catalog.all()
+        if g.segment.value == "consumer"
+        and g.vendor.value == "nvidia"
+        and not g.memory_cuda_total_mib
+        and (g.memory_type or "").startswith("GDDR")
+    )
+    a10 = catalog.resolve("a10")
+    a10_kept = share(a10, capacity_of(a10, catalog).bytes)
+    assert share(geforce, capacity_of(geforce, catalog).bytes) > a10_kept
 
 
 def test_largest_batch_fits_and_the_next_does_not() -> None:

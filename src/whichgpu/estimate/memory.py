@@ -94,31 +94,51 @@ class Capacity:
     """Measured (with the source) or how it was derived."""
 
 
+def _memory_family(gpu: GpuSpec) -> str:
+    kind = (gpu.memory_type or "").upper()
+    return "HBM" if kind.startswith("HBM") else "GDDR" if kind.startswith("GDDR") else "other"
+
+
 def capacity_of(gpu: GpuSpec, catalog: Catalog) -> Capacity:
-    """CUDA's total for ``gpu``: catalogued, or the marketed size less the largest known gap."""
+    """CUDA's total for ``gpu``: catalogued, or the marketed size less the largest gap known
+    among GPUs like it.
+
+    "Like it" is the narrowest group with a measured total: the same maker, market segment and
+    memory family (GDDR cards sold with ECC on lose about 6-8 % to it, GeForce cards and HBM
+    parts 1-5 %), else the same maker, else any GPU.
+    """
     if gpu.memory_cuda_total_mib:
         prov = gpu.provenance.get("memory_cuda_total_mib")
         source = f" ({prov.source})" if prov else ""
         return Capacity(round(gpu.memory_cuda_total_mib * MIB), f"CUDA total, catalog{source}")
     if not gpu.memory_gb:
         raise UsageError(f"{gpu.name} has no memory size in the catalog; it cannot be estimated.")
-    gaps = [
-        1 - g.memory_cuda_total_mib * MIB / (g.memory_gb * GIB)
-        for g in catalog.all()
-        if g.memory_cuda_total_mib and g.memory_gb and g.vendor == gpu.vendor
-    ]
-    if not gaps:
-        gaps = [
-            1 - g.memory_cuda_total_mib * MIB / (g.memory_gb * GIB)
-            for g in catalog.all()
-            if g.memory_cuda_total_mib and g.memory_gb
-        ]
-    gap = max(gaps) if gaps else 0.05
+    measured = [g for g in catalog.all() if g.memory_cuda_total_mib and g.memory_gb]
+    family = _memory_family(gpu)
+    groups = (
+        (
+            f"{gpu.segment.value} {family} GPUs of the same maker",
+            [
+                g
+                for g in measured
+                if g.vendor == gpu.vendor
+                and g.segment == gpu.segment
+                and _memory_family(g) == family
+            ],
+        ),
+        ("GPUs of the same maker", [g for g in measured if g.vendor == gpu.vendor]),
+        ("GPUs", measured),
+    )
+    label, like = next(((label, gs) for label, gs in groups if gs), ("", []))
+    if not like:
+        return Capacity(
+            int(gpu.memory_gb * GIB * 0.95),
+            "derived: marketed size less 5% (no GPU in the catalog has a measured total)",
+        )
+    gap = max(1 - (g.memory_cuda_total_mib or 0) * MIB / ((g.memory_gb or 1) * GIB) for g in like)
     how = (
         f"derived: marketed {gpu.memory_gb:g} GiB less {gap:.1%}, the largest gap between "
-        f"marketed and CUDA-reported memory among {len(gaps)} catalogued GPUs"
-        if gaps
-        else "derived: marketed size less 5% (no GPU in the catalog has a measured total)"
+        f"marketed and CUDA-reported memory among {len(like)} catalogued {label}"
     )
     return Capacity(int(gpu.memory_gb * GIB * (1 - gap)), how)
 
