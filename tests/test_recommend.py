@@ -214,3 +214,18 @@ def test_a_deadline_leaves_out_what_would_finish_late_and_modules_need_a_server(
     assert h100 and all("server base system" in c.price_note for c in h100)
     with pytest.raises(UsageError, match="--within"):
         wg.recommend("resnet50", gpus=["rtx-4090"], within_hours=0)
+
+
+def test_when_nothing_qualifies_the_answer_counts_the_reasons_and_says_what_to_try() -> None:
+    small = wg.recommend("llama-3.2-1b", seq_len=2048, gpus=["rtx-4060", "rtx-3060-12gb"])
+    assert small.ranking == ()
+    assert small.answer.startswith("No GPU in the catalog does this as asked (2 does not fit)")
+    for option in ("--checkpointing", "--method lora or qlora", "--gpus auto"):
+        assert option in small.answer
+    assert "--batch-size" not in small.answer  # it did not pin the batch
+    # GPUs it cannot time are counted by kind, whatever their reason's wording
+    untimed = wg.recommend("resnet50", gpus=["tpu-v6e", "gaudi3"])
+    assert untimed.answer == (
+        "No GPU in the catalog does this as asked (2 speed cannot be predicted). "
+        "See the excluded list."
+    )

@@ -99,6 +99,16 @@ def test_lora_targets_are_split() -> None:
     assert run.lora_targets == ("q_proj", "v_proj")
 
 
+def test_a_run_describes_what_differs_from_a_plain_one() -> None:
+    assert RunConfig().describe() == "train, bf16, adamw"
+    qlora = RunConfig(method="qlora", checkpointing=True, lora_rank=8)
+    assert qlora.describe(2048) == (
+        "train, bf16, adamw, qlora rank 8, gradient checkpointing, sequence length 2048"
+    )
+    served = RunConfig(mode="inference", context=4096, new_tokens=128, optimizer="sgd")
+    assert served.describe() == "inference, bf16, context 4096 + 128 new tokens"
+
+
 def test_seq_len_does_not_apply_to_images() -> None:
     with pytest.raises(UnsupportedWorkload, match="--seq-len does not apply"):
         check_for_workload(RunConfig(seq_len=128), get_workload("resnet50").info)

@@ -426,6 +426,23 @@ class RunConfig(_Frozen):
     sharding: Sharding = "ddp"
     """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
 
+    def describe(self, seq_len: int | None = None) -> str:
+        """The run in words, as the headings print it: mode, precision, what differs from a
+        plain run, and the sequence length (``seq_len`` when resolved from the workload)."""
+        parts: list[str] = [self.mode, self.precision]
+        if self.mode == "train":
+            parts.append(self.optimizer)
+            if self.method != "full":
+                parts.append(f"{self.method} rank {self.lora_rank}")
+            if self.checkpointing:
+                parts.append("gradient checkpointing")
+        tokens = seq_len or self.seq_len
+        if self.mode == "inference" and self.context:
+            parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")
+        elif tokens:
+            parts.append(f"sequence length {tokens}")
+        return ", ".join(parts)
+
 
 class WorkloadInfo(_Frozen):
     """A named workload: what model, what input, what unit its throughput is counted in."""
@@ -1551,6 +1568,17 @@ class Exclusion(_Frozen):
     finish the job within ``--within`` hours."""
     reason: str
     """Why (``needs 13.1 GB, has 12``; ``over budget by $400`` …)."""
+
+
+EXCLUSION_LABELS: dict[str, str] = {
+    "memory": "does not fit",
+    "batch": "largest batch below --min-batch",
+    "budget": "over budget",
+    "price": "no price",
+    "speed": "speed cannot be predicted",
+    "time": "would not finish in time",
+}
+"""Each ``Exclusion.kind`` in words, as the answer and the renderings group them."""
 
 
 class Ranking(_Tabular):

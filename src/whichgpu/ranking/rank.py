@@ -28,6 +28,7 @@ from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.pricing import PriceChoice, cloud_price, price_note, purchase_price
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
+    EXCLUSION_LABELS,
     AcquireMode,
     BenchResult,
     Candidate,
@@ -343,7 +344,7 @@ def rank(
         preset=q.preset,
         ranking=candidates,
         excluded=tuple(excluded),
-        answer=_answer(candidates, excluded, q, metric),
+        answer=_answer(candidates, excluded, q, metric, run),
         closeness=closeness,
         assumptions=_assumptions(q, metric, priced),
     )
@@ -459,17 +460,23 @@ def _answer(
     excluded: list[Exclusion],
     q: Question,
     metric: RankMetric,
+    run: RunConfig,
 ) -> str:
     if not candidates:
         if not excluded:
             return "No GPU in the catalog was considered."
-        reasons: dict[str, int] = {}
+        counts: dict[str, int] = {}
         for e in excluded:
-            key = e.reason.split(" (")[0].split(" by $")[0]
-            key = "does not fit" if key.startswith("needs") else key
-            reasons[key] = reasons.get(key, 0) + 1
-        common = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda kv: -kv[1]))
-        return f"No GPU in the catalog does this as asked ({common}). See the excluded list."
+            counts[e.kind] = counts.get(e.kind, 0) + 1
+        common = ", ".join(
+            f"{n} {EXCLUSION_LABELS[kind]}"
+            for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])
+        )
+        single = all(e.count == 1 for e in excluded)
+        hints = _next_steps(counts, q, run, single_gpu=single)
+        return f"No GPU in the catalog does this as asked ({common}). See the excluded list." + (
+            f" {hints}" if hints else ""
+        )
     top = candidates[0]
     what = f"{top.count} x {top.gpu_name}" if top.count > 1 else top.gpu_name
     verb = "Buy" if q.mode == "buy" else "Rent"
@@ -491,6 +498,29 @@ def _answer(
     else:
         text += "."
     return text
+
+
+def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_gpu: bool) -> str:
+    """What the user can change when nothing qualifies: the options that relax what ruled most
+    GPUs out (only those not already set)."""
+    steps: list[str] = []
+    if counts.get("memory"):
+        if run.mode == "train" and not run.checkpointing:
+            steps.append("--checkpointing (recompute activations in the backward pass)")
+        if run.batch_size is not None:
+            steps.append("no --batch-size (each GPU at the largest batch that fits)")
+        if run.mode == "train" and run.method == "full":
+            steps.append("--method lora or qlora")
+        if single_gpu:
+            steps.append("--gpus auto (machines of 2, 4 or 8 GPUs)")
+    if counts.get("budget") and q.mode == "buy":
+        if not q.gpu_only:
+            steps.append("--gpu-only if you have the computer")
+        if not q.used:
+            steps.append("--used")
+    if counts.get("price") and not counts.get("budget"):
+        steps.append("--prices FILE with your own prices")
+    return f"To widen the search, try: {'; '.join(steps)}." if steps else ""
 
 
 def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tuple[str, ...]:

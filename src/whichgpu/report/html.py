@@ -912,11 +912,7 @@ document.querySelectorAll("table.sortable").forEach(function(table){
 def render_html(data: ReportData) -> str:
     """The whole report as one HTML document that needs nothing from the network."""
     run = data.run
-    summary = f"{run.mode}, {run.precision}"
-    if run.method != "full":
-        summary += f", {run.method}"
-    if run.seq_len:
-        summary += f", sequence length {run.seq_len}"
+    summary = run.describe()
     summary += f"; {data.ranking.mode}"
     if data.ranking.job is not None:
         summary += f", job: {data.ranking.job.describe()}"

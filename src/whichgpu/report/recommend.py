@@ -13,18 +13,10 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from whichgpu.schema import SCHEMA_VERSION, Ranking
+from whichgpu.schema import EXCLUSION_LABELS, SCHEMA_VERSION, Ranking
 
 NAMES_SHOWN = 4
 """Exclusions listed per kind in the terminal (the JSON has all)."""
-_KINDS = {
-    "memory": "does not fit",
-    "batch": "largest batch below --min-batch",
-    "budget": "over budget",
-    "price": "no price",
-    "speed": "speed cannot be predicted",
-    "time": "would not finish in time",
-}
 
 
 def recommend_doc(ranking: Ranking) -> dict[str, Any]:
@@ -41,11 +33,7 @@ def _money(usd: float | None) -> str:
 def recommend_view(ranking: Ranking) -> RenderableType:
     """The answer first, then one row per candidate and its reasons, then what was left out."""
     run = ranking.run
-    what = f"{ranking.workload}: {run.mode}, {run.precision}"
-    if run.method != "full":
-        what += f", {run.method}"
-    if run.seq_len:
-        what += f", sequence length {run.seq_len}"
+    what = f"{ranking.workload}: {run.describe()}"
     question = f"{ranking.mode}"
     if ranking.budget_usd is not None:
         question += f", budget ${ranking.budget_usd:,.0f}"
@@ -96,7 +84,7 @@ def recommend_view(ranking: Ranking) -> RenderableType:
         )
     if ranking.excluded:
         parts.append(Text(f"Left out ({len(ranking.excluded)}):", style="bold"))
-        for kind, title in _KINDS.items():
+        for kind, title in EXCLUSION_LABELS.items():
             some = [e for e in ranking.excluded if e.kind == kind]
             if not some:
                 continue

@@ -267,10 +267,9 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     given = first.run.batch_size is not None and all(
         e.batch_size == first.batch_size for e in estimates
     )
-    seq = f", sequence length {first.seq_len}" if first.seq_len else ""
     serving = first.kv_cache_bytes is not None  # inference of a language model
     unit = "concurrency" if serving else "batch"
-    what = f"{first.run.mode}, {first.run.precision}, {first.run.optimizer}{seq}"
+    what = first.run.describe(first.seq_len)
     if serving:
         what = (
             f"inference, {first.run.precision}, context {first.seq_len} + "
@@ -344,6 +343,17 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             f"KV cache = {shown.kv_bytes_per_token:,} B per token x (context + new tokens) x "
             "concurrency (part of 'activations')"
         )
+    derived = [e for e in estimates if e.capacity_note.startswith("derived")]
+    if derived:
+        named = ", ".join(e.gpu_name for e in derived[:NAMES_IN_NOTE])
+        more = f" and {len(derived) - NAMES_IN_NOTE} more" if len(derived) > NAMES_IN_NOTE else ""
+        notes.append(
+            f"capacity of {named}{more}: no measured CUDA total in the catalog, so the "
+            "marketed size less the largest gap measured on GPUs like it (see --json "
+            "capacity_note)"
+            if len(derived) > 1
+            else f"capacity of {named}: {derived[0].capacity_note}"
+        )
     if with_seq:
         notes.append(
             "max seq len = the longest sequence that fits at this batch ('+': the model's "
@@ -404,6 +414,8 @@ def _max_seq(estimate: MemoryEstimate) -> str:
     return f"{estimate.max_seq_len:,}{'+' if estimate.max_seq_len_capped else ''}"
 
 
+NAMES_IN_NOTE = 4
+"""GPUs named in a note before "and N more"."""
 _VERDICT_STYLE = {"exact": "green", "conservative": "yellow", "too high": "bold red"}
 
 
@@ -601,7 +613,6 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     if not estimates:
         return Text("No GPU to predict (none fits, or none has the specs the predictor needs).")
     first = estimates[0]
-    seq = f", sequence length {first.seq_len}" if first.seq_len else ""
     many = first.n_gpus > 1
     serving = first.prefill_s is not None
     gpus = f", {first.n_gpus} GPUs data parallel ({first.run.sharding})" if many else ""
@@ -613,7 +624,7 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     else:
         head = Text.assemble(
             (first.workload, "bold"),
-            f"  train, {first.run.precision}, {first.run.optimizer}{seq}{gpus}",
+            f"  {first.run.describe(first.seq_len)}{gpus}",
         )
     table = Table(header_style="bold", title_justify="left")
     batch = "sequences" if serving else "batch"
