@@ -33,10 +33,24 @@ def test_polynomials_are_exact_rationals() -> None:
         assert polys.values(b, s)[index[0]] == f(b, s)
 
 
+HEARD: list[str] = []
+"""What ``trace_scalable`` reported while tracing the fixture (its progress callback)."""
+
+
 @pytest.fixture(scope="module")
 def tiny_scalable() -> ScalableProfile:
     workload = config_workload(FIXTURES / "tiny-llama.json", None)
-    return trace_scalable(workload, run_config())
+    return trace_scalable(workload, run_config(), progress=HEARD.append)
+
+
+def test_tracing_reports_each_size_as_it_goes(tiny_scalable: ScalableProfile) -> None:
+    points = [*tiny_scalable.trace_points, tiny_scalable.check_point]
+    assert len(HEARD) == len(points) >= 2
+    for i, (message, (batch, length)) in enumerate(zip(HEARD, points, strict=True), 1):
+        assert message == (
+            f"tracing {tiny_scalable.workload} at batch {batch}, length {length} "
+            f"({i} of {len(points)})"
+        )
 
 
 def test_profile_at_an_untraced_size_equals_its_trace(tiny_scalable: ScalableProfile) -> None:

@@ -126,6 +126,19 @@ def test_exactly_one_workload() -> None:
     assert issubclass(type(_error_of(f"{FIXTURE}:raises")), WorkloadError)
 
 
+def test_a_model_or_config_given_where_a_workload_name_goes() -> None:
+    by_name = select_workload(f"{FIXTURE}:build", None)
+    assert by_name.info.name == model_workload(f"{FIXTURE}:build").info.name
+    config = select_workload("tests/fixtures/tiny-llama.json", None)
+    assert config.info.name == "tests/fixtures/tiny-llama.json"
+    result = run_cli("fit", f"{FIXTURE}:build", "--gpu", "rtx-4090", "--json")
+    assert result.returncode == 0, result.stderr
+    (estimate,) = json.loads(result.stdout)
+    assert estimate["workload"] == f"{FIXTURE}:build" and estimate["max_batch_size"] > 0
+    unknown = run_cli("fit", "my-own-net", "--gpu", "rtx-4090")
+    assert unknown.returncode != 0 and "FILE.py:FUNCTION (--model)" in unknown.stderr
+
+
 def _error_of(spec: str) -> Exception:
     try:
         trace_step(model_workload(spec), RunConfig())

@@ -52,8 +52,11 @@ if TYPE_CHECKING:
     from whichgpu.estimate.prediction import StepState
 
 
-def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfile, str]:
-    """The step of ``workload`` for every size: stored if shipped, else traced (needs torch).
+def scalable_profile(
+    workload: Workload, run: RunConfig, progress: Callable[[str], None] | None = None
+) -> tuple[ScalableProfile, str]:
+    """The step of ``workload`` for every size: stored if shipped, else traced (needs torch;
+    ``progress`` hears each size as it is traced).
 
     Returns the profile and how it was obtained (``stored profile`` or ``traced``).
     """
@@ -70,7 +73,7 @@ def scalable_profile(workload: Workload, run: RunConfig) -> tuple[ScalableProfil
             f"No stored profile answers for {workload.info.name} with {what}, and tracing one "
             "needs torch: pip install 'whichgpu[torch]'."
         ) from exc
-    return trace_scalable(workload, run), "traced"
+    return trace_scalable(workload, run, progress=progress), "traced"
 
 
 def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]:
@@ -202,7 +205,7 @@ def _prepare(
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if progress is not None:
         progress(f"profiling {chosen.info.name}")
-    profile, method = loaded or scalable_profile(chosen, run)
+    profile, method = loaded or scalable_profile(chosen, run, progress)
     seq_limit = chosen.info.max_seq_len
     kv_per_token = None
     if "kv_cache" in profile.choices:  # inference of a language model

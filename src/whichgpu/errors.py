@@ -104,7 +104,8 @@ class UnknownWorkload(WorkloadError):
                 "workload",
                 query,
                 suggestions,
-                "Run `whichgpu workloads` to list them, or pass --config for your own model.",
+                "Run `whichgpu workloads` to list them; for your own model give its "
+                "config.json (--config) or FILE.py:FUNCTION (--model).",
             )
         )
 

@@ -14,7 +14,10 @@ from whichgpu.report import json_doc, terminal
 def fit(
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
+        typer.Argument(
+            help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b; or your own "
+            "model as FILE.py:FUNCTION or config.json (as --model / --config)."
+        ),
     ] = None,
     gpu: o.GpuListOption = None,
     stack: o.StackOption = None,
@@ -111,9 +114,10 @@ def fit(
         if fast
         else "Estimating peak memory (tracing the step if it is not stored)"
     )
-    with progress_note(note):
+    with progress_note(note) as now:
         estimates = fit_estimates(
             workload,
+            progress=now,
             config=config,
             task=task,
             model=model,

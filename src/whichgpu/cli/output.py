@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from rich.console import Console, RenderableType
+from rich.markup import escape
 
 from whichgpu.report.json_doc import dumps
 
@@ -34,11 +35,16 @@ def emit_error(message: str) -> None:
 
 
 @contextlib.contextmanager
-def progress_note(message: str) -> Iterator[None]:
-    """A spinner on stderr while a long step runs (silent when stderr is not a terminal)."""
+def progress_note(message: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on stderr while a long step runs, with what it is doing now: the context
+    yields a function that sets that (silent when stderr is not a terminal)."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield
+        yield lambda _now: None
         return
-    with console.status(message + " …"):
-        yield
+    with console.status(message + " …") as status:
+
+        def now(text: str) -> None:
+            status.update(f"{message}: {escape(text)} …")
+
+        yield now

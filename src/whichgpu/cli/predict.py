@@ -14,7 +14,10 @@ from whichgpu.report import json_doc, terminal
 def predict(
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+        typer.Argument(
+            help="A named workload (see `whichgpu workloads`), e.g. bert-large; or your own "
+            "model as FILE.py:FUNCTION or config.json (as --model / --config)."
+        ),
     ] = None,
     gpu: o.GpuListOption = None,
     stack: o.StackOption = None,
@@ -110,9 +113,10 @@ def predict(
         "new_tokens": new_tokens,
         "concurrency": concurrency,
     }
-    with progress_note("Predicting step times (tracing the step if it is not stored)"):
+    with progress_note("Predicting step times (tracing the step if it is not stored)") as now:
         estimates = predict_throughput(
             workload,
+            progress=now,
             config=config,
             task=task,
             model=model,

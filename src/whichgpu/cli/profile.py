@@ -14,7 +14,10 @@ from whichgpu.report import json_doc, terminal
 def profile(
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b."),
+        typer.Argument(
+            help="A named workload (see `whichgpu workloads`), e.g. llama-3.1-8b; or your own "
+            "model as FILE.py:FUNCTION or config.json (as --model / --config)."
+        ),
     ] = None,
     config: o.ConfigOption = None,
     model: o.ModelOption = None,

@@ -17,7 +17,10 @@ _ASK = o.QUESTION_PANEL
 def recommend(
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+        typer.Argument(
+            help="A named workload (see `whichgpu workloads`), e.g. bert-large; or your own "
+            "model as FILE.py:FUNCTION or config.json (as --model / --config)."
+        ),
     ] = None,
     preset: Annotated[
         Optional[str],  # noqa: UP045
@@ -154,9 +157,10 @@ def recommend(
     }
     if top < 1:
         raise UsageError(f"--top must be at least 1, not {top}.")
-    with progress_note("Sizing, timing and pricing every candidate"):
+    with progress_note("Sizing, timing and pricing every candidate") as now:
         ranking = recommend_gpus(
             workload,
+            progress=now,
             config=config,
             task=task,
             model=model,

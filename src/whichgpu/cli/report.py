@@ -39,7 +39,10 @@ def _size(n_bytes: int) -> str:
 def report(
     workload: Annotated[
         Optional[str],  # noqa: UP045
-        typer.Argument(help="A named workload (see `whichgpu workloads`), e.g. bert-large."),
+        typer.Argument(
+            help="A named workload (see `whichgpu workloads`), e.g. bert-large; or your own "
+            "model as FILE.py:FUNCTION or config.json (as --model / --config)."
+        ),
     ] = None,
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
@@ -164,9 +167,10 @@ def report(
         "new_tokens": new_tokens,
         "concurrency": concurrency,
     }
-    with progress_note("Ranking, sizing, timing and pricing"):
+    with progress_note("Ranking, sizing, timing and pricing") as now:
         data = gather(
             workload,
+            progress=now,
             config=config,
             task=task,
             model=model,

@@ -14,6 +14,7 @@ raises ``ProfileNotScalable`` naming the first difference.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -118,15 +119,26 @@ def _describe(structure: list[tuple[object, ...]], other: list[tuple[object, ...
 
 
 def trace_scalable(
-    workload: Workload, run: RunConfig, *, kernels: Kernels = "cuda"
+    workload: Workload,
+    run: RunConfig,
+    *,
+    kernels: Kernels = "cuda",
+    progress: Callable[[str], None] | None = None,
 ) -> ScalableProfile:
     """Trace ``workload`` on its grid and return its exact polynomial profile (``kernels``:
-    ``trace_step``'s)."""
+    ``trace_step``'s; ``progress`` hears which grid point is being traced)."""
     started = time.perf_counter()
     points = grid(workload, run, FIRST_BATCH)
-    traces = [
-        trace_step(workload, run.model_copy(update=_size(run, p)), kernels=kernels) for p in points
-    ]
+    traces = []
+    for i, point in enumerate(points, 1):
+        if progress is not None:
+            length = "" if point[1] is None else f", length {point[1]}"
+            progress(
+                f"tracing {workload.info.name} at batch {point[0]}{length} ({i} of {len(points)})"
+            )
+        traces.append(
+            trace_step(workload, run.model_copy(update=_size(run, point)), kernels=kernels)
+        )
     fields = [_fields(t) for t in traces]
     reference = fields[0][0]
     for point, (structure, _) in zip(points, fields, strict=True):

@@ -37,7 +37,17 @@ __all__ = [
 def select_workload(
     name: str | None, config: Path | None, task: Task | None = None, *, model: str | None = None
 ) -> Workload:
-    """The workload a command names: a registered one, the user's ``--config`` or ``--model``."""
+    """The workload a command names: a registered one, the user's ``--config`` or ``--model``.
+
+    A name that is plainly one of the user's own (``FILE.py:FUNCTION`` or ``module:FUNCTION``,
+    or a ``.json`` file) is taken as ``--model`` / ``--config``: no registered name has a colon
+    or ends in ``.json``.
+    """
+    if name is not None and config is None and model is None:
+        if ":" in name:
+            name, model = None, name
+        elif name.endswith(".json"):
+            name, config = None, Path(name)
     if sum(given is not None for given in (name, config, model)) != 1:
         raise UsageError(
             "Name one workload (e.g. `resnet50`), or give --config FILE or --model "
