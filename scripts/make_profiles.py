@@ -40,8 +40,9 @@ PURE_BF16 = {"llama-3.2-1b"}
 master copy) is stored too: the issue's 1-3B full fine-tune is measured in both conventions."""
 
 FINETUNED = {"llama-3.1-8b"}
-"""Workloads whose QLoRA fine-tuning with gradient checkpointing (the usual recipe on one
-card; `whichgpu recommend --for llm-finetune`) is stored too."""
+"""Workloads whose fine-tuning on one card is stored too: QLoRA with and without gradient
+checkpointing (`whichgpu recommend --for llm-finetune`; the product's student example) and
+LoRA with it."""
 
 
 def stored_runs(workload: Workload) -> list[RunConfig]:
@@ -51,6 +52,8 @@ def stored_runs(workload: Workload) -> list[RunConfig]:
         runs.append(run_config(precision="bf16-pure"))
     if workload.info.name in FINETUNED:
         runs.append(run_config(method="qlora", checkpointing=True))
+        runs.append(run_config(method="qlora"))
+        runs.append(run_config(method="lora", checkpointing=True))
     if workload.info.family in SEED_FAMILIES or workload.info.family in {"encoders", "vision"}:
         runs.append(run_config(precision="fp32"))
     if workload.info.family == "seed_translation":
