@@ -25,6 +25,7 @@ from whichgpu.estimate.throughput import (
     step_time,
     with_values,
 )
+from whichgpu.schema import RunConfig
 from whichgpu.validate.throughput import (
     CaseBatch,
     bandwidth,
@@ -211,6 +212,37 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert methods[0] == "whichgpu, leave one GPU out" and any("bandwidth" in m for m in methods)
     assert all(s["cases"] == len(doc["cases"]) for s in doc["summaries"])
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
+    # no GPU measurement is shipped yet: the section is empty and says so in the terminal
+    assert doc["measured"] == [] and doc["measured_summary"] is None
+    text = run_cli("validate", "throughput").stdout
+    assert "Own GPU measurements: none shipped yet" in text
+
+
+def test_own_gpu_measurements_are_compared_with_predict_of_the_same_run() -> None:
+    from tests.test_store import make_fake_result, make_result
+    from whichgpu.validate.measured import compare_throughputs
+    from whichgpu.validate.throughput import validate_throughput
+
+    measured = make_result()  # ResNet-50, bf16, batch 256 on an RTX 4090: 1,432.7 images/s
+    compiled = make_result(compiled=True, throughput=1700.0)
+    too_big = make_result(batch_size=4096, run=RunConfig(batch_size=4096))
+    cases = compare_throughputs([measured, make_fake_result(), compiled, too_big])
+    assert [c.result_id for c in cases] == [measured.id, compiled.id, too_big.id]  # GPUs only
+    (direct,) = predict("resnet50", gpus=["rtx-4090"], batch_size=256)
+    first = cases[0]
+    assert direct.throughput is not None and first.predicted == pytest.approx(direct.throughput)
+    assert first.error == pytest.approx(direct.throughput / 1432.7 - 1)
+    assert first.low is not None and first.high is not None
+    assert first.low <= first.predicted <= first.high
+    assert first.measured_mfu == 0.412 and first.predicted_mfu == direct.mfu and not first.note
+    assert "torch.compile" in cases[1].note
+    assert cases[2].predicted is None and cases[2].error is None
+    assert "does not fit on rtx-4090" in cases[2].note
+    # validate throughput summarises them beside Lambda's table
+    validation = validate_throughput(load_parameters(), measurements=[measured, too_big])
+    summary = validation.measured_summary
+    assert summary is not None and summary.cases == 1
+    assert summary.mape == pytest.approx(abs(direct.throughput / 1432.7 - 1))
 
 
 def test_inference_of_a_language_model_is_prefill_then_decode_steps() -> None:

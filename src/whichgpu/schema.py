@@ -1012,6 +1012,42 @@ class ThroughputValidationCase(_Frozen):
     """Mean of the other GPUs' measurements scaled by bandwidth."""
 
 
+class MeasuredThroughputCase(_Frozen):
+    """One of whichgpu's own GPU measurements (``whichgpu bench`` on a catalog GPU, shipped in
+    ``validate/data/measured``) against ``predict`` of the same run on the same GPU.
+
+    The predictor's constants are fitted on the Lambda 2020 table only, so every such case is
+    out of sample.
+    """
+
+    result_id: str
+    """Id of the measurement."""
+    workload: str
+    """Workload measured."""
+    gpu: str
+    """Catalog id of the GPU measured."""
+    run: RunConfig
+    """The run measured (batch size, sequence length, GPU count set)."""
+    unit: str
+    """Throughput unit (``images/s``, ``tokens/s`` …)."""
+    measured: float
+    """Measured throughput."""
+    predicted: float | None
+    """``predict``'s throughput for the same run (None when it cannot predict it)."""
+    low: float | None = None
+    """Lower end of the prediction's band."""
+    high: float | None = None
+    """Upper end of the prediction's band."""
+    measured_mfu: float | None = None
+    """Model FLOPs utilisation the bench measured."""
+    predicted_mfu: float | None = None
+    """Model FLOPs utilisation of the prediction."""
+    error: float | None = None
+    """``predicted / measured - 1`` (None without a prediction)."""
+    note: str = ""
+    """What differs between the two, or why there is no prediction."""
+
+
 class ThroughputValidation(_Frozen):
     """``validate throughput``: cases, error summaries, rank correlations, seed checks."""
 
@@ -1027,6 +1063,10 @@ class ThroughputValidation(_Frozen):
     """The seed guides' speed ratios against the predicted ones."""
     assumptions: tuple[str, ...]
     """Settings the reference is read with."""
+    measured: tuple[MeasuredThroughputCase, ...] = ()
+    """whichgpu's own GPU measurements against ``predict`` (out of sample)."""
+    measured_summary: ErrorStats | None = None
+    """Errors over ``measured`` (None when no GPU measurement is shipped)."""
 
 
 # --- Benchmark results ----------------------------------------------------------------------

@@ -699,4 +699,53 @@ def throughput_validation_view(validation: ThroughputValidation) -> RenderableTy
     if validation.left_out:
         parts.append(Text("Left out: " + "; ".join(validation.left_out)))
     parts.append(Text("Settings: " + "; ".join(validation.assumptions) + ".", style="dim"))
+    parts.append(_own_throughputs(validation))
+    return Group(*parts)
+
+
+def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
+    """whichgpu's own GPU measurements against ``predict``, or a line saying there are none."""
+    if not validation.measured:
+        return Text(
+            "Own GPU measurements: none shipped yet (scripts/measure_reference.py --device "
+            "cuda writes them); the predictor is checked only against Lambda's table."
+        )
+    table = Table(
+        header_style="bold",
+        title="Throughput: whichgpu's own GPU measurements against predict (out of sample)",
+        title_justify="left",
+    )
+    labels = ("workload", "GPU", "run")
+    for column in (*labels, "measured", "predicted", "band", "error", "MFU"):
+        table.add_column(column, justify="left" if column in labels else "right")
+    for c in validation.measured:
+        run = f"{c.run.mode} {c.run.precision} b{c.run.batch_size}"
+        if c.run.seq_len:
+            run += f" L{c.run.seq_len}"
+        band = f"{c.low:,.4g}-{c.high:,.4g}" if c.low is not None and c.high is not None else ""
+        mfu = " / ".join(
+            f"{m:.0%}" if m is not None else "-" for m in (c.measured_mfu, c.predicted_mfu)
+        )
+        table.add_row(
+            c.workload,
+            c.gpu,
+            run,
+            f"{c.measured:,.4g} {c.unit}",
+            "-" if c.predicted is None else f"{c.predicted:,.4g}",
+            band,
+            "-" if c.error is None else f"{c.error:+.1%}",
+            mfu,
+        )
+    parts: list[RenderableType] = [table]
+    s = validation.measured_summary
+    if s is not None:
+        parts.append(
+            Text(
+                f"{s.method}: MAPE {s.mape:.1%}, median {s.median:.1%}, P90 {s.p90:.1%} over "
+                f"{s.cases} runs; MFU column: measured / predicted"
+            )
+        )
+    notes = [f"{c.workload} on {c.gpu}: {c.note}" for c in validation.measured if c.note]
+    if notes:
+        parts.append(Text("Notes: " + "; ".join(notes) + ".", style="dim"))
     return Group(*parts)

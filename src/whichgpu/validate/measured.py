@@ -11,6 +11,10 @@ the same run is predicted and compared:
   against the live bytes the bench counted, and, for a search under ``--memory-limit``, the
   largest batch whose traced peak stays under the cap.
 
+Throughput (``compare_throughputs``, for ``validate throughput``): each CUDA measurement of a
+catalog GPU against ``predict``'s throughput of the same run on that GPU. The predictor's
+constants are fitted on Lambda's 2020 table only, so these cases are out of sample.
+
 The CPU cases check the tracer against real execution (the step's tensors, their sizes and
 lifetimes); only the GPU cases check the allocator model and the overheads outside it. For
 that, a CPU case is predicted from a trace of the CPU's own dropout and attention kernels
@@ -27,8 +31,15 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from whichgpu.errors import UsageError
 from whichgpu.estimate.memory import largest_live_batch
-from whichgpu.schema import BenchResult, MeasuredMemoryCase, RunConfig, Verdict
+from whichgpu.schema import (
+    BenchResult,
+    MeasuredMemoryCase,
+    MeasuredThroughputCase,
+    RunConfig,
+    Verdict,
+)
 from whichgpu.store import read_results_file
 from whichgpu.workloads.stored import ScalableProfile, profile_key
 
@@ -184,3 +195,70 @@ def _on_cuda(result: BenchResult) -> MeasuredMemoryCase:
 def measured_cases(progress: Callable[[str], None] | None = None) -> list[MeasuredMemoryCase]:
     """The shipped measurements against the predictions of their runs."""
     return compare_measurements(shipped_measurements(), progress)
+
+
+def compare_throughputs(
+    results: list[BenchResult], progress: Callable[[str], None] | None = None
+) -> list[MeasuredThroughputCase]:
+    """Each measurement on a catalog CUDA GPU against ``predict`` of the same run on it."""
+    from whichgpu.api import predict
+
+    cases = []
+    for result in results:
+        if result.environment.device_kind != "cuda" or result.gpu is None:
+            continue
+        if result.throughput is None:
+            continue
+        if progress is not None:
+            progress(f"{result.workload} on {result.gpu}")
+        base: dict[str, Any] = {
+            "result_id": result.id,
+            "workload": result.workload,
+            "gpu": result.gpu,
+            "run": result.run,
+            "unit": result.throughput_unit,
+            "measured": result.throughput,
+            "measured_mfu": result.mfu,
+        }
+        differs = [
+            what
+            for what, on in (
+                ("measured under torch.compile, which predict does not model", result.compiled),
+                ("measured channels-last", result.channels_last),
+            )
+            if on
+        ]
+        try:
+            (estimate,) = predict(result.workload, gpus=[result.gpu], **_fit_options(result.run))
+        except UsageError as exc:
+            cases.append(MeasuredThroughputCase(**base, predicted=None, note=str(exc)))
+            continue
+        predicted = estimate.throughput
+        if predicted is None or estimate.throughput_unit != result.throughput_unit:
+            note = (
+                f"predict: batch {result.batch_size} does not fit on {result.gpu}"
+                if predicted is None
+                else f"predict counts {estimate.throughput_unit}, the bench "
+                f"{result.throughput_unit}"
+            )
+            cases.append(MeasuredThroughputCase(**base, predicted=None, note=note))
+            continue
+        cases.append(
+            MeasuredThroughputCase(
+                **base,
+                predicted=predicted,
+                low=estimate.low,
+                high=estimate.high,
+                predicted_mfu=estimate.mfu,
+                error=predicted / result.throughput - 1,
+                note="; ".join(differs),
+            )
+        )
+    return cases
+
+
+def measured_throughput_cases(
+    progress: Callable[[str], None] | None = None,
+) -> list[MeasuredThroughputCase]:
+    """The shipped GPU measurements against ``predict`` of their runs."""
+    return compare_throughputs(shipped_measurements(), progress)

@@ -45,6 +45,7 @@ from whichgpu.estimate.throughput import (
     workload_type,
 )
 from whichgpu.schema import (
+    BenchResult,
     ErrorStats,
     GpuSpec,
     Precision,
@@ -468,9 +469,19 @@ def seed_checks(params: PerfParameters) -> list[str]:
 
 
 def validate_throughput(
-    params: PerfParameters, progress: Callable[[str], None] | None = None
+    params: PerfParameters,
+    progress: Callable[[str], None] | None = None,
+    measurements: Sequence[BenchResult] | None = None,
 ) -> ThroughputValidation:
-    """Out-of-sample errors on the Lambda 2020 table, the baselines, and the seed ratios."""
+    """Out-of-sample errors on the Lambda 2020 table, the baselines, and the seed ratios; and
+    ``predict`` against whichgpu's own GPU measurements (``measurements``, default: those
+    shipped in ``validate/data/measured``)."""
+    from whichgpu.validate.measured import compare_throughputs, shipped_measurements
+
+    own = compare_throughputs(
+        list(shipped_measurements() if measurements is None else measurements), progress
+    )
+    own_errors = [c.error for c in own if c.error is not None]
     cases, left_out = lambda_cases(progress)
     by_gpu = held_out_errors(cases, params, lambda c: c.gpu.id, progress)
     by_model = held_out_errors(cases, params, lambda c: c.model, progress)
@@ -516,6 +527,12 @@ def validate_throughput(
         assumptions=(
             "throughput at the table's largest batch; translation batches = tokens / 128",
             *settings,
+        ),
+        measured=tuple(own),
+        measured_summary=(
+            summarize("whichgpu predict, own GPU measurements (out of sample)", own_errors)
+            if own_errors
+            else None
         ),
     )
 

@@ -45,9 +45,9 @@ def select_workload(
     """
     if name is not None and config is None and model is None:
         if ":" in name:
-            name, model = None, name
+            model, name = name, None
         elif name.endswith(".json"):
-            name, config = None, Path(name)
+            config, name = Path(name), None
     if sum(given is not None for given in (name, config, model)) != 1:
         raise UsageError(
             "Name one workload (e.g. `resnet50`), or give --config FILE or --model "
