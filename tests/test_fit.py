@@ -131,6 +131,24 @@ def test_a_given_batch_reports_fits_and_headroom() -> None:
     assert small.fits and small.headroom_bytes > 0
     assert not huge.fits and huge.headroom_bytes < 0
     assert small.max_batch_size == huge.max_batch_size
+    assert small.batch_given and huge.batch_given
+    (searched,) = fit("resnet50", gpus=["rtx-4090"])
+    assert not searched.batch_given and searched.batch_size == searched.max_batch_size
+
+
+def test_when_nothing_fits_fit_says_what_would_need_less_memory() -> None:
+    searched = run_cli("fit", "llama-3.2-1b", "--seq-len", "2048", "--gpu", "rtx-4060")
+    assert searched.returncode == 0, searched.stderr
+    text = " ".join(searched.stdout.split())
+    assert "Nothing fits as asked. To need less memory, try: --checkpointing" in text
+    assert "--method lora or qlora" in text and "--sharding zero3" in text
+    assert "--batch-size" not in text.split("Nothing fits")[1]  # none was given
+    given = run_cli("fit", "gpt2", "--gpu", "rtx-4060", "--batch-size", "512", "--checkpointing")
+    text = " ".join(given.stdout.split())
+    assert "no --batch-size (the largest batch that fits)" in text
+    assert "try: --checkpointing" not in text  # already on
+    fits = run_cli("fit", "gpt2", "--gpu", "rtx-4090")
+    assert "Nothing fits" not in fits.stdout
 
 
 def test_largest_sequence_at_a_given_batch_fits_and_one_more_token_does_not() -> None:

@@ -161,3 +161,19 @@ def test_cpu_kernels_trace_the_cpu_dropout_and_cuda_kernels_its_one_byte_mask(
     assert live_peak(cpu)[0] - live_peak(cuda)[0] >= 3 * mask_elements
     # and the CPU-kernel trace is the CPU's real step, to the byte
     assert live_peak(cpu) == live_peak(trace_step(workload, run, fake=False, kernels="cpu"))
+
+
+@pytest.mark.parametrize("workload", ["gpt2", "bert-base"])
+def test_checkpointing_recomputes_under_the_kernels_the_forward_ran(workload: str) -> None:
+    """The recomputation of a checkpointed segment runs in the backward pass; with CUDA's
+    dropout (and GPT-2's fused attention with dropout) it must take the same kernels as the
+    forward pass, or torch.utils.checkpoint refuses the step: models with dropout raised."""
+    model = get_workload(workload)
+    plain = trace_step(model, RunConfig(batch_size=8, seq_len=512))
+    ckpt = trace_step(model, RunConfig(batch_size=8, seq_len=512, checkpointing=True))
+    if workload == "gpt2":
+        assert "attention_dropout" in ckpt.choices  # the fused kernel with dropout was traced
+    assert any(op.name == "aten.native_dropout" for op in ckpt.ops)  # CUDA's dropout kernel
+    assert live_peak(ckpt)[0] < live_peak(plain)[0]
+    # the recomputed forward adds its FLOPs: more than the plain step, less than two of them
+    assert plain.flops_per_step < ckpt.flops_per_step < 2 * plain.flops_per_step

@@ -426,6 +426,21 @@ class RunConfig(_Frozen):
     sharding: Sharding = "ddp"
     """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
 
+    def memory_levers(self) -> tuple[str, ...]:
+        """Options not used by this run that make a step need less memory per GPU, in words
+        (what to suggest when nothing fits); GPU counts are left to the caller."""
+        levers: list[str] = []
+        if self.mode == "train":
+            if not self.checkpointing:
+                levers.append("--checkpointing (recompute activations in the backward pass)")
+            if self.method == "full":
+                levers.append("--method lora or qlora")
+                if self.optimizer == "adamw":
+                    levers.append("--optimizer adamw-8bit")
+        if self.batch_size is not None:
+            levers.append("no --batch-size (the largest batch that fits)")
+        return tuple(levers)
+
     def describe(self, seq_len: int | None = None) -> str:
         """The run in words, as the headings print it: mode, precision, what differs from a
         plain run, and the sequence length (``seq_len`` when resolved from the workload)."""
@@ -750,6 +765,9 @@ class MemoryEstimate(_Tabular):
     language model: the largest concurrency at that context."""
     max_batch_capped: bool
     """True when the search stopped at its upper limit: more may fit."""
+    batch_given: bool = False
+    """True when the caller gave the batch; False when ``batch_size`` is the largest that fits
+    (1 when none does)."""
     gpus: int = 1
     """GPUs working together; every byte figure here is per GPU. Training: ``batch_size`` is
     the batch of one GPU (the global batch is ``gpus`` times larger). Inference: one model

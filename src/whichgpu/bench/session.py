@@ -46,6 +46,7 @@ from whichgpu.trace.step import (
     static_cache,
     takes_argument,
 )
+from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -92,10 +93,7 @@ class TorchSession:
             raise
         self._built = built
         if run.mode == "train" and run.checkpointing:
-            enable = getattr(model, "gradient_checkpointing_enable", None)
-            if enable is None:
-                raise UnsupportedWorkload("This model has no gradient checkpointing switch.")
-            enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_checkpointing(model, use_reentrant=False)
         self._channels_last = False
         if spec.channels_last:
             if any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):

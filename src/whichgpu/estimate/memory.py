@@ -588,6 +588,7 @@ def estimate_on_gpu(
         fits=total <= capacity.bytes,
         max_batch_size=max_batch,
         max_batch_capped=capped,
+        batch_given=run.batch_size is not None,
         gpus=run.gpus,
         sharding=run.sharding,
         max_seq_len=max_seq[0] if max_seq else None,

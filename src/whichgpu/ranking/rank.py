@@ -505,12 +505,7 @@ def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_g
     GPUs out (only those not already set)."""
     steps: list[str] = []
     if counts.get("memory"):
-        if run.mode == "train" and not run.checkpointing:
-            steps.append("--checkpointing (recompute activations in the backward pass)")
-        if run.batch_size is not None:
-            steps.append("no --batch-size (each GPU at the largest batch that fits)")
-        if run.mode == "train" and run.method == "full":
-            steps.append("--method lora or qlora")
+        steps += run.memory_levers()
         if single_gpu:
             steps.append("--gpus auto (machines of 2, 4 or 8 GPUs)")
     if counts.get("budget") and q.mode == "buy":

@@ -264,9 +264,7 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     if not estimates:
         return Text("No GPU to estimate.")
     first = estimates[0]
-    given = first.run.batch_size is not None and all(
-        e.batch_size == first.batch_size for e in estimates
-    )
+    given = first.batch_given
     serving = first.kv_cache_bytes is not None  # inference of a language model
     unit = "concurrency" if serving else "batch"
     what = first.run.describe(first.seq_len)
@@ -360,6 +358,18 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             "position limit, not memory, stops it)"
         )
     parts.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
+    if not any(e.fits for e in estimates):
+        levers = [
+            lever
+            for lever in first.run.memory_levers()
+            if given or not lever.startswith("no --batch-size")
+        ]
+        if first.gpus == 1 and first.run.mode == "train":
+            levers.append("--gpus N --sharding zero3 (each GPU holds 1/N of the model state)")
+        if levers:
+            parts.insert(
+                2, Text("Nothing fits as asked. To need less memory, try: " + "; ".join(levers))
+            )
     return Group(*parts)
 
 

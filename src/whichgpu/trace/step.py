@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -38,7 +38,7 @@ from whichgpu.schema import RunConfig, StepProfile, WorkloadInfo
 from whichgpu.trace.optim8bit import IMPLEMENTATION as ADAMW_8BIT_IMPLEMENTATION
 from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
-from whichgpu.workloads.base import BuiltWorkload, Workload
+from whichgpu.workloads.base import BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
 from whichgpu.workloads.hf import experts_choice
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
@@ -134,14 +134,23 @@ def _autocast(run: RunConfig) -> Iterator[None]:
 
 
 def _train_steps(
-    rec: Recorder, built: BuiltWorkload, run: RunConfig, batch_size: int, seq_len: int | None
+    rec: Recorder,
+    built: BuiltWorkload,
+    run: RunConfig,
+    batch_size: int,
+    seq_len: int | None,
+    kernel_mode: Callable[[], contextlib.AbstractContextManager[Any]],
 ) -> None:
+    """Two training steps; ``kernel_mode`` makes the mode the forward pass runs under, which
+    the recomputation of a checkpointed segment (in the backward pass, where the outer mode
+    does not reach) must run under too, or it would compute a different step."""
     model = built.model
     if run.checkpointing:
-        enable = getattr(model, "gradient_checkpointing_enable", None)
-        if enable is None:
-            raise UnsupportedWorkload("This model has no gradient checkpointing switch.")
-        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(
+            model,
+            use_reentrant=False,
+            context_fn=lambda: (contextlib.nullcontext(), kernel_mode()),
+        )
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     master = _Fp16Master(rec, params) if _fp16_master(built, run) else None
@@ -473,15 +482,20 @@ def trace_built(
     if run.mode == "train" and _fp16_master(built, run):
         _to_fp16(built.model)  # fairseq's --fp16 trains an fp16 model (see _Fp16Master)
     rec = Recorder()
+
+    def kernel_mode() -> contextlib.AbstractContextManager[Any]:
+        if kernels == "cuda":
+            return _CudaDropout(fused_attention=built.fused_attention_dropout)
+        return contextlib.nullcontext()
+
     fused = _CudaDropout(fused_attention=built.fused_attention_dropout)
-    kernel_mode = fused if kernels == "cuda" else contextlib.nullcontext()
-    with rec, kernel_mode:
+    with rec, fused if kernels == "cuda" else contextlib.nullcontext():
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():
             rec.mark(b, "buffer")
         if run.mode == "train":
-            _train_steps(rec, built, run, batch_size, seq_len)
+            _train_steps(rec, built, run, batch_size, seq_len, kernel_mode)
         else:
             inference_choices = _inference_steps(rec, built, run, batch_size, seq_len, serving)
     params_total, params_trainable = count_parameters(built.model)

@@ -57,3 +57,20 @@ class Workload:
     """What it is."""
     build: Callable[[RunConfig], BuiltWorkload]
     """Builds the model for a run configuration (imports torch)."""
+
+
+def enable_checkpointing(model: Any, **checkpoint_kwargs: Any) -> None:
+    """Turn on gradient checkpointing as ``model`` offers it, with ``torch.utils.checkpoint``
+    keyword arguments: transformers' ``activation_checkpointing_enable`` (5.x; its older name
+    warns that it is deprecated), else ``gradient_checkpointing_enable`` (older transformers
+    and whichgpu's own models)."""
+    from whichgpu.errors import UnsupportedWorkload
+
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+        return
+    enable = getattr(model, "gradient_checkpointing_enable", None)
+    if enable is None:
+        raise UnsupportedWorkload("This model has no gradient checkpointing switch.")
+    enable(gradient_checkpointing_kwargs=checkpoint_kwargs)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.schema import RunConfig, WorkloadInfo
-from whichgpu.workloads.base import Batch, BuiltWorkload, Workload
+from whichgpu.workloads.base import Batch, BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
@@ -232,8 +232,10 @@ def _multi_task_bert(encoder: torch.nn.Module, hidden: int) -> torch.nn.Module:
             logits: torch.Tensor = self.heads[MT_DNN_STEP_TASK](self.dropout(pooled))
             return logits if labels is None else F.cross_entropy(logits, labels)
 
-        def gradient_checkpointing_enable(self, **kwargs: Any) -> None:
-            self.bert.gradient_checkpointing_enable(**kwargs)  # type: ignore[operator]
+        def gradient_checkpointing_enable(
+            self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+        ) -> None:
+            enable_checkpointing(self.bert, **(gradient_checkpointing_kwargs or {}))
 
     return MultiTaskBert()
 
