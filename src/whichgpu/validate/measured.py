@@ -205,9 +205,11 @@ def compare_throughputs(
 
     cases = []
     for result in results:
-        if result.environment.device_kind != "cuda" or result.gpu is None:
-            continue
-        if result.throughput is None:
+        if (
+            result.environment.device_kind != "cuda"
+            or result.gpu is None
+            or result.throughput is None
+        ):
             continue
         if progress is not None:
             progress(f"{result.workload} on {result.gpu}")
@@ -220,14 +222,11 @@ def compare_throughputs(
             "measured": result.throughput,
             "measured_mfu": result.mfu,
         }
-        differs = [
-            what
-            for what, on in (
-                ("measured under torch.compile, which predict does not model", result.compiled),
-                ("measured channels-last", result.channels_last),
-            )
-            if on
-        ]
+        differs = []
+        if result.compiled:
+            differs.append("measured under torch.compile, which predict does not model")
+        if result.channels_last:
+            differs.append("measured channels-last")
         try:
             (estimate,) = predict(result.workload, gpus=[result.gpu], **_fit_options(result.run))
         except UsageError as exc:
@@ -255,10 +254,3 @@ def compare_throughputs(
             )
         )
     return cases
-
-
-def measured_throughput_cases(
-    progress: Callable[[str], None] | None = None,
-) -> list[MeasuredThroughputCase]:
-    """The shipped GPU measurements against ``predict`` of their runs."""
-    return compare_throughputs(shipped_measurements(), progress)
