@@ -1,11 +1,12 @@
 """Your own PyTorch model in whichgpu: ``whichgpu profile --model examples/my_model.py:build``.
 
-A ``--model`` function builds the model and returns ``(model, make_batch)`` or
-``(model, make_batch, loss)``. whichgpu calls it under fake tensors (no memory, no GPU), so the
-model must be created inside the function. ``make_batch(batch_size, seq_len)`` returns the
-model's keyword inputs for one step; without a ``loss``, the training loss is the model's
-output if it is one number, else its ``loss``, else the sum of its outputs.
-See docs/workloads.md for the whole protocol.
+A ``--model`` function builds the model and returns it with an example batch, ``(model,
+batch)`` or ``(model, batch, loss)``; whichgpu resizes the batch along its first dimension.
+For inputs whose shape changes with the sequence length, it returns ``make_batch(batch_size,
+seq_len)``, the model's keyword inputs for one step, instead of the batch. whichgpu calls it
+under fake tensors (no memory, no GPU), so the model must be created inside the function.
+Without a ``loss``, the training loss is the model's output if it is one number, else its
+``loss``, else the sum of its outputs. See docs/workloads.md for the whole protocol.
 """
 
 from __future__ import annotations
@@ -19,23 +20,19 @@ from whichgpu.workloads import model_defaults
 
 
 def build() -> tuple[nn.Module, object, object]:
-    """A small CNN for 32x32 RGB images (CIFAR-10), trained with cross-entropy."""
+    """A small CNN for 32x32 RGB images (CIFAR-10), trained with cross-entropy; an example
+    batch of 128 images and their labels (the default batch size)."""
     model = nn.Sequential(
         nn.Conv2d(3, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(2),
         nn.Conv2d(64, 128, 3, padding=1), nn.BatchNorm2d(128), nn.ReLU(), nn.MaxPool2d(2),
         nn.Flatten(), nn.Linear(128 * 8 * 8, 256), nn.ReLU(), nn.Linear(256, 10),
     )  # fmt: skip
-
-    def make_batch(batch_size: int, seq_len: int | None) -> dict[str, torch.Tensor]:
-        return {
-            "images": torch.randn(batch_size, 3, 32, 32),
-            "labels": torch.randint(0, 10, (batch_size,)),
-        }
+    batch = {"images": torch.randn(128, 3, 32, 32), "labels": torch.randint(0, 10, (128,))}
 
     def loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(model(batch["images"]), batch["labels"])
 
-    return model, make_batch, loss
+    return model, batch, loss
 
 
 @model_defaults(batch_size=16, seq_len=256)

@@ -10,6 +10,7 @@ import pytest
 from tests.conftest import run_cli
 from whichgpu.cli import main
 from whichgpu.errors import UsageError, WorkloadError
+from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.schema import RunConfig
 from whichgpu.trace import trace_step
 from whichgpu.workloads import select_workload
@@ -68,6 +69,80 @@ def test_the_example_traces() -> None:
     assert any(op.kind == "conv" for op in profile.ops)
 
 
+def test_an_example_batch_sets_the_default_and_is_resized() -> None:
+    workload = model_workload(f"{FIXTURE}:build_with_example")
+    assert workload.info.default_batch_size == 6
+    assert trace_step(workload, RunConfig()).units_per_step == 6
+    resized = trace_step(workload, RunConfig(batch_size=13, precision="fp32"))
+    assert resized.units_per_step == 13
+    assert live_peak(resized)[1]["input"] == 13 * 32 * 4  # the batch alone, not the example
+    # A declared default wins over the example's size.
+    assert model_workload(f"{FIXTURE}:build_sequence").info.default_batch_size == 4
+
+
+def test_an_example_resizes_rows_and_keeps_other_items() -> None:
+    import torch
+
+    from whichgpu.workloads.user import _example_of
+
+    ids = torch.arange(3)
+    example = _example_of((torch.tensor([[1.0], [2.0], [3.0]]), ids, torch.ones(7), 5))
+    assert example is not None and example.size == 3
+    inputs, labels, other, scalar = example.as_given(example.resized(7))
+    assert inputs[:, 0].tolist() == [1, 2, 3, 1, 2, 3, 1] and labels.tolist() == [
+        0,
+        1,
+        2,
+        0,
+        1,
+        2,
+        0,
+    ]
+    assert other.shape == (7,) and scalar == 5  # leading size 7 is not the batch's 3: kept
+    assert example.as_given(example.resized(2))[1].tolist() == [0, 1]
+    assert example.resized(3)["inputs"][1] is example.value[1]
+
+
+@pytest.mark.parametrize(
+    ("spec", "mode"),
+    [
+        ("build_with_example", "inference"),
+        ("build_with_labelled_example", "train"),
+        ("build_with_labelled_example", "inference"),  # runs the loss: it knows the inputs
+        ("build_with_keyword_example", "train"),
+        ("build_with_keyword_example", "inference"),
+    ],
+)
+def test_positional_and_keyword_examples_train_and_infer(spec: str, mode: str) -> None:
+    result = run_cli("profile", f"{FIXTURE}:{spec}", "--mode", mode, "--batch-size", "9", "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["batch_size"] == 9 and doc["params_total"] == 2762
+
+
+def test_a_real_step_on_a_resized_example_keeps_labels_valid() -> None:
+    """A CPU bench runs the real step: labels repeated from the example stay class indices."""
+    result = run_cli(
+        "bench",
+        f"{FIXTURE}:build_with_labelled_example",
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--batch-size",
+        "10",
+        "--min-seconds",
+        "0.1",
+        "--min-iters",
+        "2",
+        "--no-store",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    (doc,) = json.loads(result.stdout)
+    assert doc["batch_size"] == 10 and doc["throughput"] > 0
+
+
 @pytest.mark.parametrize(
     ("spec", "extra", "message"),
     [
@@ -76,7 +151,11 @@ def test_the_example_traces() -> None:
             [],
             "no such file 'tests/fixtures/no_such_file.py'",
         ),
-        (f"{FIXTURE}:bild", [], "has no function 'bild'. Functions there: batch_is_a_list, build,"),
+        (
+            f"{FIXTURE}:bild",
+            [],
+            "has no function 'bild'. Functions there: batch_is_a_list, batch_is_a_number, build,",
+        ),
         (
             f"{FIXTURE}:NOT_A_FUNCTION",
             [],
@@ -87,7 +166,13 @@ def test_the_example_traces() -> None:
         (
             f"{FIXTURE}:returns_the_model_only",
             [],
-            "returned a Sequential; expected (model, make_batch)",
+            "returned a Sequential; expected (model, batch), (model, make_batch)",
+        ),
+        (f"{FIXTURE}:batch_is_a_number", [], "the second item must be a batch"),
+        (
+            f"{FIXTURE}:build_with_keyword_example",
+            ["--seq-len", "8"],
+            "returns an example batch, whose shapes fix the sequence length (1)",
         ),
         (f"{FIXTURE}:prebuilt", [], "must create the model itself"),
         (f"{FIXTURE}:batch_is_a_list", [], "make_batch of --model"),

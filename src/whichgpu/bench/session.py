@@ -103,7 +103,6 @@ class TorchSession:
             else:
                 self._notes.append("--channels-last ignored: the model has no 2-D convolutions")
         self._batch: dict[str, Any] = dict(batch)
-        self._inputs = {k: v for k, v in self._batch.items() if k != "labels"}
         self._tensors = [*model.parameters(), *model.buffers(), *_tensors(self._batch)]
         if spec.group is not None and run.mode == "train":
             model = self._join_group(model, spec)
@@ -285,9 +284,9 @@ class TorchSession:
     def _inference_step(self, model: torch.nn.Module) -> None:
         with torch.inference_mode(), self._autocast():
             if self._serving is None:
-                model(**self._inputs)
+                self._built.infer(model, self._batch)
             else:
-                _serve(model, self._inputs["input_ids"], self._serving)
+                _serve(model, self._batch["input_ids"], self._serving)
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:

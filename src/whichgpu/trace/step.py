@@ -355,7 +355,7 @@ def _inference_steps(
                 rec.mark(leaf, "input")
         rec.phase = "forward"
         with torch.no_grad(), _autocast(run):
-            out = model(**{k: v for k, v in batch.items() if k != "labels"})
+            out = built.infer(model, batch)
         rec.end_forward()
         del out, batch
     return choices

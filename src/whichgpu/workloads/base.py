@@ -47,6 +47,15 @@ class BuiltWorkload:
     (flash and memory-efficient attention apply the dropout inside and keep only its random
     state). False for workloads that stand for code that materialised the attention scores
     (the models of Lambda's 2020 table, written in 2019 frameworks)."""
+    forward: Callable[[torch.nn.Module, Batch], Any] | None = None
+    """Runs the model on a batch without a loss (an inference step); None: the batch's items
+    are the model's keyword inputs, ``labels`` left out (see ``infer``)."""
+
+    def infer(self, model: torch.nn.Module, batch: Batch) -> Any:
+        """One forward pass of ``model`` on ``batch`` without a loss, as inference runs it."""
+        if self.forward is not None:
+            return self.forward(model, batch)
+        return model(**{k: v for k, v in batch.items() if k != "labels"})
 
 
 @dataclass(frozen=True)

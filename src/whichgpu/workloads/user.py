@@ -4,19 +4,28 @@ that builds a PyTorch model (``--model FILE.py:FUNCTION`` or ``--model package.m
 The ``--model`` protocol. The function takes the run configuration (a ``RunConfig``: precision,
 mode, batch size …) or nothing, builds the model, and returns one of
 
-* ``(model, make_batch)``: an ``nn.Module`` and ``make_batch(batch_size, seq_len) -> dict``, the
-  keyword inputs of one step (``seq_len`` is None unless the model takes sequences, below);
-  the loss is then the model's output if it is a single number, else its ``loss`` (attribute
-  or key, as ``transformers`` outputs have), else the sum of its floating-point outputs;
-* ``(model, make_batch, loss)``: with ``loss(model, batch) -> scalar tensor`` (forward + loss);
+* ``(model, batch)``: an ``nn.Module`` and an example batch, the model's inputs for one step:
+  a tensor or a tuple of them (positional inputs, ``model(*batch)``) or a dict (keyword inputs,
+  ``model(**batch)``). whichgpu resizes it along its first dimension for other batch sizes
+  (repeating its rows, so token ids and labels stay valid), and without ``--batch-size`` or a
+  declared default its first dimension is the default batch size;
+* ``(model, make_batch)``: ``make_batch(batch_size, seq_len) -> dict``, the keyword inputs of
+  one step (``seq_len`` is None unless the model takes sequences, below), for inputs whose
+  other dimensions change too;
+* ``(model, batch, loss)`` or ``(model, make_batch, loss)``: with ``loss(model, batch) ->
+  scalar tensor`` (forward + loss; it gets the batch in the form given). Without it, the loss
+  is the model's output if it is a single number, else its ``loss`` (attribute or key, as
+  ``transformers`` outputs have), else the sum of its floating-point outputs;
 * a ``BuiltWorkload``, for full control (throughput units, LoRA targets).
 
 whichgpu calls the function inside ``FakeTensorMode``, so the weights take no memory: the
 function must build the model itself (not return one built at import), and the step must not
 depend on tensor values (``.item()``, ``nonzero``). Weights are created in the run's weight
-dtype (bf16 for ``--precision bf16-pure``), and so are ``make_batch``'s floating-point inputs.
+dtype (bf16 for ``--precision bf16-pure``), and so are the batch's floating-point inputs.
 The decorator ``model_defaults`` declares the default batch size and, for models that take
-sequences, the default sequence length (which makes ``--seq-len`` apply) and throughput unit.
+sequences, the default sequence length (which makes ``--seq-len`` apply to ``make_batch``) and
+throughput unit. To read an example batch's size, whichgpu calls an undecorated function once
+more, under fake tensors, when it loads it.
 
 ::
 
@@ -25,11 +34,7 @@ sequences, the default sequence length (which makes ``--seq-len`` apply) and thr
 
     def build():
         model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
-
-        def make_batch(batch_size, seq_len):
-            return {"input": torch.randn(batch_size, 784)}
-
-        return model, make_batch
+        return model, torch.randn(64, 784)
 """
 
 from __future__ import annotations
@@ -197,9 +202,15 @@ class LossFn(Protocol):
     def __call__(self, model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor: ...
 
 
+ExampleBatch = Any
+"""An example batch: a tensor, a tuple or list of them (the model's positional inputs) or a
+dict of them (its keyword inputs); sized along the first dimension."""
+
 UserModel = (
     tuple["torch.nn.Module", MakeBatch]
     | tuple["torch.nn.Module", MakeBatch, LossFn]
+    | tuple["torch.nn.Module", ExampleBatch]
+    | tuple["torch.nn.Module", ExampleBatch, Callable[["torch.nn.Module", ExampleBatch], Any]]
     | BuiltWorkload
 )
 """What a ``--model`` function returns."""
@@ -209,8 +220,9 @@ UserModel = (
 class ModelDefaults:
     """What ``model_defaults`` declares about a ``--model`` function."""
 
-    batch_size: int = 1
-    """Samples per step when no --batch-size is given."""
+    batch_size: int | None = None
+    """Samples per step when no --batch-size is given; None: an example batch's first
+    dimension, else 1."""
     seq_len: int | None = None
     """Default sequence length; set for models that take sequences (then --seq-len applies)."""
     unit: ThroughputUnit | None = None
@@ -225,14 +237,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def model_defaults(
-    *, batch_size: int = 1, seq_len: int | None = None, unit: ThroughputUnit | None = None
+    *, batch_size: int | None = None, seq_len: int | None = None, unit: ThroughputUnit | None = None
 ) -> Callable[[_F], _F]:
     """Declare a ``--model`` function's default batch size, sequence length and unit::
 
     @model_defaults(batch_size=8, seq_len=512)
     def build(run): ...
     """
-    if batch_size < 1 or (seq_len is not None and seq_len < 1):
+    if (batch_size is not None and batch_size < 1) or (seq_len is not None and seq_len < 1):
         raise ValueError("model_defaults: batch_size and seq_len must be at least 1")
     declared = ModelDefaults(batch_size=batch_size, seq_len=seq_len, unit=unit)
 
@@ -263,6 +275,7 @@ def model_workload(spec: str) -> Workload:
     declared = getattr(function, _DEFAULTS_ATTRIBUTE, None)
     defaults = declared if isinstance(declared, ModelDefaults) else ModelDefaults()
     unit: ThroughputUnit = defaults.unit or ("tokens" if defaults.seq_len else "samples")
+    default_batch = defaults.batch_size or _example_size(function, takes_run, directory) or 1
 
     def build(run: RunConfig) -> BuiltWorkload:
         with _on_path(directory), default_dtype(weight_dtype(run)), skip_init_when_fake():
@@ -279,9 +292,9 @@ def model_workload(spec: str) -> Workload:
         family="user",
         task="your model (--model)",
         description=f"{name}() from {target}",
-        input_desc="make_batch",
+        input_desc="your batch",
         throughput_unit=unit,
-        default_batch_size=defaults.batch_size,
+        default_batch_size=default_batch,
         default_seq_len=defaults.seq_len,
         is_sequence_model=defaults.seq_len is not None,
     )
@@ -416,34 +429,171 @@ def _built(
     """Check what the function returned and wrap it with clear errors."""
     import torch
 
-    expected = "(model, make_batch), (model, make_batch, loss) or a BuiltWorkload"
+    expected = "(model, batch), (model, make_batch), either with a loss, or a BuiltWorkload"
     if isinstance(result, BuiltWorkload):
         built = result
     elif isinstance(result, tuple) and len(result) in (2, 3):
-        model, make_batch, *rest = result
+        model, feed, *rest = result
         user_loss = rest[0] if rest else None
         if not isinstance(model, torch.nn.Module):
             raise UserModelError(
                 f"--model {spec} returned {_kind(result)}; the first item must be the model "
                 f"(a torch.nn.Module), in {expected}."
             )
-        if not callable(make_batch) or (user_loss is not None and not callable(user_loss)):
+        if user_loss is not None and not callable(user_loss):
             raise UserModelError(
-                f"--model {spec} returned {_kind(result)}; make_batch and loss must be "
-                f"functions, in {expected}."
+                f"--model {spec} returned {_kind(result)}; the loss must be a function "
+                f"loss(model, batch), in {expected}."
             )
+        example = _example_of(feed)
+        if example is None and not callable(feed):
+            raise UserModelError(
+                f"--model {spec} returned {_kind(result)}; the second item must be a batch "
+                "(a tensor, or a tuple, list or dict of tensors) or a function "
+                f"make_batch(batch_size, seq_len), in {expected}."
+            )
+
+        def units_per_sample(seq_len: int | None) -> int:
+            return int(seq_len or defaults.seq_len or 1) if unit == "tokens" else 1
+
+        if example is None:
+            make_batch = _checked_batch(spec, feed, run)
+            loss = _checked_loss(spec, user_loss, _keyword_forward)
+            forward = _inference_forward
+        else:
+            make_batch = example.batch_maker(spec, defaults.seq_len)
+            loss = _checked_loss(spec, example.with_users_batch(user_loss), example.forward)
+            forward = example.forward
         built = BuiltWorkload(
             model=model,
-            make_batch=_checked_batch(spec, make_batch, run),
-            loss=_checked_loss(spec, user_loss),
-            units_per_sample=lambda seq_len: (
-                int(seq_len or defaults.seq_len or 1) if unit == "tokens" else 1
-            ),
+            make_batch=make_batch,
+            loss=loss,
+            units_per_sample=units_per_sample,
+            # With a loss, it alone knows how the model takes the batch: inference runs it.
+            forward=loss if user_loss is not None else _checked_forward(spec, forward),
         )
     else:
         raise UserModelError(f"--model {spec} returned {_kind(result)}; expected {expected}.")
     _check_fake(spec, built.model)
     return built
+
+
+_POSITIONAL = "inputs"
+"""The batch key under which an example's positional inputs travel (a tuple)."""
+
+
+@dataclass(frozen=True)
+class _Example:
+    """The user's example batch, held on the CPU and repeated along its first dimension to
+    make a batch of another size."""
+
+    value: Any
+    """The example as the function returned it (its tensors moved to the CPU)."""
+    size: int
+    """Its batch size: the first dimension of its first tensor."""
+
+    @property
+    def positional(self) -> bool:
+        """Whether the example holds positional inputs (a tensor, tuple or list)."""
+        return not isinstance(self.value, Mapping)
+
+    def resized(self, batch_size: int) -> Batch:
+        """The batch of ``batch_size`` samples, as ``BuiltWorkload`` carries it: the example's
+        tensors whose first dimension is the example's size hold ``batch_size`` rows (row ``i``
+        a copy of row ``i mod size``); other items are kept as they are."""
+        import torch
+
+        def resize(leaf: Any) -> Any:
+            if not isinstance(leaf, torch.Tensor) or leaf.dim() == 0:
+                return leaf
+            if leaf.shape[0] != self.size or batch_size == self.size:
+                return leaf
+            rows = torch.arange(batch_size, device=leaf.device) % self.size
+            return leaf.index_select(0, rows)
+
+        value = torch.utils._pytree.tree_map(resize, self.value)
+        if self.positional:
+            return {_POSITIONAL: tuple(value) if isinstance(value, (tuple, list)) else (value,)}
+        return dict(value)
+
+    def as_given(self, batch: Batch) -> Any:
+        """``batch`` in the form the user gave the example (a tensor, tuple, list or dict)."""
+        if not self.positional:
+            return batch
+        inputs = batch[_POSITIONAL]
+        if isinstance(self.value, list):
+            return list(inputs)
+        return inputs if isinstance(self.value, tuple) else inputs[0]
+
+    def forward(self, model: torch.nn.Module, batch: Batch) -> Any:
+        """The model on ``batch``: positional inputs, or the keyword inputs but ``labels``."""
+        if self.positional:
+            return model(*batch[_POSITIONAL])
+        return model(**{k: v for k, v in batch.items() if k != "labels"})
+
+    def with_users_batch(self, user_loss: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        """``user_loss`` called with the batch in the form the user gave (None stays None)."""
+        if user_loss is None:
+            return None
+        return lambda model, batch: user_loss(model, self.as_given(batch))
+
+    def batch_maker(self, spec: str, declared_seq_len: int | None) -> MakeBatch:
+        """``make_batch`` for the example: any batch size, the example's sequence length."""
+
+        def make_batch(batch_size: int, seq_len: int | None) -> Mapping[str, Any]:
+            if seq_len is not None and seq_len != declared_seq_len:
+                raise UsageError(
+                    f"--model {spec} returns an example batch, whose shapes fix the sequence "
+                    f"length ({declared_seq_len}); to vary it, return make_batch(batch_size, "
+                    "seq_len) instead of the batch."
+                )
+            return self.resized(batch_size)
+
+        return make_batch
+
+
+def _example_of(feed: object) -> _Example | None:
+    """``feed`` as an example batch, or None when it is not one (a function, or no tensor)."""
+    import torch
+
+    if callable(feed) or not isinstance(feed, (torch.Tensor, tuple, list, Mapping)):
+        return None
+    tensors = [
+        leaf
+        for leaf in torch.utils._pytree.tree_flatten(feed)[0]
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0
+    ]
+    if not tensors:
+        return None
+    on_cpu = torch.utils._pytree.tree_map(
+        lambda leaf: leaf.cpu() if isinstance(leaf, torch.Tensor) else leaf, feed
+    )
+    return _Example(value=on_cpu, size=int(tensors[0].shape[0]))
+
+
+def _example_size(function: Callable[..., Any], takes_run: bool, directory: Path) -> int | None:
+    """The batch size of the example batch ``function`` returns (called once, under fake
+    tensors), or None when it returns ``make_batch`` or something else. A failure is left to
+    the real call, which reports it with the run's own configuration."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    run = RunConfig()
+    try:
+        with (
+            FakeTensorMode(),
+            _on_path(directory),
+            default_dtype(weight_dtype(run)),
+            skip_init_when_fake(),
+        ):
+            result = function(run) if takes_run else function()
+            example = (
+                _example_of(result[1])
+                if isinstance(result, tuple) and len(result) in (2, 3)
+                else None
+            )
+    except Exception:
+        return None
+    return example.size if example is not None else None
 
 
 def _check_fake(spec: str, model: torch.nn.Module) -> None:
@@ -482,12 +632,47 @@ def _checked_batch(spec: str, make_batch: Callable[..., Any], run: RunConfig) ->
     return checked
 
 
-def _checked_loss(spec: str, user_loss: Callable[..., Any] | None) -> LossFn:
+def _keyword_forward(model: torch.nn.Module, batch: Batch) -> Any:
+    """The model on the batch's items as keyword inputs, ``labels`` included (``transformers``
+    models return their loss when given them)."""
+    return model(**batch)
+
+
+def _inference_forward(model: torch.nn.Module, batch: Batch) -> Any:
+    """The model on the batch's items as keyword inputs but ``labels`` (inference)."""
+    return model(**{k: v for k, v in batch.items() if k != "labels"})
+
+
+def _checked_forward(
+    spec: str, forward: Callable[[torch.nn.Module, Batch], Any]
+) -> Callable[[torch.nn.Module, Batch], Any]:
+    """``forward`` (an inference step) with its errors reported as the user's."""
+
+    def checked(model: torch.nn.Module, batch: Batch) -> Any:
+        try:
+            return forward(model, batch)
+        except WhichGpuError:
+            raise
+        except Exception as exc:
+            raise UserModelError(
+                f"the forward pass of --model {spec} raised {_describe(exc)}"
+            ) from exc
+
+    return checked
+
+
+def _checked_loss(
+    spec: str,
+    user_loss: Callable[..., Any] | None,
+    forward: Callable[[torch.nn.Module, Batch], Any],
+) -> LossFn:
+    """``user_loss``, or the loss read off ``forward``'s output, with clear errors."""
+
     def checked(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         import torch
 
         try:
-            value = user_loss(model, batch) if user_loss else output_loss(model(**batch))
+            value = user_loss(model, batch) if user_loss else output_loss(forward(model, batch))
         except WhichGpuError:
             raise
         except Exception as exc:
