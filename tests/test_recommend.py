@@ -229,3 +229,21 @@ def test_when_nothing_qualifies_the_answer_counts_the_reasons_and_says_what_to_t
         "No GPU in the catalog does this as asked (2 speed cannot be predicted). "
         "See the excluded list."
     )
+
+
+def test_a_job_in_hours_ranks_by_the_work_done_per_dollar_not_by_the_cost_of_the_hours() -> None:
+    """A fixed time costs the same however fast the GPU: ranking it by cost would favour the
+    slowest cheap card. Buy: units in the hours per dollar of machine and electricity."""
+    gpus = ["gtx-1050-ti", "rtx-4090"]
+    ranking = wg.recommend("resnet50", gpus=gpus, hours=500, batch_size=32)
+    assert ranking.metric == "perf-per-dollar"
+    assert [c.gpu for c in ranking.ranking] == ["rtx-4090", "gtx-1050-ti"]
+    for c in ranking.ranking:
+        assert c.perf_per_dollar == pytest.approx(c.throughput * 3600 * 500 / c.cost_usd)
+        assert c.perf_per_dollar_unit == "images per $"
+    assert "per dollar over 500 hours of use" in ranking.answer
+    by_cost = wg.recommend("resnet50", gpus=gpus, hours=500, batch_size=32, sort="cost")
+    assert [c.gpu for c in by_cost.ranking] == ["gtx-1050-ti", "rtx-4090"]  # asked for
+    rent = wg.recommend("resnet50", gpus=["a100-80gb", "rtx-4090"], hours=10, acquire="rent")
+    for c in rent.ranking:
+        assert c.perf_per_dollar == pytest.approx(c.throughput * 3600 * 10 / c.cost_usd)

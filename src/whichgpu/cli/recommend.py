@@ -123,9 +123,11 @@ def recommend(
     Every catalog GPU (or each --gpu) is sized for your run (`whichgpu fit`), timed
     (`whichgpu predict`, or your own `whichgpu bench` result when the store has one) and
     priced (`whichgpu cost`). Those that fit, have a price and stay within the budget are
-    ranked: by the cost to finish the job when you give its size (--hours, --samples,
-    --tokens, --epochs with --dataset-size), else by throughput per dollar. Each GPU left out
-    gets one line on why, and leaders within the prediction's uncertainty are flagged.
+    ranked: by the cost to finish the job when you give its size in work (--samples,
+    --tokens, --epochs with --dataset-size); with --hours of use, by the work done per dollar
+    over those hours (machine and electricity, or rental); else by throughput per dollar.
+    Each GPU left out gets one line on why, and leaders within the prediction's uncertainty
+    are flagged.
 
     Examples:
 

@@ -5,8 +5,11 @@ The caller (``whichgpu.api.recommend``) sizes the step on every candidate GPU an
 measurement of it; this module prices each option (``whichgpu.cost``), applies the user's
 constraints, orders the survivors by the metric the question calls for and writes down why.
 
-- The metric: the cost to finish the job when a job size is given, else performance per
-  dollar (buy: throughput per $1,000 of machine; rent: units per dollar of rental).
+- The metric: the cost to finish the job when its size is given as work (samples, tokens,
+  epochs); for a job given in hours of use, the work done per dollar over those hours (buy:
+  machine + electricity; rent: the rental), since the cost of a fixed time does not depend on
+  speed and would favour the slowest cheap card; else performance per dollar (buy: throughput
+  per $1,000 of machine; rent: units per dollar of rental).
 - Buy: the GPUs' price (new, else used, else launch; ``used`` takes used prices) times the
   count, plus the base system of the smallest build class that holds them; the job adds its
   electricity at the region's price (board power of the GPUs plus the class's CPU figure).
@@ -145,7 +148,7 @@ def rank(
 ) -> Ranking:
     """Price, filter and order ``options`` for ``question``; every exclusion gets a reason."""
     q = question
-    metric: RankMetric = q.metric or ("cost" if q.job is not None else "perf-per-dollar")
+    metric: RankMetric = q.metric or ("cost" if _work_job(q) else "perf-per-dollar")
     excluded: list[Exclusion] = []
     priced: list[_Priced] = []
 
@@ -272,7 +275,11 @@ def rank(
                     (energy.co2_kg),
                 )
                 cost += electricity or 0.0
-            ppd = throughput / (purchase / 1000)
+            ppd = (
+                throughput * SECONDS_PER_HOUR * hours / cost
+                if _hours_job(q) and hours is not None
+                else throughput / (purchase / 1000)
+            )
         else:
             assert hourly is not None
             cost = hourly * hours if hours is not None else hourly
@@ -310,7 +317,7 @@ def rank(
             )
         )
 
-    timed = q.job is not None and q.job.hours is None
+    timed = _work_job(q)
 
     def value(p: _Priced, throughput: float) -> float:
         """The metric of ``p`` if its throughput were ``throughput`` (for the bands)."""
@@ -366,18 +373,31 @@ def _label(p: _Priced) -> str:
     return f"{p.option.count} x {p.option.gpu.name}" if p.option.count > 1 else p.option.gpu.name
 
 
-def _metric_text(p: _Priced, metric: RankMetric, unit: str, mode: AcquireMode) -> str:
+def _work_job(q: Question) -> bool:
+    """Whether the job is sized as work (samples, tokens, epochs): its time depends on speed."""
+    return q.job is not None and q.job.hours is None
+
+
+def _hours_job(q: Question) -> bool:
+    """Whether the job is sized in hours of use."""
+    return q.job is not None and q.job.hours is not None
+
+
+def _metric_text(p: _Priced, metric: RankMetric, unit: str, q: Question) -> str:
     if metric == "cost":
         return f"${p.cost_usd:,.0f}"
     if metric == "time":
         return f"{(p.time_s or 0) / SECONDS_PER_HOUR:,.1f} h"
     if metric == "throughput":
         return f"{p.throughput:,.0f} {unit}"
-    return f"{p.ppd:,.3g} {_ppd_unit(unit, mode)}"
+    return f"{p.ppd:,.3g} {_ppd_unit(unit, q)}"
 
 
-def _ppd_unit(unit: str, mode: AcquireMode) -> str:
-    return f"{unit} per $1k" if mode == "buy" else f"{unit.removesuffix('/s')} per $"
+def _ppd_unit(unit: str, q: Question) -> str:
+    """Buy: throughput per $1,000 of machine; rent, or a job in hours: units per dollar."""
+    if q.mode == "buy" and not _hours_job(q):
+        return f"{unit} per $1k"
+    return f"{unit.removesuffix('/s')} per $"
 
 
 def _candidate(
@@ -415,16 +435,16 @@ def _candidate(
             done += f"; electricity {p.energy_kwh:,.1f} kWh, ${p.electricity_usd:,.2f}"
         reasons.append(done)
     first = everyone[0]
-    here = _metric_text(p, metric, unit, q.mode)
+    here = _metric_text(p, metric, unit, q)
     if p is first and len(everyone) > 1:
         second = everyone[1]
         reasons.append(
             f"best by {metric}: {here}; next is {_label(second)} at "
-            f"{_metric_text(second, metric, unit, q.mode)}"
+            f"{_metric_text(second, metric, unit, q)}"
         )
     elif p is not first:
         reasons.append(
-            f"{metric}: {here}, against {_metric_text(first, metric, unit, q.mode)} "
+            f"{metric}: {here}, against {_metric_text(first, metric, unit, q)} "
             f"for #1 {_label(first)}"
         )
     reasons += p.extra
@@ -449,7 +469,7 @@ def _candidate(
         electricity_usd=p.electricity_usd,
         co2_kg=p.co2_kg,
         perf_per_dollar=p.ppd,
-        perf_per_dollar_unit=_ppd_unit(unit, q.mode),
+        perf_per_dollar_unit=_ppd_unit(unit, q),
         price_note=p.note,
         reasons=tuple(reasons),
     )
@@ -484,7 +504,11 @@ def _answer(
         "cost": f"the cheapest way to finish {q.job.describe() if q.job else 'the job'}: "
         f"${top.cost_usd:,.0f}",
         "perf-per-dollar": f"the most {top.perf_per_dollar_unit.split(' per ')[0]} per "
-        f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: {top.perf_per_dollar:,.3g}",
+        + (
+            f"dollar over {q.job.describe()}: {top.perf_per_dollar:,.3g} (${top.cost_usd:,.0f})"
+            if q.job is not None and q.job.hours is not None
+            else f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: {top.perf_per_dollar:,.3g}"
+        ),
         "time": f"the fastest to finish: {(top.time_s or 0) / SECONDS_PER_HOUR:,.1f} h",
         "throughput": f"the fastest: {top.throughput:,.0f} {top.throughput_unit}",
     }[metric]
@@ -523,7 +547,13 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         f"ranked by {metric}"
         + (" (cost to finish the job)" if metric == "cost" else "")
         + (
-            " (buy: throughput per $1,000 of machine; rent: units per dollar)"
+            (
+                " (the work done in the job's hours per dollar of "
+                + ("machine and electricity" if q.mode == "buy" else "rental")
+                + ": the cost of a fixed time does not depend on speed)"
+            )
+            if metric == "perf-per-dollar" and _hours_job(q)
+            else " (buy: throughput per $1,000 of machine; rent: units per dollar)"
             if metric == "perf-per-dollar"
             else ""
         ),
