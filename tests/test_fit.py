@@ -9,7 +9,13 @@ from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack, shipped_stacks
-from whichgpu.estimate.memory import capacity_of, largest_within, workspace_sizes
+from whichgpu.estimate.memory import (
+    SHORTER_SEQ_LADDER,
+    _longest_on_ladder,
+    capacity_of,
+    largest_within,
+    workspace_sizes,
+)
 from whichgpu.schema import GpuSpec
 from whichgpu.units import GIB, MIB
 
@@ -165,6 +171,41 @@ def test_largest_sequence_at_a_given_batch_fits_and_one_more_token_does_not() ->
     assert images.max_seq_len is None
     (searched,) = fit("gpt2", gpus=["h100-sxm"])
     assert searched.max_seq_len is None  # only asked at a given batch
+
+
+def test_where_one_sequence_does_not_fit_the_longest_ladder_length_that_does() -> None:
+    (estimate,) = fit("llama-3.1-8b", gpus=["rtx-4060-ti-16gb"], method="qlora")
+    assert not estimate.fits and estimate.seq_len == 2048
+    shorter = estimate.fits_at_seq_len
+    assert shorter is not None and shorter in SHORTER_SEQ_LADDER and 64 <= shorter < 2048
+    (at,) = fit("llama-3.1-8b", gpus=["rtx-4060-ti-16gb"], method="qlora", seq_len=shorter)
+    step = SHORTER_SEQ_LADDER[SHORTER_SEQ_LADDER.index(shorter) + 1]
+    (above,) = fit("llama-3.1-8b", gpus=["rtx-4060-ti-16gb"], method="qlora", seq_len=step)
+    assert at.fits and at.max_batch_size >= 1 and not above.fits
+    (fitting,) = fit("llama-3.1-8b", gpus=["h100-sxm"], method="qlora")
+    assert fitting.fits and fitting.fits_at_seq_len is None
+    (images,) = fit("resnet50", gpus=["gtx-1050-ti"], batch_size=4096)
+    assert not images.fits and images.fits_at_seq_len is None  # no sequences
+    text = " ".join(
+        run_cli(
+            "fit", "llama-3.1-8b", "--method", "qlora", "--gpu", "rtx-4060-ti-16gb"
+        ).stdout.split()
+    )
+    assert f"at which batch 1 fits: GeForce RTX 4060 Ti 16GB {shorter:,}" in text
+
+
+def test_longest_on_the_ladder_bisects_a_monotone_total() -> None:
+    calls: list[int] = []
+
+    def total(length: int) -> int:
+        calls.append(length)
+        return 1000 + 10 * length
+
+    assert _longest_on_ladder(total, 1000 + 10 * 1500, 4096) == 1024  # 1536 is just over
+    assert len(calls) <= 6
+    assert _longest_on_ladder(total, 1000 + 10 * 1536, 4096) == 1536
+    assert _longest_on_ladder(total, 999, 4096) == 0
+    assert _longest_on_ladder(total, 10**9, 100) == 96  # below the length asked only
 
 
 def test_cli_fit_json_has_the_documented_keys() -> None:

@@ -247,3 +247,10 @@ def test_a_job_in_hours_ranks_by_the_work_done_per_dollar_not_by_the_cost_of_the
     rent = wg.recommend("resnet50", gpus=["a100-80gb", "rtx-4090"], hours=10, acquire="rent")
     for c in rent.ranking:
         assert c.perf_per_dollar == pytest.approx(c.throughput * 3600 * 10 / c.cost_usd)
+
+
+def test_a_gpu_that_does_not_fit_one_sequence_says_at_what_length_it_would() -> None:
+    ranking = wg.recommend("llama-3.1-8b", method="qlora", gpus=["rtx-4060-ti-16gb"])
+    (left_out,) = ranking.excluded
+    assert left_out.kind == "memory"
+    assert "; batch 1 fits at sequence length 1,024" in left_out.reason

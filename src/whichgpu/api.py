@@ -306,6 +306,7 @@ def fit(
                 software,
                 method=step.method,
                 seq_limit=step.seq_limit,
+                shorter_seq_when_unfit=True,
                 kv_per_token_bytes=step.kv_per_token,
                 serving=engine,
             )
@@ -811,6 +812,7 @@ def recommend(
                 software,
                 method=step.method,
                 search_seq_len=False,
+                shorter_seq_when_unfit=True,
                 kv_per_token_bytes=step.kv_per_token,
             )
             speed = speed_unknown = None

@@ -780,6 +780,10 @@ class MemoryEstimate(_Tabular):
     max_seq_len_capped: bool = False
     """True when ``max_seq_len`` is the model's position limit (or the search's): the memory
     would take longer sequences."""
+    fits_at_seq_len: int | None = None
+    """When not even batch 1 fits at ``seq_len``: the longest shorter length among 64, 96, 128,
+    192, 256, … (powers of two and 1.5 times them) at which batch 1 fits; 0 when none does.
+    None when it fits, for models without sequences, and where it was not searched."""
     peak_allocated_bytes: int
     """Predicted ``torch.cuda.max_memory_allocated``."""
     peak_reserved_bytes: int

@@ -58,6 +58,11 @@ MAX_BATCH_LIMIT = 65536
 MAX_SEQ_LIMIT = 1 << 20
 """The sequence-length search stops here when the model names no position limit."""
 
+SHORTER_SEQ_LADDER = tuple(sorted({2**k for k in range(6, 21)} | {3 * 2**k for k in range(5, 19)}))
+"""The sequence lengths tried when not even one sequence fits at the asked length: powers of two
+and 1.5 times them, from 64 (64, 96, 128, 192, 256, 384, 512, 768, 1024, …); the lengths
+people choose, and few enough that every GPU of a software stack shares their replays."""
+
 REPLAY_MODEL_VERSION = 1
 """Version of what ``StepMemory.replay`` returns for a given profile and key. Replays shipped
 with the stored profiles (``whichgpu.estimate.replay_cache``) carry it and are ignored when it
@@ -481,6 +486,7 @@ def estimate_on_gpu(
     method: str,
     seq_limit: int | None = None,
     search_seq_len: bool = True,
+    shorter_seq_when_unfit: bool = False,
     kv_per_token_bytes: int | None = None,
     serving: ServingEngine | None = None,
 ) -> MemoryEstimate:
@@ -493,6 +499,9 @@ def estimate_on_gpu(
 
     ``run.gpus`` > 1: every figure is for one of the GPUs training together, each with its own
     batch, under ``run.sharding`` (``whichgpu.estimate.sharding``).
+
+    ``shorter_seq_when_unfit``: when not even batch 1 fits at a sequence model's length, the
+    longest shorter length of ``SHORTER_SEQ_LADDER`` that does (``fits_at_seq_len``).
 
     Inference of a language model (a profile with a KV cache): the batch is the concurrency
     and ``seq_len`` the context; ``kv_per_token_bytes`` (from the model config) is reported,
@@ -570,6 +579,11 @@ def estimate_on_gpu(
         max_seq = largest_within(
             length_total, capacity.bytes, seq_limit or MAX_SEQ_LIMIT, {seq_len: total}
         )
+    shorter: int | None = None
+    if shorter_seq_when_unfit and seq_len is not None and total > capacity.bytes:
+        shorter = _longest_on_ladder(
+            lambda length: reserved_at(1, length) + outside_bytes, capacity.bytes, seq_len
+        )
     kv_bytes = kv_cache_bytes(profile, batch, seq_len)
     served = None
     if serving is not None:
@@ -593,6 +607,7 @@ def estimate_on_gpu(
         sharding=run.sharding,
         max_seq_len=max_seq[0] if max_seq else None,
         max_seq_len_capped=max_seq[1] if max_seq else False,
+        fits_at_seq_len=shorter,
         peak_allocated_bytes=replay.peak_allocated_bytes
         - (tensor_parallel_saving(replay, profile, batch, seq_len, run.gpus) if tensor else 0),
         peak_reserved_bytes=total - outside_bytes,
@@ -611,6 +626,20 @@ def estimate_on_gpu(
         kv_bytes_per_token=kv_per_token_bytes if kv_bytes is not None else None,
         serving=served,
     )
+
+
+def _longest_on_ladder(total_bytes: Callable[[int], int], budget_bytes: int, below: int) -> int:
+    """The longest length of ``SHORTER_SEQ_LADDER`` under ``below`` with ``total_bytes`` within
+    ``budget_bytes`` (bisection over the ladder; memory grows with the length), 0 if none."""
+    ladder = [n for n in SHORTER_SEQ_LADDER if n < below]
+    lo, hi = -1, len(ladder)  # ladder[lo] fits (-1: none known), ladder[hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if total_bytes(ladder[mid]) <= budget_bytes:
+            lo = mid
+        else:
+            hi = mid
+    return ladder[lo] if lo >= 0 else 0
 
 
 def kv_cache_bytes(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> int | None:

@@ -176,6 +176,9 @@ def rank(
             )
             if option.count > 1:
                 reason += f" per GPU ({option.count} GPUs, {run.sharding})"
+            if not memory.fits and memory.fits_at_seq_len and memory.batch_size == 1:
+                noun = "context" if run.mode == "inference" else "sequence length"
+                reason += f"; batch 1 fits at {noun} {memory.fits_at_seq_len:,}"
             exclude(option, "memory" if not memory.fits else "batch", reason)
             continue
         speed = option.speed

@@ -357,6 +357,19 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             "max seq len = the longest sequence that fits at this batch ('+': the model's "
             "position limit, not memory, stops it)"
         )
+    shorter = [e for e in estimates if e.fits_at_seq_len]
+    if shorter:
+        noun = "context" if first.run.mode == "inference" else "sequence length"
+        listed = ", ".join(
+            f"{e.gpu_name} {e.fits_at_seq_len:,}" for e in shorter[:NAMES_IN_NOTE]
+        ) + (f" and {len(shorter) - NAMES_IN_NOTE} more" if len(shorter) > NAMES_IN_NOTE else "")
+        parts.append(
+            Text(
+                f"Where one sequence of {first.seq_len:,} does not fit, the longest {noun} "
+                f"of 64, 96, 128, 192, 256, … at which {unit} 1 fits: {listed} (--json: "
+                "fits_at_seq_len)."
+            )
+        )
     parts.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
     if not any(e.fits for e in estimates):
         levers = [
