@@ -315,8 +315,12 @@ def test_a_measurement_on_one_gpu_calibrates_every_gpu(tmp_path: Path) -> None:
         assert json.loads(result.stdout)[0]["throughput"] == pytest.approx(900.0)
     # a measurement of another run is refused with what to do
     other = make_result(workload="resnet50", gpu="rtx-4090", precision="fp32")
-    with pytest.raises(UsageError, match="whichgpu bench"):
+    with pytest.raises(UsageError, match="whichgpu bench") as refused:
         wg.predict("resnet50", gpus=["rtx-4090"], calibrate=other)
+    assert f"Given: {other.id[:8]} has precision fp32, not bf16." in str(refused.value)
+    cpu = make_result(workload="resnet50", gpu=None, device_name="AMD EPYC 7B13")
+    with pytest.raises(UsageError, match="ran on AMD EPYC 7B13, not a catalog GPU"):
+        wg.predict("resnet50", gpus=["rtx-4090"], calibrate=cpu)
 
 
 def test_predict_says_when_attention_falls_back_to_the_math_path() -> None:

@@ -50,25 +50,39 @@ def matching_measurement(
 ) -> BenchResult:
     """The newest result of ``workload`` run as ``run`` on one catalog GPU, or a usage error
     that says what the file held."""
-    usable = [
-        r
-        for r in results
-        if r.workload == workload
-        and r.gpu is not None
-        and r.n_gpus == 1
-        and r.throughput
-        and all(getattr(r.run, k) == getattr(run, k) for k in MATCHED_FIELDS)
-        and (run.seq_len is None or r.seq_len == run.seq_len)
-    ]
+    given = list(results)
+    usable = [r for r in given if not _mismatches(r, workload, run)]
     if not usable:
+        why = "; ".join(f"{r.id[:8]} {', '.join(_mismatches(r, workload, run))}" for r in given[:3])
+        more = f" (and {len(given) - 3} more)" if len(given) > 3 else ""
         raise UsageError(
             f"--calibrate: no measurement of {workload} on one catalog GPU with "
             f"{run.mode}, {run.precision}, {run.method}, {run.optimizer}"
             + (", checkpointing" if run.checkpointing else "")
             + (f", sequence length {run.seq_len}" if run.seq_len else "")
+            + (f". Given: {why}{more}" if why else "")
             + ". Measure it with `whichgpu bench` using the same options, or drop --calibrate."
         )
     return max(usable, key=lambda r: r.created_at)
+
+
+def _mismatches(result: BenchResult, workload: str, run: RunConfig) -> list[str]:
+    """Why ``result`` cannot calibrate ``workload`` run as ``run`` (empty: it can)."""
+    why = []
+    if result.workload != workload:
+        why.append(f"is of {result.workload}")
+    if result.gpu is None:
+        why.append(f"ran on {result.device_name}, not a catalog GPU")
+    if result.n_gpus != 1:
+        why.append(f"ran on {result.n_gpus} GPUs, not one")
+    if not result.throughput:
+        why.append("has no throughput")
+    for k in MATCHED_FIELDS:
+        if getattr(result.run, k) != getattr(run, k):
+            why.append(f"has {k} {getattr(result.run, k)}, not {getattr(run, k)}")
+    if run.seq_len is not None and result.seq_len != run.seq_len:
+        why.append(f"has sequence length {result.seq_len}, not {run.seq_len}")
+    return why
 
 
 def calibrate(
