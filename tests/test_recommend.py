@@ -254,3 +254,21 @@ def test_a_gpu_that_does_not_fit_one_sequence_says_at_what_length_it_would() -> 
     (left_out,) = ranking.excluded
     assert left_out.kind == "memory"
     assert "; batch 1 fits at sequence length 1,024" in left_out.reason
+
+
+def test_beginner_presets_keep_to_nvidia_as_the_guides_advise_unless_told_otherwise() -> None:
+    gpus = ["rx-9070-xt", "rtx-5070-ti"]
+    kept = wg.recommend(preset="kaggle", gpus=gpus)
+    assert kept.vendor == "nvidia" and [c.gpu for c in kept.ranking] == ["rtx-5070-ti"]
+    assert any("preset kaggle keeps to NVIDIA GPUs" in a for a in kept.assumptions)
+    assert any("--vendor any" in a for a in kept.assumptions)
+    lifted = wg.recommend(preset="kaggle", gpus=gpus, vendor="any")
+    assert lifted.vendor is None and {c.gpu for c in lifted.ranking} == {
+        "rx-9070-xt",
+        "rtx-5070-ti",
+    }
+    research = wg.recommend(preset="cv-research", gpus=gpus)
+    assert research.vendor is None  # researchers see every maker, with the software caveat
+    result = run_cli("recommend", "--for", "learning", "--gpu", "rtx-4060", "--gpu", "rx-9070-xt")
+    assert result.returncode == 0, result.stderr
+    assert "preset learning, NVIDIA only" in result.stdout

@@ -731,6 +731,7 @@ def recommend(
     from whichgpu.ranking.rank import Option, Question, rank
 
     chosen_preset = get_preset(preset) if preset is not None else None
+    notes: list[str] = []
     if chosen_preset is not None:
         if workload is None and config is None and model is None:
             workload = chosen_preset.workload
@@ -744,6 +745,12 @@ def recommend(
         within_hours = within_hours if within_hours is not None else asked.get("within_hours")
         min_batch = min_batch if min_batch is not None else asked.get("min_batch")
         gpu_count = gpu_count if gpu_count is not None else asked.get("gpus")
+        if vendor is None and asked.get("vendor"):
+            vendor = asked["vendor"]
+            notes.append(
+                f"preset {chosen_preset.id} keeps to {Vendor(vendor).label} GPUs: "
+                f"{chosen_preset.vendor_rationale}; --vendor any considers every maker"
+            )
         if hours is None and samples is None and tokens is None and epochs is None:
             hours, samples, tokens = asked.get("hours"), asked.get("samples"), asked.get("tokens")
     acquire = acquire or "buy"
@@ -758,10 +765,10 @@ def recommend(
     chosen = _select(workload, config, task, model)
     counts = _gpu_counts(gpu_count)
     targets = resolve_gpus(gpus)
-    if vendor is not None:
+    if vendor is not None and vendor.strip().lower() != "any":
         makers = sorted({g.vendor.value for g in targets})
         if vendor.strip().lower() not in makers:
-            raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)}.")
+            raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)} (or any).")
         targets = [g for g in targets if g.vendor.value == vendor.strip().lower()]
     software = get_stack(stack)
     catalog = load_catalog()
@@ -848,6 +855,8 @@ def recommend(
         min_batch=min_batch,
         top=top,
         preset=chosen_preset.id if chosen_preset else None,
+        vendor=vendor.strip().lower() if vendor and vendor.strip().lower() != "any" else None,
+        notes=tuple(notes),
     )
     return rank(
         options,

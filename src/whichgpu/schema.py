@@ -52,6 +52,12 @@ class Vendor(str, Enum):
     INTEL = "intel"
     APPLE = "apple"
 
+    @property
+    def label(self) -> str:
+        """The maker's name as written (``NVIDIA``, ``AMD``, ``Google``, ``Intel``, ``Apple``)."""
+        name = str(self.value)
+        return name.upper() if self in (Vendor.NVIDIA, Vendor.AMD) else name.title()
+
 
 class Segment(str, Enum):
     """Market segment: decides driver features (ECC, P2P), cooling and how it is sold."""
@@ -1664,6 +1670,8 @@ class Ranking(_Tabular):
     """Region whose electricity price and grid intensity are used."""
     preset: str | None
     """The persona preset the question came from (``--for``)."""
+    vendor: str | None = None
+    """The only maker whose GPUs were considered (``--vendor``, or the preset's); None: all."""
     ranking: tuple[Candidate, ...]
     """Candidates, best first."""
     excluded: tuple[Exclusion, ...]

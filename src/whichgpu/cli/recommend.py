@@ -95,7 +95,8 @@ def recommend(
         Optional[str],  # noqa: UP045
         typer.Option(
             "--vendor",
-            help="Only this maker's GPUs: nvidia, amd, intel, google, apple.",
+            help="Only this maker's GPUs: nvidia, amd, intel, google, apple; any lifts a "
+            "preset's (learning, kaggle and llm-finetune keep to nvidia).",
             rich_help_panel=_ASK,
         ),
     ] = None,

@@ -77,9 +77,11 @@ def _mismatches(result: BenchResult, workload: str, run: RunConfig) -> list[str]
         why.append(f"ran on {result.n_gpus} GPUs, not one")
     if not result.throughput:
         why.append("has no throughput")
-    for k in MATCHED_FIELDS:
-        if getattr(result.run, k) != getattr(run, k):
-            why.append(f"has {k} {getattr(result.run, k)}, not {getattr(run, k)}")
+    why.extend(
+        f"has {k} {getattr(result.run, k)}, not {getattr(run, k)}"
+        for k in MATCHED_FIELDS
+        if getattr(result.run, k) != getattr(run, k)
+    )
     if run.seq_len is not None and result.seq_len != run.seq_len:
         why.append(f"has sequence length {result.seq_len}, not {run.seq_len}")
     return why

@@ -29,13 +29,15 @@ class Preset:
     run: dict[str, Any] = field(default_factory=dict)
     """Run options (precision, method, seq_len, mode, context, concurrency …)."""
     question: dict[str, Any] = field(default_factory=dict)
-    """Constraints: ``mode``, ``budget_usd``, ``min_batch``, ``gpus``, a job size."""
+    """Constraints: ``mode``, ``budget_usd``, ``min_batch``, ``gpus``, a job size, ``vendor``."""
     rationale: str = ""
     """Why this workload and these constraints."""
     guide_2020: str = ""
     """What the 2020 guide advised this persona (for comparison only)."""
     source: str = ""
     """Where the persona and its needs come from."""
+    vendor_rationale: str = ""
+    """Why the preset keeps to one maker's GPUs (``question["vendor"]``), if it does."""
 
 
 _QUESTION_KEYS = (
@@ -47,6 +49,7 @@ _QUESTION_KEYS = (
     "hours",
     "samples",
     "tokens",
+    "vendor",
 )
 
 
@@ -65,6 +68,7 @@ def shipped_presets() -> tuple[Preset, ...]:
             rationale=str(item.get("rationale", "")),
             guide_2020=str(item.get("guide_2020", "")),
             source=str(item.get("source", "")),
+            vendor_rationale=str(item.get("vendor_rationale", "")),
         )
         for item in doc["presets"]
     )

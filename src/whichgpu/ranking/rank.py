@@ -88,6 +88,10 @@ class Question:
     min_batch: int | None = None
     top: int | None = None
     preset: str | None = None
+    vendor: str | None = None
+    notes: tuple[str, ...] = ()
+    """What the question took for granted beyond its fields (a preset's maker), for the
+    assumptions."""
 
 
 def job_units(job: JobSize, unit: str, units_per_sample: int) -> float | None:
@@ -352,6 +356,7 @@ def rank(
         within_hours=q.within_hours,
         region=region,
         preset=q.preset,
+        vendor=q.vendor,
         ranking=candidates,
         excluded=tuple(excluded),
         answer=_answer(candidates, excluded, q, metric, run),
@@ -584,6 +589,7 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
     )
     if any(p.option.count > 1 and p.option.memory.run.mode == "train" for p in priced):
         notes.append("several GPUs train data parallel, each with its own batch")
+    notes.extend(q.notes)
     if any(p.option.memory.run.mode == "inference" and p.option.count > 1 for p in priced):
         notes.append(
             "several GPUs serve one model tensor parallel: 1/N of the weights, the KV cache and "

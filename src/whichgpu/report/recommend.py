@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from whichgpu.schema import EXCLUSION_LABELS, SCHEMA_VERSION, Ranking
+from whichgpu.schema import EXCLUSION_LABELS, SCHEMA_VERSION, Ranking, Vendor
 
 NAMES_SHOWN = 4
 """Exclusions listed per kind in the terminal (the JSON has all)."""
@@ -43,6 +43,8 @@ def recommend_view(ranking: Ranking) -> RenderableType:
         question += f" within {ranking.within_hours:,.0f} h"
     if ranking.preset:
         question += f", preset {ranking.preset}"
+    if ranking.vendor:
+        question += f", {Vendor(ranking.vendor).label} only"
     parts: list[RenderableType] = [
         Text.assemble((escape(what), "bold"), f"  ({question}; ranked by {ranking.metric})"),
         Text(ranking.answer, style="bold green" if ranking.ranking else "bold red"),
