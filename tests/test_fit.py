@@ -150,6 +150,7 @@ def test_when_nothing_fits_fit_says_what_would_need_less_memory() -> None:
     assert "--method lora or qlora" in text and "--sharding zero3" in text
     assert "--batch-size" not in text.split("Nothing fits")[1]  # none was given
     given = run_cli("fit", "gpt2", "--gpu", "rtx-4060", "--batch-size", "512", "--checkpointing")
+    assert "[transformers]" not in given.stderr  # its use_cache / loss_type advice stays quiet
     text = " ".join(given.stdout.split())
     assert "no --batch-size (the largest batch that fits)" in text
     assert "try: --checkpointing" not in text  # already on

@@ -48,6 +48,7 @@ from whichgpu.trace.step import (
 )
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
+from whichgpu.workloads.hf import quiet_transformers
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -246,10 +247,11 @@ class TorchSession:
     def _guarded(self, model: torch.nn.Module) -> None:
         """One step; the runtime's out-of-memory errors become ``StepOutOfMemory``."""
         try:
-            if self._optimizer is None:
-                self._inference_step(model)
-            else:
-                self._train_step(model, self._optimizer)
+            with quiet_transformers():
+                if self._optimizer is None:
+                    self._inference_step(model)
+                else:
+                    self._train_step(model, self._optimizer)
         except Exception as exc:
             cause = self._out_of_memory_in(exc)
             if cause is None:

@@ -40,7 +40,7 @@ from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
 from whichgpu.workloads.base import BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
-from whichgpu.workloads.hf import experts_choice
+from whichgpu.workloads.hf import experts_choice, quiet_transformers
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -489,7 +489,7 @@ def trace_built(
         return contextlib.nullcontext()
 
     fused = _CudaDropout(fused_attention=built.fused_attention_dropout)
-    with rec, fused if kernels == "cuda" else contextlib.nullcontext():
+    with rec, fused if kernels == "cuda" else contextlib.nullcontext(), quiet_transformers():
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():

@@ -8,6 +8,7 @@ torch and transformers are imported inside the functions, never at module import
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -158,6 +159,18 @@ def _quiet_transformers() -> Iterator[None]:
         yield
     finally:
         hf_logging.set_verbosity(previous)
+
+
+@contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Keep transformers' advice about configs and call options (``use_cache`` with
+    checkpointing, ``loss_type``) off the user's screen while a step runs; nothing to do (and
+    nothing imported) when no transformers model was built."""
+    if "transformers" not in sys.modules:
+        yield
+        return
+    with _quiet_transformers():
+        yield
 
 
 @contextmanager
