@@ -529,7 +529,7 @@ class _Example:
         """The model on ``batch``: positional inputs, or the keyword inputs but ``labels``."""
         if self.positional:
             return model(*batch[_POSITIONAL])
-        return model(**{k: v for k, v in batch.items() if k != "labels"})
+        return _inference_forward(model, batch)
 
     def with_users_batch(self, user_loss: Callable[..., Any] | None) -> Callable[..., Any] | None:
         """``user_loss`` called with the batch in the form the user gave (None stays None)."""
