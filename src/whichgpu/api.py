@@ -765,11 +765,14 @@ def recommend(
     chosen = _select(workload, config, task, model)
     counts = _gpu_counts(gpu_count)
     targets = resolve_gpus(gpus)
-    if vendor is not None and vendor.strip().lower() != "any":
+    maker = vendor.strip().lower() if vendor is not None else None
+    if maker == "any":
+        maker = None
+    if maker is not None:
         makers = sorted({g.vendor.value for g in targets})
-        if vendor.strip().lower() not in makers:
+        if maker not in makers:
             raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)} (or any).")
-        targets = [g for g in targets if g.vendor.value == vendor.strip().lower()]
+        targets = [g for g in targets if g.vendor.value == maker]
     software = get_stack(stack)
     catalog = load_catalog()
     place = get_region(region)
@@ -855,7 +858,7 @@ def recommend(
         min_batch=min_batch,
         top=top,
         preset=chosen_preset.id if chosen_preset else None,
-        vendor=vendor.strip().lower() if vendor and vendor.strip().lower() != "any" else None,
+        vendor=maker,
         notes=tuple(notes),
     )
     return rank(

@@ -514,7 +514,7 @@ def _answer(
         "perf-per-dollar": f"the most {top.perf_per_dollar_unit.split(' per ')[0]} per "
         + (
             f"dollar over {q.job.describe()}: {top.perf_per_dollar:,.3g} (${top.cost_usd:,.0f})"
-            if q.job is not None and q.job.hours is not None
+            if q.job is not None and _hours_job(q)
             else f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: {top.perf_per_dollar:,.3g}"
         ),
         "time": f"the fastest to finish: {(top.time_s or 0) / SECONDS_PER_HOUR:,.1f} h",

@@ -55,7 +55,12 @@ class BuiltWorkload:
         """One forward pass of ``model`` on ``batch`` without a loss, as inference runs it."""
         if self.forward is not None:
             return self.forward(model, batch)
-        return model(**{k: v for k, v in batch.items() if k != "labels"})
+        return keyword_inference(model, batch)
+
+
+def keyword_inference(model: torch.nn.Module, batch: Batch) -> Any:
+    """The model on the batch's items as keyword inputs but ``labels`` (an inference step)."""
+    return model(**{k: v for k, v in batch.items() if k != "labels"})
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
 
 from whichgpu.errors import UnsupportedWorkload, UsageError, WhichGpuError, WorkloadError
 from whichgpu.schema import RunConfig, ThroughputUnit, WorkloadInfo
-from whichgpu.workloads.base import Batch, BuiltWorkload, Workload
+from whichgpu.workloads.base import Batch, BuiltWorkload, Workload, keyword_inference
 from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
@@ -459,7 +459,7 @@ def _built(
         if example is None:
             make_batch = _checked_batch(spec, feed, run)
             loss = _checked_loss(spec, user_loss, _keyword_forward)
-            forward = _inference_forward
+            forward = keyword_inference
         else:
             make_batch = example.batch_maker(spec, defaults.seq_len)
             loss = _checked_loss(spec, example.with_users_batch(user_loss), example.forward)
@@ -529,7 +529,7 @@ class _Example:
         """The model on ``batch``: positional inputs, or the keyword inputs but ``labels``."""
         if self.positional:
             return model(*batch[_POSITIONAL])
-        return _inference_forward(model, batch)
+        return keyword_inference(model, batch)
 
     def with_users_batch(self, user_loss: Callable[..., Any] | None) -> Callable[..., Any] | None:
         """``user_loss`` called with the batch in the form the user gave (None stays None)."""
@@ -636,11 +636,6 @@ def _keyword_forward(model: torch.nn.Module, batch: Batch) -> Any:
     """The model on the batch's items as keyword inputs, ``labels`` included (``transformers``
     models return their loss when given them)."""
     return model(**batch)
-
-
-def _inference_forward(model: torch.nn.Module, batch: Batch) -> Any:
-    """The model on the batch's items as keyword inputs but ``labels`` (inference)."""
-    return model(**{k: v for k, v in batch.items() if k != "labels"})
 
 
 def _checked_forward(
