@@ -102,6 +102,28 @@ def test_predict_cli_on_four_gpus() -> None:
     assert 0 < row["scaling_efficiency"] <= 1
 
 
+def test_speed_questions_stop_at_one_machine() -> None:
+    # the link figures describe one machine; the cost data's largest build is that machine
+    from whichgpu.catalog.cost_data import shipped_cost_data
+
+    most = load_links().max_gpus_per_node
+    assert most == max(b.gpus for b in shipped_cost_data().build_classes)
+    for args in (
+        ("predict", "resnet50", "--gpus", str(most + 1)),
+        ("recommend", "resnet50", "--rent", "--gpus", "16"),
+    ):
+        result = run_cli(*args, "--json")
+        assert result.returncode == 2, result.stderr
+        assert result.stdout == ""
+        assert f"at most {most}" in result.stderr and "whichgpu fit" in result.stderr
+        assert "Traceback" not in result.stderr
+    # a range stops at one machine; fit answers per GPU for any count
+    ranking = wg.recommend("resnet50", acquire="rent", gpu_count="4-16", gpus=["h100-sxm"])
+    assert sorted({c.count for c in ranking.ranking}) == [4, 8]
+    (wide,) = wg.fit("llama-3.1-70b", gpus=["h100-sxm"], gpu_count=64, sharding="zero3")
+    assert wide.gpus == 64
+
+
 def test_tensor_parallel_serving_splits_weights_and_cache_and_adds_all_reduces() -> None:
     ask = {"mode": "inference", "concurrency": 4, "context": 1024, "new_tokens": 64}
     one = wg.fit("llama-3.2-3b", gpus=["h100-sxm"], batch_size=4, **ask)[0]

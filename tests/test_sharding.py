@@ -88,9 +88,32 @@ def tiny_step(with_zero_grad: bool = False) -> Stream:
     return s
 
 
-def tiny_plan(n: int, how: Sharding) -> ShardingPlan:
+def tiny_plan(n: int, how: Sharding, sixteen_bit_working: bool = False) -> ShardingPlan:
     grads = [PARAMS[i] for i in reversed(range(len(PARAMS)))]
-    return make_plan(Parallel(n, how), PARAMS, grads, trainable_params=PSI_BYTES // 4)
+    return make_plan(
+        Parallel(n, how),
+        PARAMS,
+        grads,
+        trainable_params=PSI_BYTES // 4,
+        sixteen_bit_working=sixteen_bit_working,
+    )
+
+
+def amp_step() -> Stream:
+    """``tiny_step`` with autocast's bf16 copies of the weights: made in forward, used and
+    freed in backward (the embedding, ``E``, is not cast)."""
+    s = tiny_step()
+    cast = Stream()
+    first_activation = s.handles.index(11)
+    for i in range(len(s.handles)):
+        if i == first_activation:
+            for j, size in enumerate(PARAMS[1:], start=1):
+                cast.add(50 + j, size // 2, True, "parameter_cast", "forward")
+        if s.phases[i] == "optimizer" and s.phases[i - 1] == "backward":
+            for j, size in enumerate(PARAMS[1:], start=1):
+                cast.add(50 + j, size // 2, False, "parameter_cast", "backward")
+        cast.add(s.handles[i], s.sizes[i], s.allocs[i], s.categories[i], s.phases[i])
+    return cast
 
 
 def live(events: Sequence[Event], until: int | None = None) -> dict[TensorCategory, int]:
@@ -227,6 +250,55 @@ def test_zero3_gathers_root_and_two_blocks_during_the_passes() -> None:
     assert tiny_step().rank(tiny_plan(n, "fsdp")) == events
 
 
+CAST_BYTES = (PSI_BYTES - E) // 2
+
+
+def test_ddp_keeps_the_autocast_copies_of_the_weights() -> None:
+    events = amp_step().rank(tiny_plan(4, "ddp", sixteen_bit_working=True))
+    first_gradient = next(i for i, e in enumerate(events) if e[3] == "gradient" and e[0] >= 0)
+    assert live(events, first_gradient)["parameter_cast"] == CAST_BYTES
+    assert "parameter_cast" not in live(events)
+
+
+def test_zero3_with_sixteen_bit_working_parameters_gathers_them_instead_of_casting() -> None:
+    n = 4
+    plain = amp_step().rank(tiny_plan(n, "zero3"))
+    events = amp_step().rank(tiny_plan(n, "zero3", sixteen_bit_working=True))
+    assert "parameter_cast" in {e[3] for e in plain}
+    assert "parameter_cast" not in {e[3] for e in events}
+    param_shards = sum(shard_bytes(p, n) for p in PARAMS)  # the fp32 master shard
+    first_activation = next(i for i, e in enumerate(events) if e[3] == "activation")
+    assert live(events, first_activation + 1)["parameter"] == param_shards + (ROOT + 2 * BLOCK) // 2
+    first_gradient = next(i for i, e in enumerate(events) if e[3] == "gradient" and e[0] >= 0)
+    assert live(events, first_gradient)["gradient"] == (ROOT + BLOCK) // 2
+    # the state after the step is as without: fp32 shards of parameters, gradients, moments
+    assert live(events) == live(plain)
+    assert peak(events) < peak(plain)
+    assert any("16-bit working parameters" in a for a in tiny_plan(n, "fsdp", True).assumptions)
+
+
+def test_zero2_with_sixteen_bit_working_parameters_keeps_them_whole_at_two_bytes() -> None:
+    n = 4
+    events = amp_step().rank(tiny_plan(n, "zero2", sixteen_bit_working=True))
+    assert "parameter_cast" not in {e[3] for e in events}
+    grad_shards = sum(shard_bytes(p, n) for p in PARAMS)
+    assert live(events) == {
+        "parameter": PSI_BYTES // 2 + grad_shards,  # whole bf16 copy + the fp32 master shard
+        "input": 64,
+        "gradient": grad_shards + PSI_BYTES // 2,  # fp32 shards + the bf16 bucket
+        "optimizer": sum(shard_bytes(2 * p, n) for p in PARAMS),
+    }
+    # each full gradient is bf16 while it is copied out
+    full = [e[1] for e in events if e[3] == "gradient" and e[0] < 0 and e[2]]
+    assert sorted(full[1:]) == sorted(p // 2 for p in PARAMS)
+
+
+def test_one_gpu_keeps_the_casts_whatever_the_precision_mode() -> None:
+    s = amp_step()
+    as_traced = list(zip(s.handles, s.sizes, s.allocs, s.categories, strict=True))
+    assert s.rank(tiny_plan(1, "zero3", sixteen_bit_working=True)) == as_traced
+
+
 def test_persistent_state_falls_with_more_gpus() -> None:
     for how in ("zero2", "zero3"):
         states = []
@@ -245,8 +317,10 @@ def test_zero_paper_model_states_in_our_categories() -> None:
     params = [4 * psi // 10] * 10
     n = 8
 
-    def states(how: Sharding) -> int:
-        plan = make_plan(Parallel(n, how), params, params, trainable_params=psi)
+    def states(how: Sharding, working: bool = False) -> int:
+        plan = make_plan(
+            Parallel(n, how), params, params, trainable_params=psi, sixteen_bit_working=working
+        )
         s = Stream()
         for i, p in enumerate(params):
             s.add(i, p, True, "parameter", "setup")
@@ -256,7 +330,11 @@ def test_zero_paper_model_states_in_our_categories() -> None:
         for i, p in enumerate(params):
             s.add(200 + i, 2 * p, True, "optimizer", "optimizer")
         state = live(s.rank(plan))
-        bucket = {"ddp": 4 * psi, "zero2": min(ZERO_REDUCE_BUCKET_ELEMENTS * 4, 4 * psi)}
+        element = 2 if working else 4
+        bucket = {
+            "ddp": 4 * psi,
+            "zero2": min(ZERO_REDUCE_BUCKET_ELEMENTS * element, element * psi),
+        }
         return sum(state.values()) - 1 - bucket.get(how, 0)  # model states, no comm buffers
 
     assert states("ddp") == 16 * psi
@@ -264,6 +342,11 @@ def test_zero_paper_model_states_in_our_categories() -> None:
     # ours: whole fp32 working copy 4Ψ + master shard 4Ψ/N + gradients 4Ψ/N + moments 8Ψ/N
     assert states("zero2") == 4 * psi + 16 * psi // n >= zero2
     assert states("zero3") == 16 * psi // n == states("fsdp")
+    # with 16-bit working parameters (DeepSpeed bf16, FSDP MixedPrecision): the whole copy is
+    # 2Ψ, as in the paper; the fp32 gradient shards keep ours 2Ψ/N above it
+    assert states("zero2", working=True) == 2 * psi + 16 * psi // n >= zero2
+    assert states("zero3", working=True) == 16 * psi // n
+    assert states("ddp", working=True) == 16 * psi
 
 
 # --- on a stored profile and through fit -------------------------------------------------------
@@ -306,19 +389,23 @@ def test_cli_fsdp_on_eight_gpus_splits_the_model_state() -> None:
     assert isinstance(b1, dict) and isinstance(b8, dict)
     # optimizer state is exactly split (up to padding)
     assert math.isclose(b8["optimizer"], b1["optimizer"] / 8, rel_tol=1e-6)
-    # weights: the 1/8 shard plus what is gathered: embeddings + lm_head + final norm (root)
-    # and two decoder layers (Llama 3.1 8B: vocab 128256, hidden 4096, 8 KV heads of 128,
-    # MLP 14336; model card / config.json), fp32
+    # weights: the 1/8 fp32 shard plus what is gathered in bf16 (FSDP MixedPrecision):
+    # embeddings + lm_head + final norm (root) and two decoder layers (Llama 3.1 8B: vocab
+    # 128256, hidden 4096, 8 KV heads of 128, MLP 14336; model card / config.json)
     hidden, mlp, kv = 4096, 14336, 1024
     layer = 2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * mlp + 2 * hidden
     root = 2 * 128256 * hidden + hidden
-    assert b8["weights"] == pytest.approx(b1["weights"] / 8 + 4 * (root + 2 * layer), rel=1e-6)
+    params = 32 * layer + root
+    # the single GPU peaks in the optimizer step: fp32 weights (and two rotary buffers)
+    assert b1["weights"] == pytest.approx(4 * params, rel=1e-6)
+    assert b8["weights"] == pytest.approx(4 * params / 8 + 2 * (root + 2 * layer), rel=1e-6)
     state1 = b1["weights"] + b1["gradients"] + b1["optimizer"]
     state8 = b8["weights"] + b8["gradients"] + b8["optimizer"]
     assert state1 / 8 < state8 < state1 / 4
     assert eight["overheads"]["nccl_buffers"] > 0  # type: ignore[index]
     assumptions = " ".join(eight["assumptions"])  # type: ignore[arg-type]
     assert "32 repeated blocks" in assumptions and "prefetched" in assumptions
+    assert "16-bit working parameters" in assumptions
 
 
 @pytest.mark.parametrize(

@@ -72,6 +72,26 @@ def test_fake_trace_peak_equals_a_real_cpu_run_to_the_byte(precision: str, optim
     assert fake.flops_per_step == real.flops_per_step
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp32", "bf16-pure"])
+def test_autocast_weight_copies_are_marked_as_parameter_casts(precision: str) -> None:
+    # tiny-llama (tests/fixtures): 2 layers of hidden 64, 4 heads and 2 KV heads of 16, MLP
+    # 128, an untied lm_head over 512 tokens. Autocast casts each linear weight to bf16 once per
+    # forward (its cache): q, k, v, o, gate, up, down and lm_head; embeddings and the RMSNorm
+    # weights are not cast. fp32 and pure bf16 runs cast nothing.
+    run = RunConfig.model_validate({"batch_size": 2, "seq_len": 32, "precision": precision})
+    profile = trace_step(config_workload(FIXTURES / "tiny-llama.json"), run)
+    casts = [e for e in profile.events if e.category == "parameter_cast" and e.alloc]
+    if precision != "bf16":
+        assert casts == []
+        return
+    hidden, kv, mlp, vocab, layers = 64, 2 * 16, 128, 512, 2
+    linear = layers * (2 * hidden * hidden + 2 * kv * hidden + 3 * hidden * mlp) + vocab * hidden
+    assert sum(e.size_bytes for e in casts if e.step == 1) == 2 * linear
+    # every cast is gone by the end of the step (none is mistaken for state)
+    freed = {e.storage for e in profile.events if e.category == "parameter_cast" and not e.alloc}
+    assert {e.storage for e in casts} == freed
+
+
 def test_inference_traces_without_gradients() -> None:
     profile = trace_step(
         config_workload(FIXTURES / "tiny-llama.json"),

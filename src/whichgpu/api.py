@@ -400,6 +400,7 @@ def predict(
     prediction (``whichgpu.estimate.calibration``); the band becomes that correction's
     validated error.
     """
+    from whichgpu.estimate.data_parallel import check_one_node
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
@@ -407,6 +408,7 @@ def predict(
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     check_for_workload(run, chosen.info)
+    check_one_node(run.gpus)
     named = bool(gpus)
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
@@ -922,7 +924,10 @@ def _metric(sort: str | None) -> RankMetric | None:
 
 
 def _gpu_counts(spec: int | str | None) -> list[int]:
-    """``--gpus``: a count, ``auto`` (1, 2, 4, 8) or a range ``A-B`` (the powers of 2 in it)."""
+    """``--gpus``: a count, ``auto`` (1, 2, 4, 8) or a range ``A-B`` (the powers of 2 in it),
+    each within one machine."""
+    from whichgpu.estimate.data_parallel import check_one_node
+
     if spec is None:
         return [1]
     if isinstance(spec, int):
@@ -934,7 +939,7 @@ def _gpu_counts(spec: int | str | None) -> list[int]:
                 counts = [1, 2, 4, 8]
             elif "-" in text:
                 low, high = (int(x) for x in text.split("-", 1))
-                counts = [n for n in (1, 2, 4, 8, 16) if low <= n <= high] or [low]
+                counts = [n for n in (1, 2, 4, 8) if low <= n <= high] or [low]
             else:
                 counts = [int(text)]
         except ValueError as exc:
@@ -943,6 +948,8 @@ def _gpu_counts(spec: int | str | None) -> list[int]:
             ) from exc
     if any(n < 1 for n in counts):
         raise UsageError(f"--gpus: counts start at 1, not {spec}.")
+    for n in counts:
+        check_one_node(n)
     return counts
 
 
@@ -1280,6 +1287,7 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
     data-parallel training, hidden states in tensor-parallel inference."""
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
+    from whichgpu.estimate.sharding import working_bytes
 
     if step.run.gpus <= 1:
         return None
@@ -1289,7 +1297,11 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
             layers=layers,
             hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),
         )
-    return StepState(
-        gradient_bytes=sum(step.memory.state_sizes("gradient")),
-        parameter_bytes=sum(step.memory.state_sizes("parameter")),
-    )
+    gradient_bytes = sum(step.memory.state_sizes("gradient"))
+    parameter_bytes = sum(step.memory.state_sizes("parameter"))
+    if step.run.sharding != "ddp" and step.memory.autocast_fp32_parameters:
+        # ZeRO and FSDP's mixed precision gather and reduce 16-bit working copies
+        # (whichgpu.estimate.sharding)
+        gradient_bytes = working_bytes(gradient_bytes)
+        parameter_bytes = working_bytes(parameter_bytes)
+    return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)

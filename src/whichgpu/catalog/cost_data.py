@@ -262,8 +262,8 @@ def build_class_for(
             return build
     largest = data.build_classes[-1]
     raise UsageError(
-        f"--count: {count} GPUs is more than one machine of the catalog holds "
-        f"({largest.gpus}, a {largest.id}); plan several machines."
+        f"{count} GPUs is more than one machine of the cost data holds (at most "
+        f"{largest.gpus}, a {largest.id}); price one machine and plan several."
     )
 
 

@@ -51,6 +51,8 @@ class LinkData:
     """Shortest time of one all-reduce, however small (the collective's latency)."""
     all_reduce_floor_source: str
     """Where that floor comes from."""
+    max_gpus_per_node: int
+    """Most GPUs of one machine that the link figures describe."""
 
 
 @cache
@@ -65,7 +67,22 @@ def load_links() -> LinkData:
         ddp_bucket_bytes=int(doc["ddp_bucket_bytes"]),
         all_reduce_floor_s=float(doc["all_reduce_floor_s"]),
         all_reduce_floor_source=str(doc["all_reduce_floor_source"]),
+        max_gpus_per_node=int(doc["max_gpus_per_node"]),
     )
+
+
+def check_one_node(gpus: int, links: LinkData | None = None) -> None:
+    """Refuse a data-parallel speed question about more GPUs than one machine holds: between
+    machines the network sets the pace, and no figure here describes it."""
+    most = (links or load_links()).max_gpus_per_node
+    if gpus > most:
+        raise UsageError(
+            f"--gpus {gpus}: speed and price are modelled for the GPUs of one machine, at most "
+            f"{most}; across machines the network between them sets the pace, which whichgpu "
+            f"does not model. Ask about one machine (--gpus {most} or fewer) and multiply by "
+            "the machines you plan, or use whichgpu fit, whose memory per GPU holds for any "
+            "count."
+        )
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
 from whichgpu.estimate.serving import serving_estimate
 from whichgpu.estimate.sharding import (
     SINGLE_GPU,
+    TRACED_PARAMETER_BYTES,
     Parallel,
     ShardingPlan,
     event_phases,
@@ -63,7 +64,7 @@ SHORTER_SEQ_LADDER = tuple(sorted({2**k for k in range(6, 21)} | {3 * 2**k for k
 and 1.5 times them, from 64 (64, 96, 128, 192, 256, 384, 512, 768, 1024, …); the lengths
 people choose, and few enough that every GPU of a software stack shares their replays."""
 
-REPLAY_MODEL_VERSION = 1
+REPLAY_MODEL_VERSION = 2
 """Version of what ``StepMemory.replay`` returns for a given profile and key. Replays shipped
 with the stored profiles (``whichgpu.estimate.replay_cache``) carry it and are ignored when it
 differs: bump it with any change to ``estimate.allocator``, ``estimate.sharding``'s event
@@ -86,6 +87,7 @@ _BREAKDOWN: dict[TensorCategory, MemoryCategory] = {
     "input": "activations",
     "activation": "activations",
     "temporary": "temporaries",
+    "parameter_cast": "weights",
 }
 
 
@@ -218,6 +220,17 @@ class StepMemory:
         first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
         return [int(sizes[i]) for i in first if self._allocs[i] and self._categories[i] == category]
 
+    @property
+    def autocast_fp32_parameters(self) -> bool:
+        """Whether the step is AMP over fp32 parameters: every parameter is 4 bytes a value and
+        autocast casts them (``parameter_cast`` events)."""
+        casts = CATEGORIES.index("parameter_cast")
+        return (
+            bool((self.profile.events[:, 3] == casts).any())
+            and sum(self.state_sizes("parameter"))
+            == TRACED_PARAMETER_BYTES * self.profile.params_total
+        )
+
     def plan(self, parallel: Parallel) -> ShardingPlan:
         """What one GPU of ``parallel`` holds besides its share of the step (memoised)."""
         found = self._plans.get(parallel)
@@ -227,6 +240,7 @@ class StepMemory:
                 self.state_sizes("parameter"),
                 self.state_sizes("gradient"),
                 self.profile.params_trainable,
+                sixteen_bit_working=self.autocast_fp32_parameters,
             )
             self._plans[parallel] = found
         return found

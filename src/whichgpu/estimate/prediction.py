@@ -129,7 +129,8 @@ class ThroughputPredictor:
             links = load_links()
             notes += (
                 f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the "
-                "one-GPU step on its own batch, then a ring all-reduce of the gradients over "
+                "one-GPU step on its own batch, then a ring all-reduce of the gradients (16-bit "
+                "where ZeRO or FSDP trains an AMP run, as their mixed precision does) over "
                 "NVLink/NVSwitch (SXM/OAM boards), the bridge (two bridged cards) or PCIe, at the "
                 "share of the link NCCL reaches in published all_reduce_perf runs ("
                 + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())

@@ -44,6 +44,19 @@ everything in bf16):
     unsharded gradients are the root's plus one block's throughout backward. With no
     repeated block found every parameter counts as root: nothing is saved while computing.
 
+Mixed precision under ZeRO and FSDP. In an AMP trace the parameters are fp32 and autocast makes
+a 16-bit copy of each weight per forward (``parameter_cast`` events), kept until the forward
+ends and until backward has used it: 2 bytes per parameter on top of the fp32 ones, which DDP
+pays. ZeRO and FSDP are not run that way: DeepSpeed's ``bf16``/``fp16`` modes train 16-bit
+working parameters against an fp32 master partition, and FSDP's
+``MixedPrecision(param_dtype=torch.bfloat16)`` gathers 16-bit parameters (autocast then has
+nothing to cast). So where every parameter of the trace is fp32 and autocast cast them
+(``make_plan``'s ``sixteen_bit_working``), the rank's stream has no casts; ZeRO-2 keeps the whole
+parameters at 2 bytes (plus the fp32 master partition) and produces 16-bit full gradients into
+a 16-bit bucket; ZeRO-3/FSDP gather 16-bit units and hold 16-bit unsharded gradients, with the
+fp32 sharded parameter as master. Sharded gradients and optimizer state stay as traced (fp32),
+the ZeRO paper's 16 bytes per parameter over ``N``.
+
 Shards are rounded up: each tensor is split into whole 8-byte granules and every rank gets
 ``ceil(granules / N)`` of them, which is never less than FSDP's or DeepSpeed's padding of a
 flat buffer to a multiple of ``N`` elements (of 1, 2, 4 or 8 bytes). The batch is per GPU;
@@ -62,7 +75,11 @@ Sources:
 - Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
   arXiv:1910.02054 (model states 2Ψ + 2Ψ + 12Ψ; stage 2: 2Ψ + 14Ψ/N; stage 3: 16Ψ/N).
 - DeepSpeed ZeRO configuration (``reduce_bucket_size`` 5e8 elements, ``contiguous_gradients``
-  true; ``deepspeed/runtime/zero/config.py``): https://www.deepspeed.ai/docs/config-json/.
+  true; ``deepspeed/runtime/zero/config.py``; ``bf16``/``fp16`` modes):
+  https://www.deepspeed.ai/docs/config-json/.
+- FSDP ``MixedPrecision`` (``param_dtype``: the dtype of the gathered parameters used in
+  forward and backward; ``reduce_dtype`` defaults to it; the sharded parameter stays in its
+  original dtype): https://pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.MixedPrecision.
 
 Pure Python; never imports torch.
 """
@@ -84,6 +101,10 @@ ZERO_REDUCE_BUCKET_ELEMENTS = 500_000_000
 """DeepSpeed's ``reduce_bucket_size`` default, in elements."""
 SHARD_GRANULE_BYTES = 8
 """Shards are counted in granules of this size (a multiple of every element size)."""
+TRACED_PARAMETER_BYTES = 4
+"""Element size of the parameters of an AMP trace (fp32)."""
+WORKING_PARAMETER_BYTES = 2
+"""Element size of ZeRO's and FSDP's mixed-precision working parameters (bf16/fp16)."""
 
 Event = tuple[int, int, bool, TensorCategory]
 """One allocation or free as the allocator replays it: handle, bytes, alloc, category."""
@@ -131,6 +152,9 @@ class ShardingPlan:
     """Each full gradient is produced, copied into the reduce bucket and freed (ZeRO-2)."""
     assumptions: tuple[str, ...]
     """What the plan assumes, in words."""
+    working_parameters: bool = False
+    """16-bit working parameters replace autocast's casts: the casts are dropped, and whole
+    parameters (ZeRO-2) and full gradients are held at 16 bits."""
 
     @property
     def identity(self) -> bool:
@@ -184,14 +208,23 @@ def repeated_block(sizes: Sequence[int]) -> tuple[int, int]:
     return best
 
 
+def working_bytes(nbytes: int) -> int:
+    """Bytes of the 16-bit working copy of ``nbytes`` of fp32 parameters (or gradients)."""
+    return nbytes * WORKING_PARAMETER_BYTES // TRACED_PARAMETER_BYTES
+
+
 def make_plan(
     parallel: Parallel,
     parameter_bytes: Sequence[int],
     gradient_bytes: Sequence[int],
     trainable_params: int,
+    *,
+    sixteen_bit_working: bool = False,
 ) -> ShardingPlan:
     """The plan for ``parallel`` from the step's parameter sizes (model order) and gradient
-    sizes (order they become ready), both in bytes, and the count of trainable parameters."""
+    sizes (order they become ready), both in bytes, and the count of trainable parameters.
+    ``sixteen_bit_working``: the trace is AMP with every parameter fp32 and autocast casting
+    them, so ZeRO and FSDP train 16-bit working parameters instead (see the module)."""
     n, how = parallel.gpus, parallel.sharding
     label = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP (FULL_SHARD)"}
     if n == 1:
@@ -199,7 +232,14 @@ def make_plan(
         if how != "ddp":
             note += " (FSDP runs as NO_SHARD at world size 1)"
         return ShardingPlan(parallel, (), (), (), False, False, False, (note,))
-    head = f"{label[how]} on {n} GPUs of one node; batch per GPU (global batch {n} x batch)"
+    head = f"{label[how]} on {n} GPUs; batch per GPU (global batch {n} x batch)"
+    working = sixteen_bit_working and how != "ddp"
+    precision_note = (
+        "mixed precision as DeepSpeed's bf16/fp16 modes and FSDP's MixedPrecision run it: "
+        "16-bit working parameters against an fp32 master shard, so no per-operator autocast "
+        "copies of the weights"
+    )
+    half = working_bytes if working else (lambda nbytes: nbytes)
     if how == "ddp":
         buckets = ddp_buckets(gradient_bytes)
         note = (
@@ -211,12 +251,14 @@ def make_plan(
         return ShardingPlan(parallel, wrap, (), (), False, False, False, (head, note))
     total_gradients = sum(gradient_bytes)
     if how == "zero2":
-        element_bytes = -(-total_gradients // max(trainable_params, 1))
-        bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, total_gradients)
+        element_bytes = -(-half(total_gradients) // max(trainable_params, 1))
+        bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, half(total_gradients))
         master = sum(shard_bytes(g, n) for g in gradient_bytes)
+        whole = "16-bit parameters" if working else "parameters"
         notes: tuple[str, ...] = (
             head,
-            f"gradients, optimizer state and its temporaries split 1/{n}; parameters whole on "
+            *((precision_note,) if working else ()),
+            f"gradients, optimizer state and its temporaries split 1/{n}; {whole} whole on "
             f"every GPU plus a 1/{n} shard of the trainable ones ({_gib(master)} GiB: the "
             "master partition / sharded flat parameter)",
             f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
@@ -225,7 +267,7 @@ def make_plan(
         )
         zero2: Added = ((master, "parameter"), (bucket, "gradient"))
         wrap = tuple((b, c) for b, c in zero2 if b)
-        return ShardingPlan(parallel, wrap, (), (), False, True, True, notes)
+        return ShardingPlan(parallel, wrap, (), (), False, True, True, notes, working)
     block, blocks = repeated_block(parameter_bytes)
     root = sum(parameter_bytes) - block * blocks
     grad_block, grad_blocks = repeated_block(gradient_bytes)
@@ -237,18 +279,22 @@ def make_plan(
         )
     else:
         unit = "no repeated block found: every parameter counts as one root unit"
+    gathered = tuple(half(b) for b in (root, block, block) if b)
+    unsharded = tuple(half(b) for b in (grad_root, grad_block) if b)
+    bits = "16-bit " if working else ""
     notes = (
         head,
+        *((precision_note,) if working else ()),
         f"parameters, gradients, optimizer state and its temporaries split 1/{n}",
         unit,
-        "gathered through each forward and backward: the root plus the current and the "
-        f"prefetched block ({_gib(root + 2 * block)} GiB)",
-        "unsharded gradients through backward: the root's plus one block's "
-        f"({_gib(grad_root + grad_block)} GiB) until their reduce-scatter",
+        f"{bits}parameters gathered through each forward and backward: the root plus the "
+        f"current and the prefetched block ({_gib(sum(gathered))} GiB)",
+        f"unsharded {bits}gradients through backward: the root's plus one block's "
+        f"({_gib(sum(unsharded))} GiB) until their reduce-scatter",
     )
-    each_pass: Added = tuple((b, "parameter") for b in (root, block, block) if b)
-    each_backward: Added = tuple((b, "gradient") for b in (grad_root, grad_block) if b)
-    return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes)
+    each_pass: Added = tuple((b, "parameter") for b in gathered)
+    each_backward: Added = tuple((b, "gradient") for b in unsharded)
+    return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes, working)
 
 
 def rank_events(
@@ -296,8 +342,14 @@ def rank_events(
             elif now in ("optimizer", "setup"):
                 release(live_backward)
                 release(live_pass)
+        if category == "parameter_cast" and plan.working_parameters:
+            continue
         if not alloc:
             out.append((handle, resized.pop(handle, size), False, category))
+            continue
+        if category == "parameter" and plan.working_parameters and not plan.shard_parameters:
+            resized[handle] = working_bytes(size)
+            out.append((handle, resized[handle], True, category))
             continue
         shard = (
             (category == "parameter" and plan.shard_parameters)
@@ -311,9 +363,10 @@ def rank_events(
         resized[handle] = part
         if category == "gradient" and plan.copy_full_gradients:
             full = next(added)
-            out.append((full, size, True, category))
+            full_bytes = working_bytes(size) if plan.working_parameters else size
+            out.append((full, full_bytes, True, category))
             out.append((handle, part, True, category))
-            out.append((full, size, False, category))
+            out.append((full, full_bytes, False, category))
         else:
             out.append((handle, part, True, category))
     return out

@@ -4,7 +4,9 @@
 and on real ones, which is how a test checks the fake trace against a real CPU run byte for
 byte. Sizes are exact storage sizes; allocator rounding and caching are modelled later, when
 the events are replayed. Category hints (parameter, input, gradient, optimizer state) are set
-by the step runner; activation vs temporary is decided from lifetimes in ``finish``.
+by the step runner; a cast of a parameter in the forward or backward pass (autocast's 16-bit
+weight copies) is marked here, as ``parameter_cast``; activation vs temporary is decided from
+lifetimes in ``finish``.
 """
 
 from __future__ import annotations
@@ -419,10 +421,24 @@ class Recorder(TorchDispatchMode):
         if self.step == self.record_ops_of_step:
             self.ops.append(self._op_record(func, name, args, kwargs, out))
         self._op_count += 1
+        hint: TensorCategory | None = None
+        if (
+            name == "_to_copy"
+            and self.phase in ("forward", "backward")
+            and self._is_parameter(args[0])
+        ):
+            hint = "parameter_cast"
         for leaf in tree_flatten(out)[0]:
             if isinstance(leaf, torch.Tensor):
-                self.track(leaf)
+                self.track(leaf, hint)
         return out
+
+    def _is_parameter(self, tensor: object) -> bool:
+        """Whether ``tensor`` lives in the storage of a parameter."""
+        if not isinstance(tensor, torch.Tensor):
+            return False
+        live = self._live.get(id(tensor.untyped_storage()))
+        return live is not None and self._storages[live[0]].hint == "parameter"
 
     def _op_record(
         self, func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any

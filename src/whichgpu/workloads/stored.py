@@ -72,8 +72,10 @@ CATEGORIES: tuple[TensorCategory, ...] = (
     "optimizer",
     "activation",
     "temporary",
+    "parameter_cast",
 )
-"""Category codes of the stored event table (index = code)."""
+"""Category codes of the stored event table (index = code; new categories are appended, so
+older files keep their meaning)."""
 
 EventArray = npt.NDArray[np.int64]
 """Event table columns: op_index, storage, alloc (0/1), category code, step, size polynomial."""
