@@ -272,3 +272,23 @@ def test_beginner_presets_keep_to_nvidia_as_the_guides_advise_unless_told_otherw
     result = run_cli("recommend", "--for", "learning", "--gpu", "rtx-4060", "--gpu", "rx-9070-xt")
     assert result.returncode == 0, result.stderr
     assert "preset learning, NVIDIA only" in result.stdout
+
+
+def test_used_means_open_to_used_cards_not_only_used_ones() -> None:
+    # the shipped catalog has a new and a lower used price for the RTX 4090, and no used price
+    # for the RTX 4060 Ti 16GB
+    catalog = wg.load_catalog()
+    new_4090 = catalog.prices("rtx-4090", "new")[0].usd
+    used_4090 = catalog.prices("rtx-4090", "used")[0].usd
+    new_4060 = catalog.purchase_price("rtx-4060-ti-16gb")
+    assert used_4090 < new_4090
+    assert new_4060 is not None and not catalog.prices("rtx-4060-ti-16gb", "used")
+    gpus = ["rtx-4090", "rtx-4060-ti-16gb"]
+    ranking = wg.recommend("resnet50", used=True, gpu_only=True, gpus=gpus)
+    assert {c.gpu: c.purchase_usd for c in ranking.ranking} == {
+        "rtx-4090": used_4090,
+        "rtx-4060-ti-16gb": new_4060.usd,
+    }
+    assert not ranking.excluded
+    plain = wg.recommend("resnet50", gpu_only=True, gpus=gpus)
+    assert {c.gpu: c.purchase_usd for c in plain.ranking}["rtx-4090"] == new_4090

@@ -35,7 +35,12 @@ def recommend(
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
     used: Annotated[
-        bool, typer.Option("--used", help="Buy used (used prices).", rich_help_panel=_ASK)
+        bool,
+        typer.Option(
+            "--used",
+            help="Open to used cards: a GPU's used price where it is lower than new.",
+            rich_help_panel=_ASK,
+        ),
     ] = False,
     gpu_only: Annotated[
         bool,

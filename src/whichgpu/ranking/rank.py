@@ -10,7 +10,8 @@ constraints, orders the survivors by the metric the question calls for and write
   machine + electricity; rent: the rental), since the cost of a fixed time does not depend on
   speed and would favour the slowest cheap card; else performance per dollar (buy: throughput
   per $1,000 of machine; rent: units per dollar of rental).
-- Buy: the GPUs' price (new, else used, else launch; ``used`` takes used prices) times the
+- Buy: the GPUs' price (new, else used, else launch; ``used``: the used price where it is
+  lower, for a buyer open to used cards) times the
   count, plus the base system of the smallest build class that holds them; the job adds its
   electricity at the region's price (board power of the GPUs plus the class's CPU figure).
 - Rent: the cheapest on-demand rate per GPU-hour (or the provider's) times the count.
@@ -28,7 +29,7 @@ from typing import Literal
 from whichgpu.catalog.cost_data import build_class_for
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost import build_checks, job_energy, machine_power_w
-from whichgpu.cost.pricing import PriceChoice, cloud_price, price_note, purchase_price
+from whichgpu.cost.pricing import cloud_price, price_note, purchase_price
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
     EXCLUSION_LABELS,
@@ -40,6 +41,7 @@ from whichgpu.schema import (
     GpuSpec,
     JobSize,
     MemoryEstimate,
+    Price,
     Ranking,
     RankMetric,
     RunConfig,
@@ -134,6 +136,17 @@ class _Priced:
     extra: list[str]
 
 
+def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
+    """What one GPU costs to buy today: the newest new price, else used, else launch; with
+    ``used`` (open to used cards) the newest used price where it is the cheaper one."""
+    price = purchase_price(catalog, gpu_id, "buy")
+    if used:
+        second_hand = purchase_price(catalog, gpu_id, "used")
+        if second_hand is not None and (price is None or second_hand.usd < price.usd):
+            return second_hand
+    return price
+
+
 def _gb(nbytes: int, other: int | None = None) -> str:
     """GB with one decimal, or two when ``other`` would print the same."""
     digits = 2 if other is not None and round(nbytes / GB, 1) == round(other / GB, 1) else 1
@@ -207,15 +220,9 @@ def rank(
             )
         purchase = hourly = None
         if q.mode == "buy":
-            kind: PriceChoice = "used" if q.used else "buy"
-            price = purchase_price(catalog, option.gpu.id, kind)
+            price = _buying_price(catalog, option.gpu.id, q.used)
             if price is None:
-                exclude(
-                    option,
-                    "price",
-                    f"no {'used' if q.used else 'purchase'} price in the catalog "
-                    "(add one with --prices)",
-                )
+                exclude(option, "price", "no purchase price in the catalog (add one with --prices)")
                 continue
             note = f"{option.count} x {price_note(price)}"
             purchase = price.usd * option.count
@@ -574,7 +581,8 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "sourced)"
         )
         notes.append(
-            f"buy: GPU price (newest new, else used, else launch; --used: used) x count {base}; a "
+            "buy: GPU price (newest new, else used, else launch; --used: the used price where it "
+            f"is lower) x count {base}; a "
             "job adds its electricity at the region's price (board power + the class's CPU "
             "figure, for the job's hours); resale is not counted (see whichgpu cost breakeven)"
         )
