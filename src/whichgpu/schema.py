@@ -527,9 +527,10 @@ TensorCategory = Literal[
     "temporary",
     "parameter_cast",
 ]
-"""What a storage held. ``parameter_cast`` is a parameter cast to another dtype for an operator
-while the forward or backward runs: autocast's 16-bit copy of an fp32 weight (kept until the
-forward ends, and until backward has used it where an operator saved it)."""
+"""What a storage held; the order gives the codes of stored profiles (append new ones).
+``parameter_cast`` is a parameter cast to another dtype for an operator while the forward or
+backward runs: autocast's 16-bit copy of an fp32 weight (kept until the forward ends, and
+until backward has used it where an operator saved it)."""
 
 
 class OpRecord(_Frozen):

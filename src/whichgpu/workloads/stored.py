@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -64,18 +64,9 @@ SEQUENCE_BASIS = ("1", "L", "L2", "b", "bL", "bL2")
 FIXED_BASIS = ("1", "b")
 """Monomials of a fixed-input model's polynomials."""
 
-CATEGORIES: tuple[TensorCategory, ...] = (
-    "parameter",
-    "buffer",
-    "input",
-    "gradient",
-    "optimizer",
-    "activation",
-    "temporary",
-    "parameter_cast",
-)
-"""Category codes of the stored event table (index = code; new categories are appended, so
-older files keep their meaning)."""
+CATEGORIES: tuple[TensorCategory, ...] = get_args(TensorCategory)
+"""Category codes of the stored event table: index = code, in ``TensorCategory``'s order
+(new categories are appended there, so older files keep their meaning)."""
 
 EventArray = npt.NDArray[np.int64]
 """Event table columns: op_index, storage, alloc (0/1), category code, step, size polynomial."""
