@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -220,7 +221,7 @@ class StepMemory:
         first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
         return [int(sizes[i]) for i in first if self._allocs[i] and self._categories[i] == category]
 
-    @property
+    @cached_property
     def autocast_fp32_parameters(self) -> bool:
         """Whether the step is AMP over fp32 parameters: every parameter is 4 bytes a value and
         autocast casts them (``parameter_cast`` events)."""
