@@ -1287,7 +1287,7 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
     data-parallel training, hidden states in tensor-parallel inference."""
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
-    from whichgpu.estimate.sharding import working_bytes
+    from whichgpu.estimate.sharding import Parallel, working_bytes
 
     if step.run.gpus <= 1:
         return None
@@ -1299,9 +1299,8 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
         )
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
     parameter_bytes = sum(step.memory.state_sizes("parameter"))
-    if step.run.sharding != "ddp" and step.memory.autocast_fp32_parameters:
-        # ZeRO and FSDP's mixed precision gather and reduce 16-bit working copies
-        # (whichgpu.estimate.sharding)
+    if step.memory.plan(Parallel(step.run.gpus, step.run.sharding)).working_parameters:
+        # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)
     return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
