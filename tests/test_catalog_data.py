@@ -7,6 +7,7 @@ guides) and of today's market, as listed in the foundation issue.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections import Counter
 
 import pytest
@@ -162,6 +163,23 @@ def test_prices_are_dated_and_sourced() -> None:
     for price in DATA.prices:
         assert price.as_of <= today
         assert price.source in DATA.sources
+
+
+def test_cloud_rates_read_from_a_sized_instance_carry_its_size() -> None:
+    # a note that divides an instance price ("/ 8 GPUs", "8x ... instance", "8-GPU instance")
+    # must give the machine size as data, or recommend would price 1 GPU at an 8-GPU node's rate
+    stated = re.compile(r"/ (\d+) GPUs?\b|^(\d+)x \S|(\d+)-GPU instance|\((\d+)x ")
+    checked = 0
+    for price in DATA.prices:
+        match = stated.search(price.note or "") if price.kind.startswith("cloud") else None
+        if match is None:
+            continue
+        checked += 1
+        size = int(next(g for g in match.groups() if g))
+        assert price.instance_gpus is not None and size in price.instance_gpus, (
+            f"{price.gpu_id} {price.provider} {price.usd}: note states {size} GPUs"
+        )
+    assert checked >= 30
 
 
 # The GPUs of Lambda's 2020 deep-learning benchmark: the seed workloads' measured GPUs.

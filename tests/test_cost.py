@@ -33,7 +33,7 @@ from whichgpu.catalog.cost_data import (
 )
 from whichgpu.catalog.loader import DATA_DIR
 from whichgpu.cost.build import most_that_fit, placement
-from whichgpu.cost.pricing import retention_per_year
+from whichgpu.cost.pricing import cloud_price, price_note, retention_per_year
 from whichgpu.errors import CatalogError, UsageError
 from whichgpu.schema import BuildCheck, BuildReport
 
@@ -183,6 +183,34 @@ def test_defaults_come_from_catalog_and_cost_data() -> None:
     assert result.cloud_usd_per_hour == pytest.approx(2 * min(p.usd for p in rent))
     assert "runpod" in result.inputs["cloud_usd_per_hour"]
     assert all(result.inputs[k] != "given" for k in ("system_cost_usd", "gpu_w", "cpu_w"))
+
+
+def test_a_count_of_gpus_is_rented_only_at_rates_for_that_many_in_one_machine(
+    tmp_path: Path,
+) -> None:
+    prices = tmp_path / "mine.csv"
+    prices.write_text(
+        "gpu_id,kind,usd,per,provider,region,as_of,source,note,instance_gpus\n"
+        "rtx-3060-12gb,cloud-on-demand,1.00,hour,bignode,,2026-01-02,quote,,8\n"
+        "rtx-3060-12gb,cloud-on-demand,2.00,hour,single,,2026-01-02,quote,,1\n"
+    )
+    catalog = load_catalog([prices])
+    gpu = catalog.get("rtx-3060-12gb")
+    assert cloud_price(catalog, gpu).provider == "single"  # one GPU: not an 8-GPU node's rate
+    assert cloud_price(catalog, gpu, gpus=8).provider == "bignode"
+    with pytest.raises(UsageError, match=r"4 x .* in one machine.*bignode in 8-GPU machines"):
+        cloud_price(catalog, gpu, gpus=4)
+    cheapest = catalog.cheapest_cloud_price(gpu.id)
+    assert cheapest is not None and cheapest.usd == 1.00  # per GPU-hour, any machine size
+    assert "in 8-GPU machines" in price_note(cheapest)
+    one = cost.breakeven(gpu="rtx-3060-12gb", catalog=catalog)
+    eight = cost.breakeven(gpu="rtx-3060-12gb", count=8, catalog=catalog)
+    assert one.cloud_usd_per_hour == pytest.approx(2.00)
+    assert eight.cloud_usd_per_hour == pytest.approx(8 * 1.00)
+    rated = cost.value(["rtx-3060-12gb"], price_kind="cloud", count=8, catalog=catalog)
+    assert rated.rows[0].usd_per_hour == pytest.approx(8 * 1.00)
+    with pytest.raises(UsageError, match="for 2 GPUs in one machine"):
+        cost.value(["rtx-3060-12gb"], price_kind="cloud", count=2, catalog=catalog)
 
 
 def test_utilization_as_profile_or_percentage() -> None:

@@ -121,6 +121,38 @@ def test_bad_price_row_names_file_line_and_field(
     assert "p.csv" in str(err.value)
 
 
+def test_cloud_rates_may_say_the_machine_sizes_they_come_in(tmp_path: Path) -> None:
+    rows = (
+        HEADER.strip()
+        + ",instance_gpus\n"
+        + "test-gpu,cloud-on-demand,2.0,hour,aws,,2025-01-01,doc-a,,8\n"
+        + "test-gpu,cloud-on-demand,2.5,hour,lambda,,2025-01-01,doc-a,,1 2 4 8\n"
+        + "test-gpu,cloud-on-demand,3.0,hour,vast,,2025-01-01,doc-a,,\n"
+    )
+    prices = read_data_dir(_data_dir(tmp_path, prices=rows)).prices
+    sizes = {p.provider: p.instance_gpus for p in prices if p.kind == "cloud-on-demand"}
+    assert sizes == {"aws": (8,), "lambda": (1, 2, 4, 8), "vast": None}
+    aws, lam, vast = (next(p for p in prices if p.provider == n) for n in ("aws", "lambda", "vast"))
+    assert not aws.offered_for(1) and aws.offered_for(8)
+    assert lam.offered_for(2) and not lam.offered_for(3)
+    assert vast.offered_for(1) and vast.offered_for(8)
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        "test-gpu,cloud-on-demand,2.0,hour,aws,,2025-01-01,doc-a,,eight\n",
+        "test-gpu,cloud-on-demand,2.0,hour,aws,,2025-01-01,doc-a,,0\n",
+        "test-gpu,new,100,unit,,,2025-01-01,doc-a,,1\n",
+    ],
+)
+def test_bad_machine_sizes_name_the_column(tmp_path: Path, row: str) -> None:
+    root = _data_dir(tmp_path, prices=HEADER.strip() + ",instance_gpus\n" + row)
+    with pytest.raises(PriceFileError) as err:
+        read_data_dir(root)
+    assert (err.value.line, err.value.field) == (2, "instance_gpus")
+
+
 def test_price_comment_lines_keep_line_numbers(tmp_path: Path) -> None:
     root = _data_dir(
         tmp_path, prices="# a comment\n" + HEADER + "x,new,1,unit,,,2025-01-01,doc-a,\n"

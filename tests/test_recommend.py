@@ -292,3 +292,30 @@ def test_used_means_open_to_used_cards_not_only_used_ones() -> None:
     assert not ranking.excluded
     plain = wg.recommend("resnet50", gpu_only=True, gpus=gpus)
     assert {c.gpu: c.purchase_usd for c in plain.ranking}["rtx-4090"] == new_4090
+
+
+def test_renting_n_gpus_uses_only_rates_for_n_in_one_machine() -> None:
+    # Lambda rents the GH200 (96 GB) as 1-GPU instances and the H100 SXM also as 8-GPU nodes
+    eight = wg.recommend(
+        "resnet50", acquire="rent", gpu_count=8, provider="lambda", gpus=["gh200-96gb", "h100-sxm"]
+    )
+    assert [c.gpu for c in eight.ranking] == ["h100-sxm"]
+    price = next(r for r in eight.ranking[0].reasons if r.startswith("price: "))
+    assert "in 8-GPU machines" in price and "$3.99" in price
+    (why,) = [e for e in eight.excluded if e.gpu == "gh200-96gb"]
+    assert why.kind == "price"
+    assert "no offer of 8 in one machine from lambda" in why.reason
+    assert "lambda in 1-GPU machines" in why.reason
+    one = wg.recommend(
+        "resnet50", acquire="rent", provider="lambda", gpus=["gh200-96gb", "h100-sxm"]
+    )
+    assert {c.gpu for c in one.ranking} == {"gh200-96gb", "h100-sxm"}
+    h100 = next(c for c in one.ranking if c.gpu == "h100-sxm")
+    assert any("$4.29" in r and "in 1-GPU machines" in r for r in h100.reasons)
+    # a rate whose source gives no machine size is used, with the caveat said
+    unsized = wg.recommend(
+        "resnet50", acquire="rent", gpu_count=8, provider="runpod", gpus=["h100-sxm"]
+    )
+    assert any(
+        "does not say that it rents 8 in one machine" in r for r in unsized.ranking[0].reasons
+    )

@@ -348,8 +348,15 @@ class Price(_Frozen):
     """Source key from the catalog's source table, or (user files) free text / URL."""
     note: str | None = None
     """How it was obtained (e.g. ``p5.48xlarge $55.04/h / 8 GPUs``)."""
+    instance_gpus: tuple[int, ...] | None = None
+    """Cloud rates: the GPU counts of the machines the rate is offered in (``(8,)`` for a whole
+    8-GPU node, ``(1,)`` for single-GPU instances); None where the source does not say."""
     user: bool = False
     """True when it comes from a user price file rather than the shipped catalog."""
+
+    def offered_for(self, gpus: int) -> bool:
+        """Whether ``gpus`` GPUs can be rented at this rate in one machine (unknown: yes)."""
+        return self.instance_gpus is None or gpus in self.instance_gpus
 
 
 class ComparisonRow(_Frozen):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,9 @@ _IDENTITY_FIELDS = ("id", "name", "vendor", "segment", "aliases", "source", "not
 _VALUE_KEYS = {"value", "source", "confidence", "method", "note"}
 _STR_FIELDS = {"compute_capability", "gfx_target", "interconnect_gen", "chip", "architecture"}
 PRICE_COLUMNS = ("gpu_id", "kind", "usd", "per", "provider", "region", "as_of", "source", "note")
+OPTIONAL_PRICE_COLUMNS = ("instance_gpus",)
+"""Columns a price file may add: ``instance_gpus``, the GPU counts of the machines a cloud rate
+is offered in (``8``; ``1 2 4 8``), empty where not known."""
 _KIND_PER = {"launch": "unit", "new": "unit", "used": "unit"}
 
 
@@ -186,7 +190,7 @@ def read_price_csv(
     *,
     user: bool,
 ) -> tuple[Price, ...]:
-    """Read one price CSV (columns ``PRICE_COLUMNS``).
+    """Read one price CSV (columns ``PRICE_COLUMNS``, optionally ``OPTIONAL_PRICE_COLUMNS``).
 
     Shipped files must cite a key of the source table; user files may cite anything (a URL, a
     quote number). Errors name the file, line and field.
@@ -203,7 +207,7 @@ def read_price_csv(
         raise PriceFileError(
             str(path), 1, None, f"missing columns {missing}; expected {list(PRICE_COLUMNS)}"
         )
-    extra = [c for c in header if c not in PRICE_COLUMNS]
+    extra = [c for c in header if c not in PRICE_COLUMNS + OPTIONAL_PRICE_COLUMNS]
     if extra:
         raise PriceFileError(str(path), 1, None, f"unknown columns {extra}")
     line_numbers = [i + 1 for i, line in enumerate(text.splitlines()) if not line.startswith("#")]
@@ -253,6 +257,17 @@ def _parse_price_row(
         raise fail("source", f"'{cell['source']}' is not in the source table")
     if cell["kind"].startswith("cloud") and not cell["provider"]:
         raise fail("provider", "a cloud price needs its provider")
+    instance_gpus = None
+    if cell.get("instance_gpus"):
+        if not cell["kind"].startswith("cloud"):
+            raise fail("instance_gpus", "only a cloud rate comes in machines of some GPU count")
+        counts = re.split(r"[\s/;,]+", cell["instance_gpus"])
+        if not all(c.isdigit() and int(c) > 0 for c in counts):
+            raise fail(
+                "instance_gpus",
+                f"'{cell['instance_gpus']}' is not a list of GPU counts like '8' or '1 2 4 8'",
+            )
+        instance_gpus = tuple(sorted({int(c) for c in counts}))
     return Price(
         gpu_id=cell["gpu_id"],
         kind=cell["kind"],
@@ -263,6 +278,7 @@ def _parse_price_row(
         as_of=as_of,
         source=cell["source"],
         note=cell["note"] or None,
+        instance_gpus=instance_gpus,
         user=user,
     )
 

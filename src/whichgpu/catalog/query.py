@@ -96,9 +96,17 @@ class Catalog:
                 return rows[0]
         return None
 
-    def cheapest_cloud_price(self, gpu_id: str, *, spot: bool = False) -> Price | None:
-        """The lowest on-demand (or spot) rate per GPU-hour among the providers."""
+    def cheapest_cloud_price(
+        self, gpu_id: str, *, spot: bool = False, gpus: int | None = None
+    ) -> Price | None:
+        """The lowest on-demand (or spot) rate per GPU-hour among the providers.
+
+        ``gpus``: only rates offered for that many GPUs in one machine (``Price.offered_for``);
+        None: any machine size, the per-GPU-hour rate however it is rented.
+        """
         rows = self.prices(gpu_id, "cloud-spot" if spot else "cloud-on-demand")
+        if gpus is not None:
+            rows = [p for p in rows if p.offered_for(gpus)]
         return min(rows, key=lambda p: p.usd) if rows else None
 
 

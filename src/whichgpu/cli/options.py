@@ -17,7 +17,8 @@ PricesOption = Annotated[
         "--prices",
         help=(
             "A CSV of your own prices (columns gpu_id,kind,usd,per,provider,region,as_of,source,"
-            "note; see docs/prices.md). Its rows replace the catalog's rows with the same GPU, "
+            "note, optionally instance_gpus; see docs/prices.md). Its rows replace the catalog's "
+            "rows with the same GPU, "
             "kind, provider and region, and add the others. Repeatable. Default: "
             "~/.config/whichgpu/prices.csv (or $WHICHGPU_PRICES) when it exists."
         ),

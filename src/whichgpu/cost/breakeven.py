@@ -281,7 +281,7 @@ def breakeven(
                 "Give the cloud rate (--cloud-rate, USD per hour) or a GPU to read it from the "
                 "catalog (--gpu, --cloud-gpu, --provider)."
             )
-        rate = cloud_price(catalog, rented, provider, spot=spot)
+        rate = cloud_price(catalog, rented, provider, spot=spot, gpus=count)
         cloud_usd_per_hour = count * rate.usd
         inputs["cloud_usd_per_hour"] = f"{count} x {rented.id} at {price_note(rate)}"
         if rented is not gpu and gpu is not None:

@@ -58,9 +58,16 @@ def known_providers(catalog: Catalog) -> list[str]:
 
 
 def cloud_price(
-    catalog: Catalog, spec: GpuSpec, provider: str | None = None, *, spot: bool = False
+    catalog: Catalog,
+    spec: GpuSpec,
+    provider: str | None = None,
+    *,
+    spot: bool = False,
+    gpus: int = 1,
 ) -> Price:
-    """The rate per GPU-hour of ``spec``: the provider's cheapest, or the cheapest of all."""
+    """The rate per GPU-hour of ``gpus`` x ``spec`` in one machine: the provider's cheapest, or
+    the cheapest of all. A rate for whole 8-GPU nodes is not one for a single GPU, nor a 1-GPU
+    instance's rate one for 8 GPUs together (``Price.instance_gpus``)."""
     rows = _cloud_rows(catalog, [spec.id], spot)
     kind = "spot" if spot else "on-demand"
     if provider is not None:
@@ -79,6 +86,14 @@ def cloud_price(
                 f"--provider: {name} has no {kind} price for {spec.name} in the catalog.{others} "
                 "Give the rate with --cloud-rate, or add it to a price file (--prices)."
             )
+    sized = [p for p in rows if p.offered_for(gpus)]
+    if rows and not sized:
+        raise UsageError(
+            f"No cloud {kind} offer of {gpus} x {spec.name} in one machine in the catalog: "
+            f"{machine_sizes(rows)}. Give the rate with --cloud-rate, or add a price file "
+            "(--prices) with the instance_gpus column."
+        )
+    rows = sized
     if not rows:
         raise UsageError(
             f"No cloud {kind} price for {spec.name} in the catalog. Give the rate with "
@@ -88,12 +103,31 @@ def cloud_price(
     return min(rows, key=lambda p: p.usd)
 
 
+def machine_sizes(rows: Iterable[Price]) -> str:
+    """How the rows' providers rent the GPU: ``lambda in 1-GPU machines; aws in 8-GPU``."""
+    by_provider: dict[str, set[int]] = {}
+    for p in rows:
+        by_provider.setdefault(p.provider or "?", set()).update(p.instance_gpus or ())
+    parts = [
+        f"{name} in {'/'.join(str(n) for n in sorted(sizes))}-GPU machines"
+        if sizes
+        else f"{name} (machine sizes not stated)"
+        for name, sizes in sorted(by_provider.items())
+    ]
+    return "; ".join(parts)
+
+
 def price_note(price: Price) -> str:
-    """Which price it is, in a few words: kind, provider, amount, date, source."""
+    """Which price it is, in a few words: kind, provider, amount, date, source, machine size."""
     where = f", {price.provider}" if price.provider else ""
     per = "/h" if price.per == "hour" else ""
     mine = ", your file" if price.user else ""
-    return f"{price.kind}{where}: ${price.usd:,.2f}{per} on {price.as_of} ({price.source}{mine})"
+    size = ""
+    if price.instance_gpus is not None:
+        size = f", in {'/'.join(str(n) for n in price.instance_gpus)}-GPU machines"
+    return (
+        f"{price.kind}{where}: ${price.usd:,.2f}{per} on {price.as_of} ({price.source}{mine}){size}"
+    )
 
 
 def retention_per_year(catalog: Catalog, spec: GpuSpec) -> tuple[float, str] | None:

@@ -34,9 +34,10 @@ GIVEN_UNIT = "units/s"
 """Unit of a given throughput when the caller names none."""
 
 
-def _price(catalog: Catalog, spec: GpuSpec, kind: PriceChoice) -> Price | None:
+def _price(catalog: Catalog, spec: GpuSpec, kind: PriceChoice, count: int | None) -> Price | None:
     if kind in CLOUD_CHOICES:
-        return catalog.cheapest_cloud_price(spec.id, spot=kind == "cloud-spot")
+        # with a count, only rates for that many GPUs in one machine
+        return catalog.cheapest_cloud_price(spec.id, spot=kind == "cloud-spot", gpus=count)
     return purchase_price(catalog, spec.id, kind)
 
 
@@ -155,9 +156,12 @@ def value_table(
                 "built into a machine"
             )
             continue
-        price = _price(catalog, spec, price_kind)
+        price = _price(catalog, spec, price_kind, count)
         if price is None:
-            skipped.append(f"{spec.id}: no {price_kind} price")
+            sized = ""
+            if count is not None and price_kind in CLOUD_CHOICES:
+                sized = f" for {count} GPUs in one machine"
+            skipped.append(f"{spec.id}: no {price_kind} price{sized}")
             continue
         rows.append(
             _row(spec, price, price_kind, per_gpu, unit, source, count, base if machine else None)

@@ -29,7 +29,7 @@ from typing import Literal
 from whichgpu.catalog.cost_data import build_class_for
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost import build_checks, job_energy, machine_power_w
-from whichgpu.cost.pricing import cloud_price, price_note, purchase_price
+from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
     EXCLUSION_LABELS,
@@ -256,13 +256,17 @@ def rank(
                 continue
         else:
             try:
-                price = cloud_price(catalog, option.gpu, q.provider)
+                price = cloud_price(catalog, option.gpu, q.provider, gpus=option.count)
             except UsageError:
-                where = f" from {q.provider}" if q.provider else ""
-                exclude(option, "price", f"no cloud price{where} in the catalog")
+                exclude(option, "price", _no_rental(catalog, option.gpu, option.count, q.provider))
                 continue
             hourly = price.usd * option.count
             note = f"{option.count} x {price_note(price)}"
+            if option.count > 1 and price.instance_gpus is None:
+                extra.append(
+                    f"the source of {price.provider}'s rate does not say that it rents "
+                    f"{option.count} in one machine; check before counting on their links"
+                )
         units = job_units(q.job, unit, units_per_sample) if q.job is not None else None
         hours = q.job.hours if q.job is not None else None
         time_s = None
@@ -539,14 +543,37 @@ def _answer(
     return text
 
 
+def _no_rental(catalog: Catalog, gpu: GpuSpec, count: int, provider: str | None) -> str:
+    """Why ``count`` x ``gpu`` has no rate: no cloud price, or none for that machine size."""
+    rows = catalog.prices(gpu.id, "cloud-on-demand")
+    if provider is not None:
+        rows = [p for p in rows if p.provider == provider.strip().lower()]
+    where = f" from {provider}" if provider else ""
+    if not rows:
+        return f"no cloud price{where} in the catalog"
+    return f"no offer of {count} in one machine{where} in the catalog ({machine_sizes(rows)})"
+
+
 def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_gpu: bool) -> str:
     """What the user can change when nothing qualifies: the options that relax what ruled most
     GPUs out (only those not already set)."""
     steps: list[str] = []
     if counts.get("memory"):
         steps += run.memory_levers()
+        # data-parallel training holds the whole model state on every GPU: more GPUs relieve
+        # memory only when they shard it
+        shard = run.mode == "train" and run.sharding in ("ddp", "zero2")
         if single_gpu:
-            steps.append("--gpus auto (machines of 2, 4 or 8 GPUs)")
+            steps.append(
+                "--gpus auto --sharding fsdp (machines of 2, 4 or 8 GPUs that split the "
+                "weights, gradients and optimizer state)"
+                if shard
+                else "--gpus auto (machines of 2, 4 or 8 GPUs)"
+            )
+        elif shard:
+            steps.append(
+                "--sharding fsdp (split the weights, gradients and optimizer state over the GPUs)"
+            )
     if counts.get("budget") and q.mode == "buy":
         if not q.gpu_only:
             steps.append("--gpu-only if you have the computer")

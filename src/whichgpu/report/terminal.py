@@ -137,12 +137,21 @@ def gpu_sheet(
             detail += f" — {prov.note}"
         specs.add_row(label, fmt(value), unit, prov.confidence.value, detail)
     price_table = Table(title="Prices", title_justify="left", header_style="bold")
-    for col in ("kind", "USD", "per", "provider", "region", "as of", "source / note"):
+    columns = ("kind", "USD", "per", "GPUs/machine", "provider", "region", "as of")
+    for col in (*columns, "source / note"):
         price_table.add_column(col, justify="right" if col == "USD" else "left")
     for p in prices:
         detail = p.source + (f" — {p.note}" if p.note else "") + (" (your file)" if p.user else "")
+        sizes = " ".join(str(n) for n in p.instance_gpus) if p.instance_gpus else "—"
         price_table.add_row(
-            p.kind, f"{p.usd:,.2f}", p.per, p.provider or "—", p.region or "—", str(p.as_of), detail
+            p.kind,
+            f"{p.usd:,.2f}",
+            p.per,
+            sizes if p.kind.startswith("cloud") else "",
+            p.provider or "—",
+            p.region or "—",
+            str(p.as_of),
+            detail,
         )
         if p.source in sources:
             cited[p.source] = sources[p.source]
