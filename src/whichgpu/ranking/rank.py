@@ -14,7 +14,8 @@ constraints, orders the survivors by the metric the question calls for and write
   lower, for a buyer open to used cards) times the
   count, plus the base system of the smallest build class that holds them; the job adds its
   electricity at the region's price (board power of the GPUs plus the class's CPU figure).
-- Rent: the cheapest on-demand rate per GPU-hour (or the provider's) times the count.
+- Rent: the cheapest on-demand rate per GPU-hour (or the provider's) offered for that many GPUs
+  in one machine (``Price.instance_gpus``), times the count.
 - Uncertainty: a predicted throughput carries its band; when the runner-up's best case beats
   the leader's worst case on the metric, the ranking says they are too close to call.
 """
@@ -615,7 +616,8 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         )
     else:
         notes.append(
-            "rent: the cheapest on-demand rate per GPU-hour in the catalog (or --provider's) x "
+            "rent: the cheapest on-demand rate per GPU-hour in the catalog (or --provider's) "
+            "offered for that many GPUs in one machine, x "
             "count; regions of cloud prices are not filtered; no egress, storage or idle time"
         )
     notes.append(
