@@ -17,7 +17,7 @@ from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.schema import RunConfig
 from whichgpu.trace import trace_step
 from whichgpu.trace.optim8bit import BLOCK_SIZE, AdamW8bit
-from whichgpu.workloads import get_workload
+from whichgpu.workloads import finetune, get_workload
 from whichgpu.workloads.base import BuiltWorkload
 from whichgpu.workloads.finetune import (
     NF4_CODE,
@@ -257,6 +257,23 @@ def test_fake_trace_peak_equals_a_real_cpu_run_to_the_byte(
         assert any(e.category == "optimizer" and e.size_bytes == 4096 for e in fake.events)
     if method == "qlora":
         assert fake.choices["dequantisation"].startswith("nf4 → ")
+
+
+def test_a_trace_dequantises_one_chunk_and_copies_the_rest_at_a_real_runs_peak(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 512-weight chunks: the MLP weights (64 x 128) take 16, so a real run loops 16 times
+    monkeypatch.setattr(finetune, "DEQUANT_CHUNK_ELEMENTS", 512)
+    run = RunConfig(method="qlora", batch_size=2, seq_len=32)
+    workload = config_workload(TINY)
+    fake = trace_step(workload, run, fake=True)
+    real = trace_step(workload, run, fake=False)
+    assert live_peak(fake) == live_peak(real)
+    dequant_ops = {"aten.__rshift__", "aten.embedding"}
+    fake_loops = sum(op.name in dequant_ops for op in fake.ops)
+    real_loops = sum(op.name in dequant_ops for op in real.ops)
+    assert fake_loops and real_loops > 4 * fake_loops
+    assert any(op.name == "aten.copy_" for op in fake.ops)
 
 
 def test_targets_that_do_not_fit_say_why() -> None:
