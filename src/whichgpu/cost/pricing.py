@@ -124,9 +124,9 @@ def price_note(price: Price) -> str:
     mine = ", your file" if price.user else ""
     size = ""
     if price.instance_gpus is not None:
-        size = f", in {'/'.join(str(n) for n in price.instance_gpus)}-GPU machines"
+        size = f" in {'/'.join(str(n) for n in price.instance_gpus)}-GPU machines"
     return (
-        f"{price.kind}{where}: ${price.usd:,.2f}{per} on {price.as_of} ({price.source}{mine}){size}"
+        f"{price.kind}{where}: ${price.usd:,.2f}{per}{size} on {price.as_of} ({price.source}{mine})"
     )
 
 
