@@ -229,13 +229,7 @@ class Nf4Linear(nn.Module):
         scaled = values.view(groups, ABSMAX_BLOCK_SIZE) * self.absmax_scales.unsqueeze(1)
         return scaled.view(-1)[:blocks] + self.absmax_offset
 
-    def dequantize(
-        self,
-        dtype: torch.dtype,
-        chunk_elements: int | None = None,
-        *,
-        every_chunk: bool | None = None,
-    ) -> torch.Tensor:
+    def dequantize(self, dtype: torch.dtype, chunk_elements: int | None = None) -> torch.Tensor:
         """The ``(out, in)`` weight in ``dtype``: one new tensor, filled chunk by chunk.
 
         Per chunk of blocks: split each byte into its high and low nibble, look the codes up
@@ -243,12 +237,11 @@ class Nf4Linear(nn.Module):
         rounded to ``dtype``, into the output. A weight whose size is not a multiple of 64
         gets an output padded to whole blocks (a view of its first ``in x out`` values).
 
-        ``every_chunk`` (default: unless the weight is a fake tensor, i.e. in a trace): run
-        the loop over the whole weight. In a trace only the first chunk runs the loop; one
-        copy that allocates nothing writes the rest. The memory is the same (each chunk frees
-        its temporaries before the next), and the trace records the bytes a fused
-        dequantisation kernel moves instead of eight operators per chunk (a 70B model's MLP
-        weight has 56 chunks), which made a 70B QLoRA trace take a quarter of an hour.
+        In a trace (fake tensors) only the first chunk runs the loop; one copy that allocates
+        nothing writes the rest. The memory is the same (each chunk frees its temporaries
+        before the next), and the trace records the bytes a fused dequantisation kernel moves
+        instead of eight operators per chunk (a 70B model's MLP weight has 56 chunks), which
+        made a 70B QLoRA trace take a quarter of an hour.
         """
         chunk = chunk_elements or DEQUANT_CHUNK_ELEMENTS
         if chunk % NF4_BLOCK_SIZE:
@@ -264,13 +257,13 @@ class Nf4Linear(nn.Module):
         shifts = torch.tensor([4, 0], dtype=torch.uint8, device=packed.device)
         out = torch.empty(blocks, half_block, 2, 1, dtype=dtype, device=packed.device)
         rows = chunk // NF4_BLOCK_SIZE
-        every = not isinstance(packed, FakeTensor) if every_chunk is None else every_chunk
+        traced = isinstance(packed, FakeTensor)
         for first in range(0, blocks, rows):
             last = min(blocks, first + rows)
             codes = ((nibbles[first:last] >> shifts) & 15).int()  # (rows, 32, 2), high first
             out[first:last] = F.embedding(codes, table).mul_(scale[first:last])
             del codes  # free this chunk's temporaries before the next is made
-            if not every and last < blocks:
+            if traced and last < blocks:
                 out[last:].copy_(nibbles[last:].unsqueeze(-1).expand(-1, -1, 2, 1))
                 break
         n = self.in_features * self.out_features
