@@ -37,9 +37,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(autouse=True)
 def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Never read or write the real user's config or results: point them at a temp folder."""
+    """Never read or write the real user's config, results or trace cache: point them at a temp
+    folder (a cache per test, so no test answers from another's trace)."""
     config = tmp_path / "config"
     monkeypatch.setenv("WHICHGPU_CONFIG_DIR", str(config))
+    monkeypatch.setenv("WHICHGPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("WHICHGPU_NO_CACHE", raising=False)
     monkeypatch.setenv("WHICHGPU_STORE", str(tmp_path / "results.sqlite"))
     monkeypatch.delenv("WHICHGPU_PRICES", raising=False)
     monkeypatch.delenv("WHICHGPU_DEBUG", raising=False)

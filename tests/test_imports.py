@@ -72,12 +72,13 @@ def test_non_torch_modules_import_and_run_without_torch(tmp_path: Path) -> None:
 
 
 def test_import_is_light() -> None:
-    """Importing the package reads no data and pulls in neither torch nor numpy."""
+    """Importing the package (and the workload registry, which the CLI lists) reads no data and
+    pulls in neither torch nor numpy."""
     result = subprocess.run(
         [
             sys.executable,
             "-c",
-            "import sys, whichgpu; "
+            "import sys, whichgpu, whichgpu.workloads; "
             "print(sorted(m for m in ('torch', 'numpy', 'yaml') if m in sys.modules))",
         ],
         capture_output=True,

@@ -55,16 +55,23 @@ if TYPE_CHECKING:
 def scalable_profile(
     workload: Workload, run: RunConfig, progress: Callable[[str], None] | None = None
 ) -> tuple[ScalableProfile, str]:
-    """The step of ``workload`` for every size: stored if shipped, else traced (needs torch;
-    ``progress`` hears each size as it is traced).
+    """The step of ``workload`` for every size: stored if shipped, else kept from an earlier
+    trace on this machine (``workloads.profile_cache``), else traced (needs torch; ``progress``
+    hears each size as it is traced) and kept.
 
-    Returns the profile and how it was obtained (``stored profile`` or ``traced``).
+    Returns the profile and how it was obtained (``stored profile``, ``traced (kept from an
+    earlier run)`` or ``traced``).
     """
+    from whichgpu.workloads.profile_cache import cached_profile, keep_profile
+
     named = _is_registered(workload)
     if named:
         stored = load_stored(workload.info.name, run)
         if stored is not None:
             return stored, "stored profile"
+    kept = cached_profile(workload, run, named=named)
+    if kept is not None:
+        return kept, "traced (kept from an earlier run)"
     try:
         from whichgpu.trace.scaling import trace_scalable
     except ImportError as exc:
@@ -73,7 +80,9 @@ def scalable_profile(
             f"No stored profile answers for {workload.info.name} with {what}, and tracing one "
             "needs torch: pip install 'whichgpu[torch]'."
         ) from exc
-    return trace_scalable(workload, run, progress=progress), "traced"
+    profile = trace_scalable(workload, run, progress=progress)
+    keep_profile(workload, run, profile, named=named)
+    return profile, "traced"
 
 
 def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]:

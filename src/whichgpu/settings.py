@@ -15,6 +15,10 @@ ENV_CONFIG_DIR = "WHICHGPU_CONFIG_DIR"
 """Overrides the whole config directory."""
 ENV_STORE = "WHICHGPU_STORE"
 """Path of the benchmark results store (default: ``<data dir>/results.sqlite``)."""
+ENV_CACHE_DIR = "WHICHGPU_CACHE_DIR"
+"""Path of the cache of traced profiles (default: ``$XDG_CACHE_HOME/whichgpu``)."""
+ENV_NO_CACHE = "WHICHGPU_NO_CACHE"
+"""Any non-empty value turns the cache of traced profiles off (every question traces anew)."""
 ENV_DEBUG = "WHICHGPU_DEBUG"
 """Any non-empty value makes the CLI show tracebacks."""
 
@@ -40,6 +44,21 @@ def store_path() -> Path:
     if explicit:
         return Path(explicit).expanduser()
     return data_dir() / "results.sqlite"
+
+
+def cache_dir() -> Path:
+    """``$WHICHGPU_CACHE_DIR``, else ``$XDG_CACHE_HOME/whichgpu``, else ``~/.cache/whichgpu``
+    (profiles traced on this machine; safe to delete)."""
+    explicit = os.environ.get(ENV_CACHE_DIR)
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base).expanduser() / "whichgpu"
+
+
+def cache_disabled() -> bool:
+    """Whether the user turned the cache of traced profiles off through the environment."""
+    return bool(os.environ.get(ENV_NO_CACHE))
 
 
 def user_prices_path() -> Path:

@@ -71,6 +71,10 @@ class Workload:
     """What it is."""
     build: Callable[[RunConfig], BuiltWorkload]
     """Builds the model for a run configuration (imports torch)."""
+    source_digest: str | None = None
+    """The user's workloads: SHA-256 of what the model is built from (the config's contents;
+    a ``--model`` folder's sources), the trace cache's name for it; None for a named workload
+    (its name and whichgpu's code say it) and for a model too large to identify quickly."""
 
 
 def enable_checkpointing(model: Any, **checkpoint_kwargs: Any) -> None:

@@ -40,6 +40,7 @@ more, under fake tensors, when it loads it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -67,6 +68,7 @@ from whichgpu.workloads.hf import (
     token_batch,
     weight_dtype,
 )
+from whichgpu.workloads.profile_cache import source_digest
 
 if TYPE_CHECKING:
     import torch
@@ -180,7 +182,9 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         is_sequence_model=True,
         max_seq_len=max_positions(config),
     )
-    return Workload(info=info, build=build)
+    identity = json.dumps({"config": config, "task": resolved_task}, sort_keys=True)
+    digest = hashlib.sha256(identity.encode()).hexdigest()
+    return Workload(info=info, build=build, source_digest=digest)
 
 
 # --- --model FILE.py:FUNCTION / package.module:FUNCTION ------------------------------------
@@ -298,7 +302,14 @@ def model_workload(spec: str) -> Workload:
         default_seq_len=defaults.seq_len,
         is_sequence_model=defaults.seq_len is not None,
     )
-    return Workload(info=info, build=build)
+    return Workload(info=info, build=build, source_digest=source_digest(_sources_folder(module)))
+
+
+def _sources_folder(module: ModuleType) -> Path:
+    """The folder of the user's model code: the file's own, or its top package's."""
+    top = sys.modules.get(module.__name__.partition(".")[0], module)
+    origin = Path(getattr(top, "__file__", None) or getattr(module, "__file__", None) or ".")
+    return origin.resolve().parent
 
 
 @contextlib.contextmanager

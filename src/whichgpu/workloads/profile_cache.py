@@ -1,0 +1,221 @@
+"""Profiles traced on this machine, kept so that the next question about the same model is instant.
+
+A workload without a stored profile (the user's ``--config`` or ``--model``, or a named one
+with a run configuration nothing ships for, such as LoRA of a 70B model) is traced at seven
+sizes, which takes seconds for a small model and minutes for a large one. The result does not
+depend on the GPU, the batch size, the sequence length or how many GPUs share the step, so
+``fit``, ``predict``, ``recommend`` and ``report`` of the same model and run ask for the same
+profile. It is kept in the trace cache (``settings.cache_dir()``) under a key that names
+everything the trace depends on:
+
+- the model: a named workload's name; a config file's resolved contents; for ``--model``, the
+  Python, JSON, YAML and TOML files in the model file's folder (its own code, the modules beside
+  it and the settings it may read). A folder too large to read quickly is not cached;
+- what of the run changes the trace (mode, precision, optimizer, checkpointing, method, LoRA
+  rank and targets, generated tokens) — not the sizes, the GPUs or the sharding;
+- whichgpu's own code (every module of the package: a change to the tracer or a workload
+  builder is a new key) and the versions of Python, torch and transformers.
+
+A cached profile is therefore the very profile a new trace would give. Reading or writing the
+cache never fails a command: a missing, unreadable or foreign file is traced anew, and a
+cache that cannot be written is skipped. Files are written atomically. ``WHICHGPU_NO_CACHE``
+turns the cache off; deleting the folder clears it.
+
+Pure Python; never imports torch (nor numpy until a profile is read).
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import hashlib
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Iterator
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whichgpu import settings
+from whichgpu.files import write_atomically
+from whichgpu.schema import RunConfig
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
+
+if TYPE_CHECKING:
+    from whichgpu.workloads.stored import ScalableProfile
+
+CACHE_FORMAT = "whichgpu-trace-cache"
+CACHE_VERSION = 1
+"""Bumped when the key or the file layout changes (old entries are then never read)."""
+PROFILES_SUBDIR = "profiles"
+"""Folder, under the cache directory, of the kept profiles."""
+
+SOURCE_SUFFIXES = (".py", ".json", ".yaml", ".yml", ".toml", ".cfg")
+"""Files of a ``--model`` folder that can change the model it builds."""
+SOURCE_FILES_MAX = 400
+"""A ``--model`` folder with more such files than this is not cached (too slow to check)."""
+SOURCE_BYTES_MAX = 32 * 2**20
+"""Nor one whose such files hold more bytes than this."""
+ENTRIES_MAX = 5000
+"""Nor one whose walk meets more files and folders than this (a home folder, a dataset)."""
+SKIPPED_DIRS = frozenset({"__pycache__", "node_modules", "site-packages", "venv", "env"})
+"""Folders of a ``--model`` folder that are not the model's sources (hidden ones neither)."""
+
+
+def source_digest(folder: Path) -> str | None:
+    """SHA-256 of the names and contents of the model's source files under ``folder``, or None
+    past ``SOURCE_FILES_MAX`` of them, ``SOURCE_BYTES_MAX`` bytes or ``ENTRIES_MAX`` entries
+    walked (or when the folder cannot be read): such a model is traced every time."""
+    digest = hashlib.sha256()
+    total = 0
+    try:
+        files = sorted(_source_files(folder))
+    except _TooLarge:
+        return None
+    try:
+        for path in files:
+            data = path.read_bytes()
+            total += len(data)
+            if total > SOURCE_BYTES_MAX:
+                return None
+            digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+            digest.update(hashlib.sha256(data).digest())
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _source_files(folder: Path) -> Iterator[Path]:
+    """The model's source files under ``folder``; raises ``_TooLarge`` past the limit."""
+    seen = walked = 0
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in SKIPPED_DIRS]
+        walked += len(dirs) + len(files)
+        if walked > ENTRIES_MAX:
+            raise _TooLarge
+        for name in files:
+            if name.endswith(SOURCE_SUFFIXES) and not name.startswith("."):
+                seen += 1
+                if seen > SOURCE_FILES_MAX:
+                    raise _TooLarge
+                yield Path(root) / name
+
+
+@functools.lru_cache(maxsize=1)
+def code_digest() -> str:
+    """SHA-256 of whichgpu's own modules and shipped model configs (what a trace runs)."""
+    digest = hashlib.sha256()
+    package = resources.files("whichgpu")
+    for path in sorted(_package_files(package, ""), key=lambda item: item[0]):
+        digest.update(path[0].encode() + b"\0")
+        digest.update(hashlib.sha256(path[1].read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def _package_files(folder: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    for entry in folder.iterdir():
+        name = prefix + entry.name
+        if entry.is_dir():
+            if entry.name != "__pycache__":
+                yield from _package_files(entry, name + "/")
+        elif entry.name.endswith(".py") or (
+            name.startswith("workloads/configs/") and entry.name.endswith(".json")
+        ):
+            yield name, entry
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def traced_run(run: RunConfig) -> RunConfig:
+    """``run`` without what a trace does not depend on: the sizes, the GPUs and the sharding
+    (and, for inference, the concurrency and the context, with the generated tokens made
+    explicit) — the same for every question the profile answers."""
+    update: dict[str, Any] = {"batch_size": None, "seq_len": None, "gpus": 1, "sharding": "ddp"}
+    if run.mode == "inference":
+        update |= {
+            "context": None,
+            "concurrency": 1,
+            "new_tokens": run.new_tokens or DEFAULT_NEW_TOKENS,
+        }
+    return run.model_copy(update=update)
+
+
+def cache_key(workload: Workload, run: RunConfig, *, named: bool) -> dict[str, Any] | None:
+    """What the trace of ``workload`` for ``run`` depends on, or None when it cannot be told
+    (a ``--model`` folder too large to read): ``named`` for a registered workload."""
+    if named:
+        model = f"whichgpu:{workload.info.name}"
+    elif workload.source_digest is None:
+        return None
+    else:
+        model = workload.source_digest
+    return {
+        "format": CACHE_FORMAT,
+        "version": CACHE_VERSION,
+        "workload": workload.info.name,
+        "model": model,
+        "run": traced_run(run).model_dump(mode="json"),
+        "whichgpu_code": code_digest(),
+        "python": "{}.{}".format(*sys.version_info[:2]),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+    }
+
+
+def cache_path(key: dict[str, Any]) -> Path:
+    """The file that holds the profile of ``key``."""
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
+    return settings.cache_dir() / PROFILES_SUBDIR / f"{name}.json.gz"
+
+
+def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> ScalableProfile | None:
+    """The profile kept for ``workload`` and ``run``, or None (none kept, the cache is off,
+    or the file cannot be read: a new trace then replaces it)."""
+    from whichgpu.workloads.stored import ScalableProfile
+
+    if settings.cache_disabled():
+        return None
+    key = cache_key(workload, run, named=named)
+    if key is None:
+        return None
+    try:
+        with gzip.open(cache_path(key), "rb") as fh:
+            doc = json.loads(fh.read())
+        if doc.get("key") != key:
+            return None
+        profile = ScalableProfile.from_json(doc["profile"])
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return None
+    profile.events.flags.writeable = False
+    return profile
+
+
+def keep_profile(
+    workload: Workload, run: RunConfig, profile: ScalableProfile, *, named: bool
+) -> Path | None:
+    """Keep ``profile``, traced for ``workload`` and ``run``; returns the file, or None when
+    the cache is off, the model cannot be identified or the file cannot be written."""
+    if settings.cache_disabled():
+        return None
+    key = cache_key(workload, run, named=named)
+    if key is None:
+        return None
+    path = cache_path(key)
+    data = json.dumps({"key": key, "profile": profile.to_json()}, separators=(",", ":")).encode()
+    try:
+        write_atomically(path, lambda out: out.write(gzip.compress(data, mtime=0)))
+    except OSError:
+        return None
+    return path

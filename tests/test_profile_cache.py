@@ -1,0 +1,198 @@
+"""The trace cache: a profile traced once answers the next question about the same model and run,
+and nothing else; a changed model, a broken file or a cache turned off traces anew."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from whichgpu.api import scalable_profile
+from whichgpu.schema import RunConfig
+from whichgpu.workloads import Workload, get_workload, select_workload
+from whichgpu.workloads import profile_cache as cache
+from whichgpu.workloads.profile_cache import (
+    cache_key,
+    cache_path,
+    cached_profile,
+    source_digest,
+)
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TINY = FIXTURES / "tiny-llama.json"
+
+MODEL_FILE = """
+import torch
+from torch import nn
+
+WIDTH = {width}
+
+def build():
+    model = nn.Sequential(nn.Linear(WIDTH, 64), nn.ReLU(), nn.Linear(64, 10))
+    return model, lambda batch_size, seq_len: {{"input": torch.randn(batch_size, WIDTH)}}
+"""
+
+
+def _tiny_config() -> Workload:
+    return select_workload(None, TINY)
+
+
+def test_a_traced_profile_is_kept_and_answers_again_unchanged() -> None:
+    workload = _tiny_config()
+    run = RunConfig(seq_len=64)
+    traced, how = scalable_profile(workload, run)
+    assert how == "traced"
+    kept, how = scalable_profile(workload, run)
+    assert how == "traced (kept from an earlier run)"
+    assert kept.to_json() == traced.to_json()
+    assert not kept.events.flags.writeable
+
+
+def test_the_key_ignores_sizes_gpus_and_sharding_but_not_what_changes_the_trace() -> None:
+    workload = _tiny_config()
+    base = cache_key(workload, RunConfig(), named=False)
+    same = [
+        RunConfig(batch_size=8, seq_len=512),
+        RunConfig(gpus=8, sharding="fsdp"),
+    ]
+    for run in same:
+        assert cache_key(workload, run, named=False) == base
+    different = [
+        RunConfig(precision="fp32"),
+        RunConfig(checkpointing=True),
+        RunConfig(method="lora"),
+        RunConfig(method="lora", lora_rank=8),
+        RunConfig(optimizer="sgd"),
+        RunConfig(mode="inference"),
+    ]
+    keys = [cache_key(workload, run, named=False) for run in different]
+    assert base not in keys
+    assert len({json.dumps(k, sort_keys=True) for k in keys}) == len(keys)
+
+
+def test_inference_keys_ignore_concurrency_and_context_but_not_new_tokens() -> None:
+    workload = get_workload("llama-3.2-1b")
+    one = cache_key(workload, RunConfig(mode="inference"), named=True)
+    assert one == cache_key(
+        workload, RunConfig(mode="inference", concurrency=8, context=4096), named=True
+    )
+    assert one == cache_key(workload, RunConfig(mode="inference", new_tokens=128), named=True)
+    assert one != cache_key(workload, RunConfig(mode="inference", new_tokens=256), named=True)
+
+
+def test_another_config_is_another_model(tmp_path: Path) -> None:
+    doc = json.loads(TINY.read_text())
+    copy = tmp_path / "tiny-llama.json"
+    copy.write_text(json.dumps(doc))
+    same = select_workload(None, copy)
+    doc["intermediate_size"] = doc["intermediate_size"] * 2
+    copy.write_text(json.dumps(doc))
+    wider = select_workload(None, copy)
+    assert same.source_digest == _tiny_config().source_digest
+    assert wider.source_digest != same.source_digest
+
+
+def test_editing_a_model_file_or_its_neighbours_traces_anew(tmp_path: Path) -> None:
+    folder = tmp_path / "project"
+    folder.mkdir()
+    model = folder / "net.py"
+    model.write_text(MODEL_FILE.format(width=32))
+    spec = f"{model}:build"
+    first, how = scalable_profile(select_workload(spec, None), RunConfig())
+    assert how == "traced"
+    _, how = scalable_profile(select_workload(spec, None), RunConfig())
+    assert how == "traced (kept from an earlier run)"
+
+    (folder / "settings.yaml").write_text("width: 64\n")  # a file the model might read
+    _, how = scalable_profile(select_workload(spec, None), RunConfig())
+    assert how == "traced"
+
+    model.write_text(MODEL_FILE.format(width=512))
+    wider, how = scalable_profile(select_workload(spec, None), RunConfig())
+    assert how == "traced"
+    assert wider.params_total > first.params_total
+
+
+def test_a_folder_too_large_to_check_is_not_identified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(4):
+        (tmp_path / f"m{i}.py").write_text(f"X = {i}\n")
+    assert source_digest(tmp_path) is not None
+    monkeypatch.setattr(cache, "SOURCE_FILES_MAX", 3)
+    assert source_digest(tmp_path) is None
+    monkeypatch.setattr(cache, "SOURCE_FILES_MAX", 400)
+    monkeypatch.setattr(cache, "SOURCE_BYTES_MAX", 10)
+    assert source_digest(tmp_path) is None
+    monkeypatch.setattr(cache, "SOURCE_BYTES_MAX", 2**20)
+    monkeypatch.setattr(cache, "ENTRIES_MAX", 2)
+    assert source_digest(tmp_path) is None
+
+
+def test_hidden_and_environment_folders_are_not_sources(tmp_path: Path) -> None:
+    (tmp_path / "net.py").write_text("X = 1\n")
+    before = source_digest(tmp_path)
+    for folder in (".git", "__pycache__", "venv"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.py").write_text("Y = 2\n")
+    assert source_digest(tmp_path) == before
+    (tmp_path / "net.py").write_text("X = 2\n")
+    assert source_digest(tmp_path) != before
+
+
+def test_a_broken_or_foreign_file_is_traced_anew_and_replaced() -> None:
+    workload = _tiny_config()
+    run = RunConfig(seq_len=64)
+    traced, _ = scalable_profile(workload, run)
+    key = cache_key(workload, run, named=False)
+    assert key is not None
+    path = cache_path(key)
+
+    path.write_bytes(path.read_bytes()[:100])  # a truncated file
+    assert cached_profile(workload, run, named=False) is None
+    _, how = scalable_profile(workload, run)
+    assert how == "traced"
+    assert cached_profile(workload, run, named=False) is not None
+
+    foreign = {"key": {**key, "model": "another"}, "profile": traced.to_json()}
+    path.write_bytes(gzip.compress(json.dumps(foreign).encode()))
+    assert cached_profile(workload, run, named=False) is None
+
+
+def test_the_cache_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WHICHGPU_NO_CACHE", "1")
+    workload = _tiny_config()
+    run = RunConfig(seq_len=64)
+    for _ in range(2):
+        _, how = scalable_profile(workload, run)
+        assert how == "traced"
+    key = cache_key(workload, run, named=False)
+    assert key is not None and not cache_path(key).exists()
+
+
+def test_a_cache_path_that_is_a_file_is_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("WHICHGPU_CACHE_DIR", str(blocker))
+    _, how = scalable_profile(_tiny_config(), RunConfig(seq_len=64))
+    assert how == "traced"
+    assert blocker.read_text() == ""
+
+
+def test_the_second_cli_question_about_a_config_answers_from_the_first_trace() -> None:
+    args = ("--config", str(TINY), "--gpu", "t4", "--seq-len", "64", "--json")
+    first = run_cli("fit", *args)
+    assert first.returncode == 0, first.stderr
+    second = run_cli("predict", *args, "--batch-size", "8")
+    assert second.returncode == 0, second.stderr
+    third = run_cli("fit", *args)
+    assert third.returncode == 0, third.stderr
+    (a,), (b,) = json.loads(first.stdout), json.loads(third.stdout)
+    assert a.pop("method") == "traced"
+    assert b.pop("method") == "traced (kept from an earlier run)"
+    assert a == b
