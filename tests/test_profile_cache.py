@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_cli
-from whichgpu.api import scalable_profile
+from whichgpu.api import fit, scalable_profile
+from whichgpu.estimate import replay_cache
 from whichgpu.schema import RunConfig
 from whichgpu.workloads import Workload, get_workload, select_workload
 from whichgpu.workloads import profile_cache as cache
 from whichgpu.workloads.profile_cache import (
+    UNUSED_DAYS,
     cache_key,
     cache_path,
     cached_profile,
+    forget_unused,
+    kept_file,
     source_digest,
 )
 
@@ -196,3 +202,49 @@ def test_the_second_cli_question_about_a_config_answers_from_the_first_trace() -
     assert a.pop("method") == "traced"
     assert b.pop("method") == "traced (kept from an earlier run)"
     assert a == b
+
+
+def test_replays_are_kept_beside_the_profile_and_answer_the_next_run() -> None:
+    options = {"config": str(TINY), "gpus": ["t4", "rtx-4090"], "seq_len": 64}
+    first = fit(**options)  # type: ignore[arg-type]
+    workload, run = _tiny_config(), RunConfig(seq_len=64)
+    path = kept_file(workload, run, named=False)
+    assert path is not None
+    assert path.with_name(path.name.replace(".json.gz", ".replays.json.gz")).is_file()
+
+    replay_cache.forget_kept_memories()  # as a new process would start
+    again = fit(**options)  # type: ignore[arg-type]
+    assert [e.model_dump() for e in again] == [
+        {**e.model_dump(), "method": "traced (kept from an earlier run)"} for e in first
+    ]
+    profile = cached_profile(workload, run, named=False)
+    assert profile is not None
+    assert replay_cache.kept_memory(profile, path).live_replays == 0
+
+
+def test_kept_replays_of_other_profile_bytes_are_ignored() -> None:
+    options = {"config": str(TINY), "gpus": ["t4"], "seq_len": 64}
+    fit(**options)  # type: ignore[arg-type]
+    workload, run = _tiny_config(), RunConfig(seq_len=64)
+    path = kept_file(workload, run, named=False)
+    assert path is not None
+    path.write_bytes(gzip.compress(gzip.decompress(path.read_bytes()), mtime=1))  # new bytes
+    replay_cache.forget_kept_memories()
+    fit(**options)  # type: ignore[arg-type]
+    profile = cached_profile(workload, run, named=False)
+    assert profile is not None
+    assert replay_cache.kept_memory(profile, path).live_replays > 0
+
+
+def test_files_unused_for_long_are_deleted_and_nothing_else(tmp_path: Path) -> None:
+    old, recent = "a" * 32 + ".json.gz", "b" * 32 + ".json.gz"
+    old_replays, stray = "a" * 32 + ".replays.json.gz", "." + "c" * 32 + ".json.gz.0a1b.tmp"
+    users = "notes.json.gz"
+    for name in (old, recent, old_replays, stray, users):
+        (tmp_path / name).write_bytes(b"x")
+    long_ago = time.time() - (UNUSED_DAYS + 1) * 86400
+    for name in (old, old_replays, stray, users):
+        os.utime(tmp_path / name, (long_ago, long_ago))
+    deleted = forget_unused(tmp_path)
+    assert sorted(p.name for p in deleted) == sorted([old, old_replays, stray])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([recent, users])

@@ -239,10 +239,22 @@ def _prepare(
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
     """The replays of ``profile``: of a stored profile, shared by every call in this process
     and started from the replays shipped with it (``estimate.replay_cache``)."""
-    from whichgpu.estimate.replay_cache import step_memory
+    from whichgpu.estimate.replay_cache import kept_memory, step_memory
+    from whichgpu.workloads.profile_cache import kept_file
 
-    stem = profile_key(workload.info.name, run) if _is_registered(workload) else None
-    return step_memory(profile, stem)
+    named = _is_registered(workload)
+    stem = profile_key(workload.info.name, run) if named else None
+    if stem is not None and load_stored(workload.info.name, run) is profile:
+        return step_memory(profile, stem)
+    kept = kept_file(workload, run, named=named)
+    return step_memory(profile) if kept is None else kept_memory(profile, kept)
+
+
+def _keep_replays() -> None:
+    """Keep what this call replayed of profiles from the trace cache, for the next run."""
+    from whichgpu.estimate.replay_cache import keep_new_replays
+
+    keep_new_replays()
 
 
 def fit(
@@ -321,6 +333,7 @@ def fit(
             )
         )
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
+    _keep_replays()
     return ResultList(estimates)
 
 
@@ -469,6 +482,7 @@ def predict(
         calibration, band = _calibration(chosen, step, result, software)
         out = correct(out, calibration, band)
     out.sort(key=lambda e: -(e.throughput or 0.0))
+    _keep_replays()
     return ResultList(out)
 
 
@@ -872,6 +886,7 @@ def recommend(
         vendor=maker,
         notes=tuple(notes),
     )
+    _keep_replays()
     return rank(
         options,
         workload=chosen.info.name,
@@ -1204,6 +1219,7 @@ def report(
         **({"stack": stack} if stack else {}),
     }
     title = str(config) if config else (model or chosen.info.name)
+    _keep_replays()
     return ReportData(
         title=title,
         workload=chosen.info.name,

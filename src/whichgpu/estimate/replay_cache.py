@@ -13,15 +13,22 @@ before, and remembered for the rest of the process.
 Shipped replays are used only for the profile file they were computed from (its SHA-256) and
 the replay model they were computed with (``REPLAY_MODEL_VERSION``); anything else ignores
 them, so they can make an answer faster, never different. A test recomputes a sample of them.
+
+Profiles traced on the user's machine and kept in the trace cache (``workloads.profile_cache``)
+get the same treatment there: ``kept_memory`` starts from the replays an earlier run kept beside
+the profile file (for those very bytes and this replay model), and ``keep_new_replays``, which
+the API calls at the end of each question, writes what was added.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
 from whichgpu.estimate.sharding import Parallel
@@ -103,6 +110,14 @@ def encode_replays(stem: str, replays: dict[ReplayKey, Replay]) -> dict[str, Any
     digest = stored_digest(stem)
     if digest is None:
         raise ValueError(f"no stored profile {stem}")
+    return replays_document(replays, stem, digest, "scripts/warm_replays.py")
+
+
+def replays_document(
+    replays: dict[ReplayKey, Replay], profile: str, profile_sha256: str, written_by: str
+) -> dict[str, Any]:
+    """A JSON-able document of ``replays`` of the profile file named ``profile`` whose bytes
+    have SHA-256 ``profile_sha256`` (rows sorted: the same replays give the same file)."""
     rows = [
         [
             batch,
@@ -120,9 +135,9 @@ def encode_replays(stem: str, replays: dict[ReplayKey, Replay]) -> dict[str, Any
     return {
         "format": FORMAT,
         "replay_model_version": REPLAY_MODEL_VERSION,
-        "profile": stem,
-        "profile_sha256": digest,
-        "written_by": "scripts/warm_replays.py",
+        "profile": profile,
+        "profile_sha256": profile_sha256,
+        "written_by": written_by,
         "categories": list(CATEGORIES),
         "replays": rows,
     }
@@ -135,3 +150,84 @@ def save_replays(stem: str, replays: dict[ReplayKey, Replay], directory: Path) -
     text = json.dumps(encode_replays(stem, replays), separators=(",", ":")).encode()
     write_atomically(path, lambda out: out.write(gzip.compress(text, mtime=0)))
     return path
+
+
+# --- replays of profiles kept in the trace cache ---------------------------------------------
+
+KEPT_REPLAYS_SUFFIX = ".replays.json.gz"
+"""A kept profile ``NAME.json.gz``'s replays are ``NAME.replays.json.gz`` beside it."""
+
+
+@dataclass
+class _Kept:
+    memory: StepMemory
+    profile_sha256: str
+    written: int
+    """Replays in the file when it was read or last written."""
+
+
+_kept: dict[Path, _Kept] = {}
+
+
+def kept_memory(profile: ScalableProfile, profile_file: Path) -> StepMemory:
+    """The replays of ``profile``, kept in the trace cache as ``profile_file``
+    (``workloads.profile_cache``): one ``StepMemory`` per file and process, started from the
+    replays an earlier run kept beside it (``keep_new_replays`` writes them). Replays kept for
+    other bytes of the profile file, or another replay model, are ignored."""
+    found = _kept.get(profile_file)
+    if found is not None:
+        return found.memory
+    try:
+        digest = hashlib.sha256(profile_file.read_bytes()).hexdigest()
+    except OSError:
+        return StepMemory(profile)
+    known = _read_kept(_replays_file(profile_file), digest)
+    memory = StepMemory(profile, known)
+    _kept[profile_file] = _Kept(memory, digest, len(known))
+    return memory
+
+
+def forget_kept_memories() -> None:
+    """Drop this process's ``StepMemory`` of every kept profile: the next ``kept_memory``
+    reads the kept replays again."""
+    _kept.clear()
+
+
+def keep_new_replays() -> None:
+    """Write the replays of every kept profile that this process added to; a file that cannot
+    be written is skipped (the next run replays again)."""
+    for profile_file, kept in _kept.items():
+        replays = kept.memory.replays()
+        if len(replays) <= kept.written:
+            continue
+        doc = replays_document(
+            replays, profile_file.name, kept.profile_sha256, "whichgpu (trace cache)"
+        )
+        data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
+        try:
+            write_atomically(_replays_file(profile_file), functools.partial(_write, data))
+        except OSError:
+            continue
+        kept.written = len(replays)
+
+
+def _write(data: bytes, out: BinaryIO) -> None:
+    out.write(data)
+
+
+def _replays_file(profile_file: Path) -> Path:
+    return profile_file.with_name(profile_file.name.removesuffix(".json.gz") + KEPT_REPLAYS_SUFFIX)
+
+
+def _read_kept(path: Path, profile_sha256: str) -> dict[ReplayKey, Replay]:
+    try:
+        doc = json.loads(gzip.decompress(path.read_bytes()))
+        if (
+            doc.get("format") != FORMAT
+            or doc.get("replay_model_version") != REPLAY_MODEL_VERSION
+            or doc.get("profile_sha256") != profile_sha256
+        ):
+            return {}
+        return decode_replays(doc)
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return {}

@@ -18,21 +18,25 @@ everything the trace depends on:
 
 A cached profile is therefore the very profile a new trace would give. Reading or writing the
 cache never fails a command: a missing, unreadable or foreign file is traced anew, and a
-cache that cannot be written is skipped. Files are written atomically. ``WHICHGPU_NO_CACHE``
-turns the cache off; deleting the folder clears it.
+cache that cannot be written is skipped. Files are written atomically; those unused for
+``UNUSED_DAYS`` are deleted when a new profile is kept. ``WHICHGPU_NO_CACHE`` turns the cache
+off; deleting the folder clears it.
 
 Pure Python; never imports torch (nor numpy until a profile is read).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
 import importlib.metadata
 import json
 import os
+import re
 import sys
+import time
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
@@ -52,6 +56,12 @@ CACHE_VERSION = 1
 """Bumped when the key or the file layout changes (old entries are then never read)."""
 PROFILES_SUBDIR = "profiles"
 """Folder, under the cache directory, of the kept profiles."""
+
+UNUSED_DAYS = 60
+"""Kept files unused for this long are deleted when a new profile is kept (an upgrade of
+whichgpu or torch leaves the old keys unused for good)."""
+KEPT_NAME = re.compile(r"^\.?[0-9a-f]{32}\.(json\.gz|replays\.json\.gz)(\.[0-9a-f]+\.tmp)?$")
+"""Names of the files the cache writes (and of their temporaries); nothing else is deleted."""
 
 SOURCE_SUFFIXES = (".py", ".json", ".yaml", ".yml", ".toml", ".cfg")
 """Files of a ``--model`` folder that can change the model it builds."""
@@ -180,6 +190,18 @@ def cache_path(key: dict[str, Any]) -> Path:
     return settings.cache_dir() / PROFILES_SUBDIR / f"{name}.json.gz"
 
 
+def kept_file(workload: Workload, run: RunConfig, *, named: bool) -> Path | None:
+    """The file of the profile kept for ``workload`` and ``run``, if there is one (and the
+    cache is on)."""
+    if settings.cache_disabled():
+        return None
+    key = cache_key(workload, run, named=named)
+    if key is None:
+        return None
+    path = cache_path(key)
+    return path if path.is_file() else None
+
+
 def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> ScalableProfile | None:
     """The profile kept for ``workload`` and ``run``, or None (none kept, the cache is off,
     or the file cannot be read: a new trace then replaces it)."""
@@ -198,6 +220,8 @@ def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> Scalab
         profile = ScalableProfile.from_json(doc["profile"])
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         return None
+    with contextlib.suppress(OSError):
+        os.utime(cache_path(key))  # used now: not deleted as unused
     profile.events.flags.writeable = False
     return profile
 
@@ -218,4 +242,27 @@ def keep_profile(
         write_atomically(path, lambda out: out.write(gzip.compress(data, mtime=0)))
     except OSError:
         return None
+    forget_unused(path.parent)
     return path
+
+
+def forget_unused(folder: Path, days: float = UNUSED_DAYS) -> list[Path]:
+    """Delete the cache's files in ``folder`` that were not used for ``days`` (a profile's
+    replays go with it); returns what was deleted. Errors leave a file where it is."""
+    cutoff = time.time() - days * 86400
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return [e for e in entries if KEPT_NAME.match(e.name) and _delete_older(e, cutoff)]
+
+
+def _delete_older(path: Path, cutoff: float) -> bool:
+    """Delete ``path`` if it was last modified before ``cutoff``; whether it was."""
+    try:
+        if path.stat().st_mtime >= cutoff:
+            return False
+        path.unlink()
+    except OSError:
+        return False
+    return True
