@@ -51,6 +51,7 @@ for args in (
     ["recommend", "resnet50", "--gpu", "4090", "--gpu", "3090", "--json"],
     ["cost", "breakeven", "--gpu", "4090", "--cloud-rate", "0.5", "--json"],
     ["results", "list", "--json"],
+    ["cache", "list", "--json"],
     ["report", "resnet50", "--gpu", "4090", "--gpu", "3090", "--out", "{out}"],
 ):
     code = main(args)
@@ -60,7 +61,8 @@ assert "torch" not in [m for m in sys.modules if sys.modules[m] is not None]
 
 
 def test_non_torch_modules_import_and_run_without_torch(tmp_path: Path) -> None:
-    """The catalog, fit/predict/recommend of named workloads, cost and results need no torch."""
+    """The catalog, fit/predict/recommend of named workloads, cost, results and the trace cache
+    need no torch."""
     result = subprocess.run(
         [sys.executable, "-c", PROGRAM.format(modules=NON_TORCH_MODULES, out=tmp_path / "r.html")],
         capture_output=True,

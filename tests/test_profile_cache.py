@@ -8,11 +8,13 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.conftest import run_cli
 from whichgpu.api import fit, scalable_profile
+from whichgpu.cli import main
 from whichgpu.estimate import replay_cache
 from whichgpu.schema import RunConfig
 from whichgpu.workloads import Workload, get_workload, select_workload
@@ -248,3 +250,54 @@ def test_files_unused_for_long_are_deleted_and_nothing_else(tmp_path: Path) -> N
     deleted = forget_unused(tmp_path)
     assert sorted(p.name for p in deleted) == sorted([old, old_replays, stray])
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([recent, users])
+
+
+def _cache_doc(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    capsys.readouterr()
+    assert main(["cache", *args, "--json"]) == 0
+    doc: dict[str, Any] = json.loads(capsys.readouterr().out)
+    return doc
+
+
+def test_cache_list_and_clear(capsys: pytest.CaptureFixture[str]) -> None:
+    assert _cache_doc(capsys, "list")["traces"] == []
+    workload, run = _tiny_config(), RunConfig(seq_len=64)
+    fit(config=str(TINY), gpus=["t4"], seq_len=64)
+    path = kept_file(workload, run, named=False)
+    assert path is not None
+
+    # a trace another version kept, and a file that cannot be read
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    doc["key"]["torch"] = "0.0.1"
+    older = path.with_name("0" * 32 + ".json.gz")
+    older.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    broken = path.with_name("f" * 32 + ".json.gz")
+    broken.write_bytes(b"not gzip")
+
+    listed = {t["file"]: t for t in _cache_doc(capsys, "list")["traces"]}
+    assert set(listed) == {str(path), str(older), str(broken)}
+    mine = listed[str(path)]
+    assert mine["current"] and mine["workload"] == str(TINY)
+    assert mine["run"] == "train, bf16, adamw"
+    assert mine["size_bytes"] > path.stat().st_size  # the replays beside it count too
+    assert not listed[str(older)]["current"]
+    assert listed[str(broken)]["workload"] == "(unreadable)"
+
+    stale = _cache_doc(capsys, "clear", "--stale")
+    assert stale["deleted"] == 2
+    assert [t["file"] for t in _cache_doc(capsys, "list")["traces"]] == [str(path)]
+    everything = _cache_doc(capsys, "clear")
+    assert everything["deleted"] == 1 and everything["freed_bytes"] == mine["size_bytes"]
+    assert list(path.parent.iterdir()) == []
+
+
+def test_cache_commands_print_tables() -> None:
+    fit_run = run_cli("fit", "--config", str(TINY), "--gpu", "t4", "--seq-len", "64", "--json")
+    assert fit_run.returncode == 0, fit_run.stderr
+    listed = run_cli("cache", "list")
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.startswith("1 trace in ")
+    assert "tiny-llama.json" in listed.stdout and "yes" in listed.stdout
+    cleared = run_cli("cache", "clear")
+    assert cleared.returncode == 0, cleared.stderr
+    assert cleared.stdout.startswith("Deleted 1 trace (")

@@ -15,6 +15,7 @@ import typer
 
 from whichgpu import __version__
 from whichgpu.cli.bench import bench
+from whichgpu.cli.cache import cache_app
 from whichgpu.cli.compare import compare
 from whichgpu.cli.cost import cost_app
 from whichgpu.cli.fit import fit
@@ -67,6 +68,7 @@ app.command("report")(report)
 app.add_typer(cost_app, name="cost")
 app.command("bench")(bench)
 app.add_typer(results_app, name="results")
+app.add_typer(cache_app, name="cache")
 app.add_typer(validate_app, name="validate")
 
 

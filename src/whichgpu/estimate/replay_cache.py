@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
 from whichgpu.estimate.sharding import Parallel
 from whichgpu.files import write_atomically
+from whichgpu.workloads.profile_cache import replays_path
 from whichgpu.workloads.stored import (
     CATEGORIES,
     ScalableProfile,
@@ -154,9 +155,6 @@ def save_replays(stem: str, replays: dict[ReplayKey, Replay], directory: Path) -
 
 # --- replays of profiles kept in the trace cache ---------------------------------------------
 
-KEPT_REPLAYS_SUFFIX = ".replays.json.gz"
-"""A kept profile ``NAME.json.gz``'s replays are ``NAME.replays.json.gz`` beside it."""
-
 
 @dataclass
 class _Kept:
@@ -181,7 +179,7 @@ def kept_memory(profile: ScalableProfile, profile_file: Path) -> StepMemory:
         digest = hashlib.sha256(profile_file.read_bytes()).hexdigest()
     except OSError:
         return StepMemory(profile)
-    known = _read_kept(_replays_file(profile_file), digest)
+    known = _read_kept(replays_path(profile_file), digest)
     memory = StepMemory(profile, known)
     _kept[profile_file] = _Kept(memory, digest, len(known))
     return memory
@@ -205,7 +203,7 @@ def keep_new_replays() -> None:
         )
         data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
         try:
-            write_atomically(_replays_file(profile_file), functools.partial(_write, data))
+            write_atomically(replays_path(profile_file), functools.partial(_write, data))
         except OSError:
             continue
         kept.written = len(replays)
@@ -213,10 +211,6 @@ def keep_new_replays() -> None:
 
 def _write(data: bytes, out: BinaryIO) -> None:
     out.write(data)
-
-
-def _replays_file(profile_file: Path) -> Path:
-    return profile_file.with_name(profile_file.name.removesuffix(".json.gz") + KEPT_REPLAYS_SUFFIX)
 
 
 def _read_kept(path: Path, profile_sha256: str) -> dict[ReplayKey, Replay]:

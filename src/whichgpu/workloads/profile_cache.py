@@ -38,6 +38,8 @@ import re
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -62,6 +64,8 @@ UNUSED_DAYS = 60
 whichgpu or torch leaves the old keys unused for good)."""
 KEPT_NAME = re.compile(r"^\.?[0-9a-f]{32}\.(json\.gz|replays\.json\.gz)(\.[0-9a-f]+\.tmp)?$")
 """Names of the files the cache writes (and of their temporaries); nothing else is deleted."""
+PROFILE_NAME = re.compile(r"^[0-9a-f]{32}\.json\.gz$")
+"""Names of the kept profiles."""
 
 SOURCE_SUFFIXES = (".py", ".json", ".yaml", ".yml", ".toml", ".cfg")
 """Files of a ``--model`` folder that can change the model it builds."""
@@ -177,10 +181,7 @@ def cache_key(workload: Workload, run: RunConfig, *, named: bool) -> dict[str, A
         "workload": workload.info.name,
         "model": model,
         "run": traced_run(run).model_dump(mode="json"),
-        "whichgpu_code": code_digest(),
-        "python": "{}.{}".format(*sys.version_info[:2]),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
+        **_environment(),
     }
 
 
@@ -266,3 +267,88 @@ def _delete_older(path: Path, cutoff: float) -> bool:
     except OSError:
         return False
     return True
+
+
+# --- what the cache holds (``whichgpu cache``) -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeptTrace:
+    """One profile in the trace cache."""
+
+    path: Path
+    """The profile's file (its replays, if any, lie beside it)."""
+    workload: str
+    """The workload's name: a named workload, a config file or a ``--model`` spec."""
+    run: str
+    """What of the run the trace is of (``RunConfig.describe``)."""
+    size_bytes: int
+    """Bytes of the profile and its replays on disk."""
+    last_used: datetime
+    """When a question last read it (or it was written), UTC."""
+    current: bool
+    """Whether this whichgpu, Python, torch and transformers can use it (False: kept by
+    another version, it will not be read again; ``whichgpu cache clear --stale`` removes it)."""
+
+
+def kept_traces() -> list[KeptTrace]:
+    """The profiles in the trace cache, most recently used first (unreadable files are
+    listed as not current, with the workload unknown)."""
+    folder = settings.cache_dir() / PROFILES_SUBDIR
+    try:
+        files = [p for p in folder.iterdir() if PROFILE_NAME.match(p.name)]
+    except OSError:
+        return []
+    found = [_kept_trace(p) for p in files]
+    return sorted((k for k in found if k is not None), key=lambda k: k.last_used, reverse=True)
+
+
+def _kept_trace(path: Path) -> KeptTrace | None:
+    try:
+        stat = path.stat()
+        replays = replays_path(path)
+        size = stat.st_size + (replays.stat().st_size if replays.is_file() else 0)
+    except OSError:
+        return None
+    used = datetime.fromtimestamp(stat.st_mtime, tz=timezone.utc)
+    try:
+        with gzip.open(path, "rb") as fh:
+            key = json.loads(fh.read())["key"]
+        run = RunConfig.model_validate(key["run"]).describe()
+        current = key["version"] == CACHE_VERSION and all(
+            key.get(name) == value for name, value in _environment().items()
+        )
+        return KeptTrace(path, str(key["workload"]), run, size, used, current)
+    except (OSError, EOFError, ValueError, KeyError, TypeError):
+        return KeptTrace(path, "(unreadable)", "", size, used, False)
+
+
+def clear_cache(*, stale_only: bool = False) -> tuple[int, int]:
+    """Delete the trace cache's profiles and their replays (``stale_only``: only those no
+    longer current); returns how many profiles and how many bytes went."""
+    gone = bytes_freed = 0
+    for kept in kept_traces():
+        if stale_only and kept.current:
+            continue
+        for path in (kept.path, replays_path(kept.path)):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        gone += 1
+        bytes_freed += kept.size_bytes
+    return gone, bytes_freed
+
+
+def replays_path(path: Path) -> Path:
+    """The file of the replays kept beside the profile file ``path``
+    (``estimate.replay_cache``)."""
+    return path.with_name(path.name.removesuffix(".json.gz") + ".replays.json.gz")
+
+
+def _environment() -> dict[str, Any]:
+    """The parts of a key that name this installation."""
+    return {
+        "whichgpu_code": code_digest(),
+        "python": "{}.{}".format(*sys.version_info[:2]),
+        "torch": _version("torch"),
+        "transformers": _version("transformers"),
+    }
