@@ -194,13 +194,18 @@ def cache_path(key: dict[str, Any]) -> Path:
 def kept_file(workload: Workload, run: RunConfig, *, named: bool) -> Path | None:
     """The file of the profile kept for ``workload`` and ``run``, if there is one (and the
     cache is on)."""
-    if settings.cache_disabled():
-        return None
-    key = cache_key(workload, run, named=named)
+    key = _active_key(workload, run, named=named)
     if key is None:
         return None
     path = cache_path(key)
     return path if path.is_file() else None
+
+
+def _active_key(workload: Workload, run: RunConfig, *, named: bool) -> dict[str, Any] | None:
+    """``cache_key``, or None also when the user turned the cache off."""
+    if settings.cache_disabled():
+        return None
+    return cache_key(workload, run, named=named)
 
 
 def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> ScalableProfile | None:
@@ -208,9 +213,7 @@ def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> Scalab
     or the file cannot be read: a new trace then replaces it)."""
     from whichgpu.workloads.stored import ScalableProfile
 
-    if settings.cache_disabled():
-        return None
-    key = cache_key(workload, run, named=named)
+    key = _active_key(workload, run, named=named)
     if key is None:
         return None
     try:
@@ -232,9 +235,7 @@ def keep_profile(
 ) -> Path | None:
     """Keep ``profile``, traced for ``workload`` and ``run``; returns the file, or None when
     the cache is off, the model cannot be identified or the file cannot be written."""
-    if settings.cache_disabled():
-        return None
-    key = cache_key(workload, run, named=named)
+    key = _active_key(workload, run, named=named)
     if key is None:
         return None
     path = cache_path(key)
