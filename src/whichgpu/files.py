@@ -9,11 +9,13 @@ file gets the permissions the user's umask gives a new file.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import os
 import secrets
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 NEW_FILE_MODE = 0o666
 """Mode asked for a new file; the process's umask takes its bits away, as for any new file."""
@@ -35,3 +37,11 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with contextlib.suppress(OSError):
             temp.unlink()
         raise
+
+
+def write_json_gz_atomically(path: Path, doc: Any) -> None:
+    """Create or replace ``path`` with ``doc`` as compact, gzip-compressed JSON, atomically
+    (``write_atomically``). The gzip header holds no time or name, so the same document always
+    gives the same bytes (what checksums of shipped files rely on)."""
+    data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
+    write_atomically(path, lambda out: out.write(data))

@@ -28,11 +28,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
 from whichgpu.estimate.sharding import Parallel
-from whichgpu.files import write_atomically
+from whichgpu.files import write_json_gz_atomically
 from whichgpu.workloads.profile_cache import replays_path
 from whichgpu.workloads.stored import (
     CATEGORIES,
@@ -146,10 +146,8 @@ def replays_document(
 
 def save_replays(stem: str, replays: dict[ReplayKey, Replay], directory: Path) -> Path:
     """Write ``replays`` of ``stem`` to ``directory`` (atomically); returns the file."""
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{stem}.json.gz"
-    text = json.dumps(encode_replays(stem, replays), separators=(",", ":")).encode()
-    write_atomically(path, lambda out: out.write(gzip.compress(text, mtime=0)))
+    write_json_gz_atomically(path, encode_replays(stem, replays))
     return path
 
 
@@ -201,16 +199,11 @@ def keep_new_replays() -> None:
         doc = replays_document(
             replays, profile_file.name, kept.profile_sha256, "whichgpu (trace cache)"
         )
-        data = gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
         try:
-            write_atomically(replays_path(profile_file), functools.partial(_write, data))
+            write_json_gz_atomically(replays_path(profile_file), doc)
         except OSError:
             continue
         kept.written = len(replays)
-
-
-def _write(data: bytes, out: BinaryIO) -> None:
-    out.write(data)
 
 
 def _read_kept(path: Path, profile_sha256: str) -> dict[ReplayKey, Replay]:

@@ -37,15 +37,16 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from whichgpu import settings
-from whichgpu.files import write_atomically
+from whichgpu.files import write_json_gz_atomically
 from whichgpu.schema import RunConfig
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
@@ -122,7 +123,6 @@ def _source_files(folder: Path) -> Iterator[Path]:
                 yield Path(root) / name
 
 
-@functools.lru_cache(maxsize=1)
 def code_digest() -> str:
     """SHA-256 of whichgpu's own modules and shipped model configs (what a trace runs)."""
     digest = hashlib.sha256()
@@ -216,8 +216,9 @@ def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> Scalab
     key = _active_key(workload, run, named=named)
     if key is None:
         return None
+    path = cache_path(key)
     try:
-        with gzip.open(cache_path(key), "rb") as fh:
+        with gzip.open(path, "rb") as fh:
             doc = json.loads(fh.read())
         if doc.get("key") != key:
             return None
@@ -225,7 +226,7 @@ def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> Scalab
     except (OSError, EOFError, ValueError, KeyError, TypeError):
         return None
     with contextlib.suppress(OSError):
-        os.utime(cache_path(key))  # used now: not deleted as unused
+        os.utime(path)  # used now: not deleted as unused
     profile.events.flags.writeable = False
     return profile
 
@@ -239,9 +240,8 @@ def keep_profile(
     if key is None:
         return None
     path = cache_path(key)
-    data = json.dumps({"key": key, "profile": profile.to_json()}, separators=(",", ":")).encode()
     try:
-        write_atomically(path, lambda out: out.write(gzip.compress(data, mtime=0)))
+        write_json_gz_atomically(path, {"key": key, "profile": profile.to_json()})
     except OSError:
         return None
     forget_unused(path.parent)
@@ -345,11 +345,14 @@ def replays_path(path: Path) -> Path:
     return path.with_name(path.name.removesuffix(".json.gz") + ".replays.json.gz")
 
 
-def _environment() -> dict[str, Any]:
-    """The parts of a key that name this installation."""
-    return {
-        "whichgpu_code": code_digest(),
-        "python": "{}.{}".format(*sys.version_info[:2]),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
-    }
+@functools.lru_cache(maxsize=1)
+def _environment() -> Mapping[str, Any]:
+    """The parts of a key that name this installation (read once per process)."""
+    return MappingProxyType(
+        {
+            "whichgpu_code": code_digest(),
+            "python": "{}.{}".format(*sys.version_info[:2]),
+            "torch": _version("torch"),
+            "transformers": _version("transformers"),
+        }
+    )

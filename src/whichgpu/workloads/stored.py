@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 import numpy.typing as npt
 
+from whichgpu.files import write_json_gz_atomically
 from whichgpu.schema import (
     AllocEvent,
     OpKind,
@@ -304,12 +305,8 @@ class ScalableProfile:
         )
 
     def save(self, path: Path) -> None:
-        """Write gzip-compressed JSON atomically (a temporary file, then a rename)."""
-        tmp = path.with_name(path.name + ".tmp")
-        data = json.dumps(self.to_json(), separators=(",", ":")).encode()
-        with gzip.GzipFile(tmp, "wb", mtime=0) as fh:
-            fh.write(data)
-        tmp.replace(path)
+        """Write gzip-compressed JSON atomically (``files.write_json_gz_atomically``)."""
+        write_json_gz_atomically(path, self.to_json())
 
     @classmethod
     def load(cls, path: Path) -> ScalableProfile:
