@@ -66,7 +66,7 @@ def test_profile_at_an_untraced_size_equals_its_trace(tiny_scalable: ScalablePro
 
 
 def sorted_sizes(profile: object) -> list[int]:
-    from whichgpu.trace.scaling import canonical_events
+    from whichgpu.trace.recorder import canonical_events
 
     return [e.size_bytes for e in canonical_events(profile.events)]  # type: ignore[attr-defined]
 

@@ -498,3 +498,26 @@ class Recorder(TorchDispatchMode):
             )
             for r in self._raw
         ]
+
+
+def canonical_events(events: tuple[AllocEvent, ...]) -> tuple[AllocEvent, ...]:
+    """Events with each run of frees at one operator sorted by storage.
+
+    Storages released together (a tuple of tensors dropped at once) are freed in an order that
+    Python's garbage collection decides and that can differ between traces; the allocator
+    cannot tell them apart, so one fixed order is as true as another.
+    """
+    out: list[AllocEvent] = []
+    run: list[AllocEvent] = []
+    for event in (*events, None):
+        if event is not None and not event.alloc and (not run or run[0].op_index == event.op_index):
+            run.append(event)
+            continue
+        out += sorted(run, key=lambda e: e.storage)
+        run = []
+        if event is not None:
+            if event.alloc:
+                out.append(event)
+            else:
+                run.append(event)
+    return tuple(out)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 import numpy as np
 
 from whichgpu.errors import WorkloadError
-from whichgpu.schema import AllocEvent, RunConfig, StepProfile
+from whichgpu.schema import RunConfig, StepProfile
+from whichgpu.trace.recorder import canonical_events
 from whichgpu.trace.step import Kernels, trace_step
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
@@ -59,29 +60,6 @@ def grid(workload: Workload, run: RunConfig, first_batch: int) -> list[tuple[int
     lengths = (2 * eighth, 4 * eighth, 6 * eighth)
     points: list[tuple[int, int | None]] = [(b, s) for b in (b0, b0 + 1) for s in lengths]
     return [*points, (b0 + 2, 3 * eighth)]
-
-
-def canonical_events(events: tuple[AllocEvent, ...]) -> tuple[AllocEvent, ...]:
-    """Events with each run of frees at one operator sorted by storage.
-
-    Storages released together (a tuple of tensors dropped at once) are freed in an order that
-    Python's garbage collection decides and that can differ between traces; the allocator
-    cannot tell them apart, so one fixed order is as true as another.
-    """
-    out: list[AllocEvent] = []
-    run: list[AllocEvent] = []
-    for event in (*events, None):
-        if event is not None and not event.alloc and (not run or run[0].op_index == event.op_index):
-            run.append(event)
-            continue
-        out += sorted(run, key=lambda e: e.storage)
-        run = []
-        if event is not None:
-            if event.alloc:
-                out.append(event)
-            else:
-                run.append(event)
-    return tuple(out)
 
 
 def _fields(profile: StepProfile) -> tuple[list[tuple[object, ...]], list[int]]:
@@ -124,21 +102,23 @@ def trace_scalable(
     *,
     kernels: Kernels = "cuda",
     progress: Callable[[str], None] | None = None,
+    extend_depth: bool = True,
 ) -> ScalableProfile:
     """Trace ``workload`` on its grid and return its exact polynomial profile (``kernels``:
-    ``trace_step``'s; ``progress`` hears which grid point is being traced)."""
+    ``trace_step``'s; ``progress`` hears which grid point is being traced). A deep model whose
+    layers are alike is traced with a few of them and extended to all (``whichgpu.trace.depth``)
+    unless ``extend_depth`` is False; when the extension does not hold, it is traced whole."""
     started = time.perf_counter()
     points = grid(workload, run, FIRST_BATCH)
-    traces = []
-    for i, point in enumerate(points, 1):
-        if progress is not None:
-            length = "" if point[1] is None else f", length {point[1]}"
-            progress(
-                f"tracing {workload.info.name} at batch {point[0]}{length} ({i} of {len(points)})"
+    traces = _extended_traces(workload, run, points, kernels, progress) if extend_depth else None
+    if traces is None:
+        traces = []
+        for i, point in enumerate(points, 1):
+            if progress is not None:
+                progress(f"tracing {workload.info.name} at {_where(point)} ({i} of {len(points)})")
+            traces.append(
+                trace_step(workload, run.model_copy(update=_size(run, point)), kernels=kernels)
             )
-        traces.append(
-            trace_step(workload, run.model_copy(update=_size(run, point)), kernels=kernels)
-        )
     fields = [_fields(t) for t in traces]
     reference = fields[0][0]
     for point, (structure, _) in zip(points, fields, strict=True):
@@ -163,6 +143,41 @@ def trace_scalable(
             f"{int(predicted[bad])}."
         )
     return _assemble(workload, run, traces[0], polys, index, points, started)
+
+
+def _extended_traces(
+    workload: Workload,
+    run: RunConfig,
+    points: list[tuple[int, int | None]],
+    kernels: Kernels,
+    progress: Callable[[str], None] | None,
+) -> list[StepProfile] | None:
+    """The traces of every point from a few layers (``whichgpu.trace.depth``); None when the
+    model cannot be, or is not, extended that way."""
+    from whichgpu.trace.depth import DEPTHS, DepthNotExtendable, depth_plan, trace_extended
+
+    name = workload.info.name
+    try:
+        plan = depth_plan(workload, run)
+    except DepthNotExtendable:
+        return None
+    depths = f"{DEPTHS[0]}-{DEPTHS[-1]} of its {plan.layers} layers"
+    traces = []
+    try:
+        for i, point in enumerate(points, 1):
+            if progress is not None:
+                progress(f"tracing {name} at {_where(point)} ({i} of {len(points)}; {depths})")
+            at = run.model_copy(update=_size(run, point))
+            traces.append(trace_extended(workload, at, plan, kernels=kernels))
+    except DepthNotExtendable as exc:
+        if progress is not None:
+            progress(f"{exc} Tracing all {plan.layers} layers instead.")
+        return None
+    return traces
+
+
+def _where(point: tuple[int, int | None]) -> str:
+    return f"batch {point[0]}" + ("" if point[1] is None else f", length {point[1]}")
 
 
 def _size(run: RunConfig, point: tuple[int, int | None]) -> dict[str, int | None]:

@@ -561,11 +561,26 @@ def trace_built(
 
 
 def trace_step(
-    workload: Workload, run: RunConfig, *, fake: bool = True, kernels: Kernels = "cuda"
+    workload: Workload,
+    run: RunConfig,
+    *,
+    fake: bool = True,
+    kernels: Kernels = "cuda",
+    layers: int | None = None,
 ) -> StepProfile:
     """Build ``workload`` for ``run`` and trace its step; ``fake=False`` runs it for real,
-    ``kernels="cpu"`` with the CPU's dropout and attention instead of CUDA's."""
+    ``kernels="cpu"`` with the CPU's dropout and attention instead of CUDA's, ``layers`` with
+    only that many of its layers (``Workload.build_with_layers``; ``whichgpu.trace.depth``)."""
     check_supported(run)
+    build = workload.build
+    if layers is not None:
+        if workload.build_with_layers is None:
+            raise UsageError(f"{workload.info.name} cannot be built with fewer layers.")
+        build_with_layers = workload.build_with_layers
+
+        def build(run: RunConfig) -> BuiltWorkload:
+            return build_with_layers(run, layers)
+
     context: Any
     if fake:
         from torch._subclasses.fake_tensor import FakeTensorMode
@@ -574,5 +589,5 @@ def trace_step(
     else:
         context = contextlib.nullcontext()
     with context:
-        built = apply_method(workload.build(run), run)
+        built = apply_method(build(run), run)
         return trace_built(workload.info, built, run, fake=fake, kernels=kernels)

@@ -75,6 +75,13 @@ class Workload:
     """The user's workloads: SHA-256 of what the model is built from (the config's contents;
     a ``--model`` folder's sources), the trace cache's name for it; None for a named workload
     (its name and whichgpu's code say it) and for a model too large to identify quickly."""
+    layers: int | None = None
+    """Layers of the model's one stack of repeated blocks (a transformer's decoder layers),
+    when ``build_with_layers`` can build it with fewer; None otherwise."""
+    build_with_layers: Callable[[RunConfig, int], BuiltWorkload] | None = None
+    """Builds the model for a run with only its first ``n`` layers (the config's layer count
+    set to ``n``): the tracer traces a deep model at a few depths and extends the step to all
+    ``layers`` (``whichgpu.trace.depth``)."""
 
 
 def enable_checkpointing(model: Any, **checkpoint_kwargs: Any) -> None:

@@ -45,6 +45,33 @@ def max_positions(config: dict[str, Any]) -> int | None:
     return None
 
 
+LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer")
+"""Config fields that give the number of a model's repeated layers (GPT-2 says ``n_layer``)."""
+
+
+def layer_count(config: Mapping[str, Any]) -> int | None:
+    """The config's layer count, when it has one stack of layers set by one top-level field;
+    None for the rest (a ``text_config`` inside, an encoder-decoder's two stacks)."""
+    if isinstance(config.get("text_config"), dict):
+        return None
+    for key in LAYER_COUNT_KEYS:
+        value = config.get(key)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def with_layers(config: Mapping[str, Any], layers: int) -> dict[str, Any]:
+    """The config with only its first ``layers`` layers (a per-layer ``layer_types`` list cut
+    to match)."""
+    key = next(k for k in LAYER_COUNT_KEYS if isinstance(config.get(k), int))
+    out = {**config, key: layers}
+    types = config.get("layer_types")
+    if isinstance(types, list):
+        out["layer_types"] = types[:layers]
+    return out
+
+
 def weight_dtype(run: RunConfig) -> torch.dtype:
     """The dtype weights are created in: bf16 for ``bf16-pure``, fp32 otherwise (AMP keeps
     fp32 master weights) — except in inference, where nothing is trained and so no fp32

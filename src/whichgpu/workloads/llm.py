@@ -6,16 +6,23 @@ implementation of each config (the figure the model cards round, e.g. "8.03B").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from whichgpu.schema import RunConfig, WorkloadInfo
 from whichgpu.workloads.base import BuiltWorkload, Workload
 from whichgpu.workloads.hf import (
     build_hf_model,
+    layer_count,
     loss_from_output,
     max_positions,
     read_config,
     token_batch,
+    with_layers,
 )
 from whichgpu.workloads.registry import register
+
+if TYPE_CHECKING:
+    import torch
 
 LLAMA_LIKE_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 GPT2_TARGETS = ("c_attn", "c_proj", "c_fc")
@@ -139,8 +146,13 @@ def _make(
 ) -> Workload:
     config = read_config(name)
 
+    def build_with_layers(run: RunConfig, layers: int) -> BuiltWorkload:
+        return built(build_hf_model(with_layers(config, layers), run))
+
     def build(run: RunConfig) -> BuiltWorkload:
-        model = build_hf_model(config, run)
+        return built(build_hf_model(config, run))
+
+    def built(model: torch.nn.Module) -> BuiltWorkload:
         make = token_batch(int(config["vocab_size"]))
         return BuiltWorkload(
             model=model,
@@ -165,7 +177,13 @@ def _make(
         params_source=f"transformers implementation of the config in {card}",
         reference=card,
     )
-    return Workload(info=info, build=build)
+    layers = layer_count(config)
+    return Workload(
+        info=info,
+        build=build,
+        layers=layers,
+        build_with_layers=build_with_layers if layers is not None else None,
+    )
 
 
 for _spec in _MODELS:

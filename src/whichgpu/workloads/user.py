@@ -61,12 +61,14 @@ from whichgpu.workloads.base import Batch, BuiltWorkload, Workload, keyword_infe
 from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
+    layer_count,
     loss_from_output,
     max_positions,
     model_device,
     skip_init_when_fake,
     token_batch,
     weight_dtype,
+    with_layers,
 )
 from whichgpu.workloads.profile_cache import source_digest
 
@@ -143,9 +145,14 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         raise UsageError(f"--config {path} has no 'vocab_size'.")
 
     def build(run: RunConfig) -> BuiltWorkload:
+        return built(build_hf_model(config, run))
+
+    def build_with_layers(run: RunConfig, layers: int) -> BuiltWorkload:
+        return built(build_hf_model(with_layers(config, layers), run))
+
+    def built(model: torch.nn.Module) -> BuiltWorkload:
         import torch
 
-        model = build_hf_model(config, run)
         lm_batch = token_batch(vocab)
 
         def make_batch(batch_size: int, seq_len: int | None) -> dict[str, Any]:
@@ -184,7 +191,14 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
     )
     identity = json.dumps({"config": config, "task": resolved_task}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()
-    return Workload(info=info, build=build, source_digest=digest)
+    layers = layer_count(config)
+    return Workload(
+        info=info,
+        build=build,
+        source_digest=digest,
+        layers=layers,
+        build_with_layers=build_with_layers if layers is not None else None,
+    )
 
 
 # --- --model FILE.py:FUNCTION / package.module:FUNCTION ------------------------------------
