@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import torch
 
+from whichgpu.api import scalable_profile
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import depth
 from whichgpu.trace.depth import DepthNotExtendable, DepthPlan, depth_plan, trace_extended
@@ -77,8 +78,9 @@ def test_deep_model_profile_says_it_was_extended(
     deep_llama: Workload, few_layers_enough: None
 ) -> None:
     heard: list[str] = []
-    profile = trace_scalable(deep_llama, run_config(seq_len=64), progress=heard.append)
+    profile, how = scalable_profile(deep_llama, run_config(seq_len=64), progress=heard.append)
     assert "extended to 9" in profile.choices["layers"]
+    assert how == f"traced; {profile.choices['layers']}"
     assert all(f"4-6 of its {LAYERS} layers" in message for message in heard)
     assert profile.params_total == sum(
         p.numel() for p in deep_llama.build(run_config()).model.parameters()

@@ -71,7 +71,7 @@ def scalable_profile(
             return stored, "stored profile"
     kept = cached_profile(workload, run, named=named)
     if kept is not None:
-        return kept, "traced (kept from an earlier run)"
+        return kept, _traced("traced (kept from an earlier run)", kept)
     try:
         from whichgpu.trace.scaling import trace_scalable
     except ImportError as exc:
@@ -82,7 +82,14 @@ def scalable_profile(
         ) from exc
     profile = trace_scalable(workload, run, progress=progress)
     keep_profile(workload, run, profile, named=named)
-    return profile, "traced"
+    return profile, _traced("traced", profile)
+
+
+def _traced(method: str, profile: ScalableProfile) -> str:
+    """How a traced profile was obtained, saying so when it was traced with a few of its
+    layers and extended (``whichgpu.trace.depth``)."""
+    layers = profile.choices.get("layers")
+    return method if layers is None else f"{method}; {layers}"
 
 
 def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]:
