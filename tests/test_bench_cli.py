@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -132,6 +133,20 @@ def _group_gone(group: int, within_s: float = 10.0) -> bool:
     return False
 
 
+@pytest.fixture
+def ctrl_c_as_in_a_terminal() -> Iterator[None]:
+    """Children start with Ctrl-C at its default, as a terminal's foreground command does. A
+    shell starts a background job with SIGINT ignored, and a child inherits that (Python
+    then installs no KeyboardInterrupt handler), so the test must not depend on how the test
+    run itself was started."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("ctrl_c_as_in_a_terminal")
 def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path: Path) -> None:
     store = tmp_path / "results.sqlite"
     process = _start(store, "resnet50", "vit-b-16", "bert-base")

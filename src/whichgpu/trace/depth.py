@@ -200,10 +200,11 @@ class _Entry:
     key: tuple[Any, ...]
     """Labels and numbers: what lined-up entries share."""
     period: tuple[Any, ...]
-    """What an inserted copy shares with the entry a block before it: the key, but for how
-    far back a free's storage was made (one layer further each copy)."""
+    """What an inserted copy shares with the entries a block and two blocks beside it: the
+    key, but for how far back a free's storage was made (one layer further each copy)."""
     loose: tuple[Any, ...]
-    """Labels alone: what an entry whose numbers change with depth keeps."""
+    """What an entry whose numbers change with depth keeps: an operator's labels, an event's
+    labels and size."""
     numbers: tuple[int, ...]
     """The numbers the rule extends."""
 
