@@ -358,7 +358,7 @@ class _StreamRule:
             if step.kind == "same":
                 low, high = self.small[step.i].numbers, self.larger[step.j].numbers
                 lined_up[step.j] = tuple(
-                    x + extra_layers * (y - x) for x, y in zip(low, high, strict=True)
+                    _at_depth(x, y, extra_layers) for x, y in zip(low, high, strict=True)
                 )
         for step in self.steps:
             if step.kind == "same":
@@ -418,16 +418,22 @@ class DepthRule:
             raise ValueError(f"cannot write fewer than {DEPTHS[0]} layers")
         ops = [_op(labels, numbers) for labels, numbers in self.ops.write(extra)]
         events = _events(self.events.write(extra))
-        (total, trainable), (total3, trainable3) = self.params
+        (total, trainable), (total_larger, trainable_larger) = self.params
         return self.small.model_copy(
             update={
                 "ops": tuple(ops),
                 "events": events,
-                "params_total": total + extra * (total3 - total),
-                "params_trainable": trainable + extra * (trainable3 - trainable),
+                "params_total": _at_depth(total, total_larger, extra),
+                "params_trainable": _at_depth(trainable, trainable_larger, extra),
                 "choices": _extend_choices(*self.choices, extra),
             }
         )
+
+
+def _at_depth(small: int, larger: int, extra_layers: int) -> int:
+    """A number at the small depth and one layer more, extended by ``extra_layers`` layers:
+    the rule's one assumption about a lined-up number, that it is affine in the depth."""
+    return small + extra_layers * (larger - small)
 
 
 def _extend_choices(
@@ -443,7 +449,7 @@ def _extend_choices(
         if len(low) != len(high) or low[0::2] != high[0::2]:
             raise DepthNotExtendable(f"the traces at different depths differ in {key!r}.")
         low[1::2] = [
-            str(int(x) + extra_layers * (int(y) - int(x)))
+            str(_at_depth(int(x), int(y), extra_layers))
             for x, y in zip(low[1::2], high[1::2], strict=True)
         ]
         out[key] = "".join(low)

@@ -20,6 +20,7 @@ import numpy as np
 
 from whichgpu.errors import WorkloadError
 from whichgpu.schema import RunConfig, StepProfile
+from whichgpu.trace import depth
 from whichgpu.trace.recorder import canonical_events
 from whichgpu.trace.step import Kernels, trace_step
 from whichgpu.workloads.base import Workload
@@ -154,22 +155,20 @@ def _extended_traces(
 ) -> list[StepProfile] | None:
     """The traces of every point from a few layers (``whichgpu.trace.depth``); None when the
     model cannot be, or is not, extended that way."""
-    from whichgpu.trace.depth import DEPTHS, DepthNotExtendable, depth_plan, trace_extended
-
     name = workload.info.name
     try:
-        plan = depth_plan(workload, run)
-    except DepthNotExtendable:
+        plan = depth.depth_plan(workload, run)
+    except depth.DepthNotExtendable:
         return None
-    depths = f"{DEPTHS[0]}-{DEPTHS[-1]} of its {plan.layers} layers"
+    depths = f"{depth.DEPTHS[0]}-{depth.DEPTHS[-1]} of its {plan.layers} layers"
     traces = []
     try:
         for i, point in enumerate(points, 1):
             if progress is not None:
                 progress(f"tracing {name} at {_where(point)} ({i} of {len(points)}; {depths})")
             at = run.model_copy(update=_size(run, point))
-            traces.append(trace_extended(workload, at, plan, kernels=kernels))
-    except DepthNotExtendable as exc:
+            traces.append(depth.trace_extended(workload, at, plan, kernels=kernels))
+    except depth.DepthNotExtendable as exc:
         if progress is not None:
             progress(f"{exc} Tracing all {plan.layers} layers instead.")
         return None
