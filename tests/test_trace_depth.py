@@ -57,9 +57,17 @@ def _as_traced(profile: StepProfile, like: StepProfile) -> StepProfile:
         {"method": "lora"},
         {"checkpointing": True, "precision": "bf16-pure"},
         {"optimizer": "adamw-8bit", "precision": "fp32"},
+        {"optimizer": "adafactor"},
         {"mode": "inference", "new_tokens": 8, "concurrency": 2, "context": 48},
     ],
-    ids=["amp-adamw", "lora", "checkpointing-bf16-pure", "adamw-8bit-fp32", "inference"],
+    ids=[
+        "amp-adamw",
+        "lora",
+        "checkpointing-bf16-pure",
+        "adamw-8bit-fp32",
+        "adafactor",  # a loop per parameter: repeats inside a layer
+        "inference",
+    ],
 )
 def test_extended_trace_is_the_full_trace(
     deep_llama: Workload, few_layers_enough: None, options: dict[str, Any]

@@ -313,13 +313,17 @@ class _LineUp:
         self, i: int, j: int, aligned_from: int
     ) -> Iterator[tuple[list[_Step], int, int, int]]:
         """Ways to go on from a difference at ``small[i]``, ``larger[j]``, most likely first;
-        ``larger[aligned_from:j]`` are lined up (a block can copy only lined-up entries)."""
+        ``larger[aligned_from:j]`` are lined up (a block can copy only lined-up entries).
+
+        Longer blocks are tried first: the block inserted is a whole layer's, and a shorter
+        run that repeats inside a layer (the same optimizer update of two alike parameters,
+        Adafactor's per-parameter loop) can pass for a copy and line up the rest wrongly."""
         a, b = self.small, self.larger
         extra = (len(b) - j) - (len(a) - i)
-        for k in range(1, min(extra, j - aligned_from, j // 2) + 1):
+        for k in range(min(extra, j - aligned_from, j // 2), 0, -1):
             if all(_progression(b[j + t], b[j - k + t], b[j - 2 * k + t]) for t in range(k)):
                 yield [_Step("before", i, j, k)], i, j + k, j + k
-        for k in range(1, min(extra, len(a) - i, (len(b) - j) // 3) + 1):
+        for k in range(min(extra, len(a) - i, (len(b) - j) // 3), 0, -1):
             if all(
                 _progression(b[j + t], b[j + k + t], b[j + 2 * k + t])
                 and b[j + k + t].key == a[i + t].key
