@@ -319,3 +319,33 @@ def test_renting_n_gpus_uses_only_rates_for_n_in_one_machine() -> None:
     assert any(
         "does not say that it rents 8 in one machine" in r for r in unsized.ranking[0].reasons
     )
+
+
+def test_your_price_file_is_used_by_recommend_and_report(tmp_path: Path) -> None:
+    prices = tmp_path / "quotes.csv"
+    prices.write_text(
+        "gpu_id,kind,usd,per,provider,region,as_of,source,note\n"
+        "rtx-3090,used,300,unit,ebay,US,2026-11-01,my quote,\n",
+        encoding="utf-8",
+    )
+    ranking = wg.recommend("resnet50", used=True, gpu_only=True, gpus=["rtx-3090"], prices=[prices])
+    assert ranking.ranking[0].purchase_usd == 300
+    shown = run_cli(
+        "recommend",
+        "resnet50",
+        "--gpu",
+        "3090",
+        "--used",
+        "--gpu-only",
+        "--prices",
+        str(prices),
+        "--json",
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["ranking"][0]["purchase_usd"] == 300
+    page = tmp_path / "report.html"
+    written = run_cli(
+        "report", "resnet50", "--gpu", "3090", "--prices", str(prices), "--out", str(page)
+    )
+    assert written.returncode == 0, written.stderr
+    assert "my quote" in page.read_text(encoding="utf-8")

@@ -736,6 +736,7 @@ def recommend(
     sort: str | None = None,
     stack: str | None = None,
     store: Path | str | None = None,
+    prices: Sequence[Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> Ranking:
@@ -753,6 +754,8 @@ def recommend(
     arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
     same run when ``store`` (default: the user's results store) has one, else from ``predict``,
     corrected by the newest such result on one GPU (as ``predict --calibrate`` does).
+    ``prices``: CSV files of the user's own prices laid over the catalog's (default: the
+    user's price file, when there is one; see ``whichgpu.catalog.load_catalog``).
     """
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.estimate.calibration import calibrate as correct
@@ -806,7 +809,7 @@ def recommend(
             raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)} (or any).")
         targets = [g for g in targets if g.vendor.value == maker]
     software = get_stack(stack)
-    catalog = load_catalog()
+    catalog = load_catalog(prices)
     place = get_region(region)
     if provider is not None:
         from whichgpu.cost.pricing import known_providers
@@ -1037,6 +1040,7 @@ def report(
     stack: str | None = None,
     results: bool = False,
     store: Path | str | None = None,
+    prices: Sequence[Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ReportData:
@@ -1080,10 +1084,11 @@ def report(
         top=top,
         stack=stack,
         store=store,
+        prices=prices,
         progress=progress,
         **run_options,
     )
-    catalog = load_catalog()
+    catalog = load_catalog(prices)
     notes: list[str] = []
     shown: list[str] = []
     for name in gpus or ():

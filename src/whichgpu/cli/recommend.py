@@ -118,10 +118,12 @@ def recommend(
     checkpointing: o.CheckpointingOption = False,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
     sharding: o.ShardingOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.ConcurrencyOption = None,
+    prices: o.PricesOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Which GPU should you buy or rent for this model? Ranked, priced and explained.
@@ -158,6 +160,7 @@ def recommend(
         "checkpointing": checkpointing or None,
         "method": method,
         "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
         "sharding": sharding,
         "context": context,
         "new_tokens": new_tokens,
@@ -193,6 +196,7 @@ def recommend(
             sort=sort,
             stack=stack,
             store=store,
+            prices=prices,
             **options,
         )
     if json:

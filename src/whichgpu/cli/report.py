@@ -118,10 +118,12 @@ def report(
     checkpointing: o.CheckpointingOption = False,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
+    lora_targets: o.LoraTargetsOption = None,
     sharding: o.ShardingOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.ConcurrencyOption = None,
+    prices: o.PricesOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Write one HTML report: the answer, speed, memory, value per dollar and provenance.
@@ -162,6 +164,7 @@ def report(
         "checkpointing": checkpointing or None,
         "method": method,
         "lora_rank": lora_rank,
+        "lora_targets": lora_targets,
         "sharding": sharding,
         "context": context,
         "new_tokens": new_tokens,
@@ -189,6 +192,7 @@ def report(
             stack=stack,
             results=results,
             store=store,
+            prices=prices,
             **options,
         )
     if json:
