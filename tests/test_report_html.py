@@ -219,6 +219,26 @@ def test_cli_writes_report_and_chart(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert main([*args, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["workload"] == "bert-base"
     assert main([*args, "--format", "gif"]) == 2
+    capsys.readouterr()
+    assert main([*args, "--chart", "memory"]) == 2  # a chart is for svg/png only
+    assert "--chart picks the one chart" in capsys.readouterr().err
+
+
+def test_report_out_writes_through_links_and_refuses_what_it_cannot_write(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["report", "bert-base", "--gpu", "4090", "--seq-len", "128", "--out"]
+    target = tmp_path / "target.html"
+    target.write_text("old", encoding="utf-8")
+    link = tmp_path / "link.html"
+    link.symlink_to(target.name)
+    assert main([*args, str(link)]) == 0
+    assert link.is_symlink() and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
+    capsys.readouterr()
+    assert main([*args, str(tmp_path)]) == 2
+    assert "is a folder; give a file name" in capsys.readouterr().err
+    assert main([*args, str(target / "below-a-file.html")]) == 2
+    assert "Cannot write" in capsys.readouterr().err
 
 
 def test_results_section_from_the_store(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ file gets the permissions the user's umask gives a new file.
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import json
 import os
@@ -23,7 +24,19 @@ NEW_FILE_MODE = 0o666
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Create or replace ``path`` with what ``write`` writes; raises ``OSError`` on failure
-    (the target is then unchanged and the temporary file removed)."""
+    (the target is then unchanged and the temporary file removed).
+
+    A symbolic link is written through: the file it points to is replaced and the link kept.
+    A path that is neither a file nor a folder (``/dev/stdout``, a named pipe) is written in
+    place, as a stream: there is no file to replace."""
+    if not path.name:
+        raise IsADirectoryError(errno.EISDIR, "not a file name", str(path))
+    if path.exists() and not path.is_file() and not path.is_dir():
+        with path.open("wb") as stream:
+            write(stream)
+        return
+    if path.is_symlink():
+        path = path.resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
     try:

@@ -98,13 +98,14 @@ def report(
         ),
     ] = "html",
     chart: Annotated[
-        str,
+        Optional[str],  # noqa: UP045
         typer.Option(
             "--chart",
-            help="With --format svg/png: throughput, batch, memory, value, rent or breakeven.",
+            help="With --format svg/png: throughput (default), batch, memory, value, rent or "
+            "breakeven.",
             rich_help_panel=_OUT,
         ),
-    ] = "throughput",
+    ] = None,
     gpu: o.GpuListOption = None,
     stack: o.StackOption = None,
     config: o.ConfigOption = None,
@@ -151,8 +152,19 @@ def report(
         raise UsageError("Choose one of --buy and --rent.")
     if fmt not in FORMATS:
         raise UsageError(f"--format: '{fmt}' is not one of {', '.join(FORMATS)}.")
+    if chart is not None and fmt == "html":
+        raise UsageError(
+            "--chart picks the one chart of --format svg or png; the HTML report has them all."
+        )
+    chart = chart or "throughput"
     if chart not in CHARTS:
         raise UsageError(f"--chart: '{chart}' is not one of {', '.join(CHARTS)}.")
+    default_name = "report.html" if fmt == "html" else f"{chart}.{fmt}"
+    target = out or Path(default_name)
+    if target.is_dir():
+        raise UsageError(
+            f"--out {target} is a folder; give a file name, such as {target / default_name}."
+        )
     if top < 1:
         raise UsageError(f"--top must be at least 1, not {top}.")
     options: dict[str, Any] = {
@@ -206,6 +218,10 @@ def report(
         except LookupError as exc:
             raise UsageError(str(exc)) from exc
         payload = svg.encode("utf-8") if fmt == "svg" else _png(svg)
-    target = out or Path("report.html" if fmt == "html" else f"{chart}.{fmt}")
-    write_atomically(target, lambda out: out.write(payload))
+    try:
+        write_atomically(target, lambda out: out.write(payload))
+    except OSError as exc:
+        raise UsageError(
+            f"Cannot write {target} ({exc.strerror or exc}). Choose a file in a writable folder."
+        ) from exc
     typer.echo(f"Wrote {target} ({_size(len(payload))}).")
