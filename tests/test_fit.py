@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack, shipped_stacks
+from whichgpu.errors import UsageError
 from whichgpu.estimate.memory import (
     SHORTER_SEQ_LADDER,
     _longest_on_ladder,
@@ -62,6 +65,8 @@ def test_stacks_are_sourced() -> None:
         assert set(stack.provenance) >= {"cuda_context_bytes", "cublas_workspace_bytes"}
     default = get_stack()
     assert default.cublas_workspace_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
+    with pytest.raises(UsageError, match="Known stacks: pytorch2-cuda12"):
+        get_stack("cuda99")  # the user's input: exit 2, not a catalog failure
 
 
 def test_hopper_gets_the_larger_cublas_workspace() -> None:

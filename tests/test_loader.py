@@ -104,6 +104,7 @@ HEADER = "gpu_id,kind,usd,per,provider,region,as_of,source,note\n"
     [
         ("nope,new,100,unit,,,2025-01-01,doc-a,\n", 2, "gpu_id"),
         ("test-gpu,new,cheap,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
+        ("test-gpu,new,inf,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
         ("test-gpu,cloud-on-demand,1.5,unit,aws,us-east-1,2025-01-01,doc-a,\n", 2, "per"),
         ("test-gpu,new,100,unit,,,2025-13-01,doc-a,\n", 2, "as_of"),
         ("test-gpu,rent,100,unit,,,2025-01-01,doc-a,\n", 2, "kind"),
@@ -160,6 +161,19 @@ def test_price_comment_lines_keep_line_numbers(tmp_path: Path) -> None:
     with pytest.raises(PriceFileError) as err:
         read_data_dir(root)
     assert err.value.line == 3
+
+
+def test_price_files_from_spreadsheets_read_or_say_how_to_save_them(tmp_path: Path) -> None:
+    with_bom = HEADER.encode("utf-8-sig") + b"test-gpu,new,100,unit,,,2025-01-01,doc-a,\n"
+    root = _data_dir(tmp_path, prices="")
+    (root / "prices" / "p.csv").write_bytes(with_bom)
+    assert 100 in [p.usd for p in read_data_dir(root).prices if p.kind == "new"]
+    latin1 = HEADER.encode() + "test-gpu,new,100,unit,,,2025-01-01,doc-a,M\u00fcnchen\n".encode(
+        "latin-1"
+    )
+    (root / "prices" / "p.csv").write_bytes(latin1)
+    with pytest.raises(PriceFileError, match="is not UTF-8 text"):
+        read_data_dir(root)
 
 
 def test_price_header_must_match(tmp_path: Path) -> None:

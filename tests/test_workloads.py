@@ -11,7 +11,13 @@ import pytest
 
 from whichgpu.errors import UnknownWorkload, UnsupportedWorkload, UsageError
 from whichgpu.schema import RunConfig
-from whichgpu.workloads import all_workloads, check_for_workload, get_workload, run_config
+from whichgpu.workloads import (
+    all_workloads,
+    check_for_workload,
+    get_workload,
+    run_config,
+    select_workload,
+)
 from whichgpu.workloads.user import config_workload, read_user_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -124,6 +130,11 @@ def test_user_config(tmp_path: Path) -> None:
     bad.write_text("{not json")
     with pytest.raises(UsageError, match="not valid JSON"):
         config_workload(bad)
+    bad.write_bytes(bytes(range(128, 256)))
+    with pytest.raises(UsageError, match="not UTF-8 text"):
+        config_workload(bad)
+    with pytest.raises(UsageError, match="--task: 'nosuch' is not one of"):
+        select_workload(None, FIXTURES / "tiny-llama.json", "nosuch")  # type: ignore[arg-type]
 
 
 def test_older_class_names_and_task_switches(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -197,9 +198,13 @@ def read_price_csv(
     """
     known_ids = set(gpu_ids)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a spreadsheet's UTF-8 starts with a BOM
     except OSError as exc:
         raise PriceFileError(str(path), None, None, f"cannot be read ({exc.strerror})") from exc
+    except UnicodeDecodeError as exc:
+        raise PriceFileError(
+            str(path), None, None, "is not UTF-8 text (save it as CSV UTF-8)"
+        ) from exc
     rows = csv.DictReader(line for line in text.splitlines() if not line.startswith("#"))
     header = tuple(rows.fieldnames or ())
     missing = [c for c in PRICE_COLUMNS if c not in header]
@@ -240,7 +245,7 @@ def _parse_price_row(
         usd = float(cell["usd"])
     except ValueError:
         raise fail("usd", f"'{cell['usd']}' is not a number") from None
-    if not usd > 0:
+    if not 0 < usd < math.inf:
         raise fail("usd", "must be a positive amount in US dollars")
     expected_per = _KIND_PER.get(cell["kind"], "hour")
     if cell["per"] != expected_per:

@@ -128,4 +128,4 @@ def get_stack(stack_id: str | None = None) -> SoftwareStack:
         if stack.id == stack_id:
             return stack
     known = ", ".join(s.id for s in stacks)
-    raise CatalogError(f"Unknown software stack '{stack_id}'. Known stacks: {known}.")
+    raise UsageError(f"Unknown software stack '{stack_id}'. Known stacks: {known}.")

@@ -115,6 +115,8 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
         config: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
         raise UsageError(f"Cannot read --config {path}: {exc.strerror}.") from exc
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"--config {path} is not UTF-8 text; give a config.json.") from exc
     except json.JSONDecodeError as exc:
         raise UsageError(f"--config {path} is not valid JSON: {exc}.") from exc
     if "model_type" not in config:
