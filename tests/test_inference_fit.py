@@ -83,6 +83,14 @@ def test_cli_inference_fit_traces_a_config() -> None:
     assert doc["kv_cache_bytes"] == 2 * 2 * 2 * 16 * 2 * (64 + 16) * 3
 
 
+def test_one_sequence_asked_for_is_one_served() -> None:
+    # --concurrency 1 is the default's value, but given, it is the batch asked about
+    (doc,) = _cli_fit("gpt2", "--mode", "inference", "--context", "256", "--concurrency", "1",
+                      "-g", "4090")  # fmt: skip
+    assert doc["batch_size"] == 1 and doc["batch_given"] is True
+    assert doc["max_batch_size"] > 1
+
+
 def test_serving_answer_on_an_80_gb_card() -> None:
     (estimate,) = fit(
         "llama-3.1-8b", gpus=["a100-80gb"], mode="inference", context=4096, serving="vllm"
@@ -114,6 +122,8 @@ def test_serving_answer_on_an_80_gb_card() -> None:
         (["gpt2", "--mode", "inference", "--serving", "foo"], "unknown serving engine"),
         (["gpt2", "--serving", "vllm"], "--mode inference"),
         (["gpt2", "--mode", "inference", "--context", "1000"], "positions"),
+        (["gpt2", "--mode", "inference", "--batch-size", "4", "--concurrency", "8"], "disagrees"),
+        (["gpt2", "--concurrency", "1"], "applies to --mode inference only"),
     ],
 )
 def test_bad_inference_options_exit_2(

@@ -158,8 +158,8 @@ def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
 
 def _fit_options(run: RunConfig) -> dict[str, Any]:
     """``api.fit`` keyword arguments for ``run``."""
-    options = run.model_dump()
-    options["gpu_count"] = options.pop("gpus")
+    options = run.model_dump(exclude_defaults=True)  # a default is not an option given
+    options["gpu_count"] = options.pop("gpus", 1)
     return options
 
 

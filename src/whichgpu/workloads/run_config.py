@@ -61,12 +61,18 @@ def run_config(**options: Any) -> RunConfig:
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}.")
     if run.mode == "train":
-        for name in ("context", "new_tokens"):
-            if getattr(run, name) is not None:
+        for name in ("context", "new_tokens", "concurrency"):
+            if name in given:
                 raise UsageError(f"--{name.replace('_', '-')} applies to --mode inference only.")
-        if run.concurrency != 1:
-            raise UsageError("--concurrency applies to --mode inference only.")
     else:
+        if "concurrency" in given:  # the batch of an inference run: one given is one asked for
+            if run.batch_size is not None and run.batch_size != run.concurrency:
+                raise UsageError(
+                    "In inference the batch is the --concurrency sequences served at once; "
+                    f"--batch-size {run.batch_size} disagrees with --concurrency "
+                    f"{run.concurrency}. Give one of them."
+                )
+            run = run.model_copy(update={"batch_size": run.concurrency})
         if run.method != "full":
             raise UsageError("--method lora/qlora is a way of training; use --mode train.")
         if run.checkpointing:
