@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import run_cli
 
@@ -181,3 +182,50 @@ def test_profile_bad_input_is_exit_2() -> None:
     assert result.returncode == 2 and "does not apply" in result.stderr
     result = run_cli("profile")
     assert result.returncode == 2 and "Name one workload" in result.stderr
+
+
+def _help_examples() -> list[tuple[str, list[str]]]:
+    """Every example command line in every command's help: (command path, arguments)."""
+    import shlex
+
+    import typer
+
+    from whichgpu.cli import app
+
+    found: list[tuple[str, list[str]]] = []
+
+    def walk(command: Any, path: str) -> None:
+        for line in (command.help or "").splitlines():
+            text = line.strip().split("  #")[0]
+            if text.startswith("whichgpu "):
+                words = shlex.split(text)[1:]
+                shell = [i for i, w in enumerate(words) if w in (">", ">>", "|", "&&", "2>")]
+                found.append((path, words[: shell[0]] if shell else words))
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}".strip())
+
+    walk(typer.main.get_command(app), "")
+    return found
+
+
+def test_every_help_example_parses_and_names_gpus_the_catalog_knows() -> None:
+    import typer
+
+    from whichgpu.catalog import load_catalog
+    from whichgpu.cli import app
+
+    catalog = load_catalog()
+    examples = _help_examples()
+    assert len(examples) > 30
+    for path, args in examples:
+        command: Any = typer.main.get_command(app)
+        rest = list(args)
+        while hasattr(command, "commands"):
+            sub = command.commands.get(rest[0])
+            assert sub is not None, f"{path}: unknown command in {args}"
+            command, rest = sub, rest[1:]
+        context = command.make_context(path, list(rest))  # raises on an unknown option
+        for option in ("gpu", "cloud_gpu", "gpus" if path == "compare" else "-"):
+            value = context.params.get(option)
+            for name in [value] if isinstance(value, str) else value or []:
+                catalog.resolve(name)  # raises on an unknown or ambiguous name

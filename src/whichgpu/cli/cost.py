@@ -187,7 +187,7 @@ def breakeven(
 
       whichgpu cost breakeven --gpu 4090 --count 2 --provider runpod
 
-      whichgpu cost breakeven --gpu 3090 --cloud-gpu tesla-v100-sxm2-16gb --provider lambda --region de --json
+      whichgpu cost breakeven --gpu 3090 --cloud-gpu a10 --provider lambda --region de --json
     """  # noqa: E501 - the examples are one command line each, to copy
     catalog = load_catalog(prices)
     result = cost.breakeven(

@@ -78,7 +78,7 @@ def fit(
 
       whichgpu fit --model my_model.py:build --gpu 4090
 
-      whichgpu fit llama-3.1-8b --gpu h100 --gpus 8 --sharding fsdp
+      whichgpu fit llama-3.1-8b --gpu h100-sxm --gpus 8 --sharding fsdp
 
       whichgpu fit --config config.json --fast --gpu 4090 --seq-len 2048   # no torch
 
@@ -86,7 +86,7 @@ def fit(
     sequences served at once, each with a static KV cache of --context + --new-tokens tokens;
     the headline is the largest concurrency. --serving vllm adds the engine's answer:
 
-      whichgpu fit llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --gpu h100
+      whichgpu fit llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --gpu h100-sxm
 
       whichgpu fit llama-3.1-8b --mode inference --serving vllm --gpu a100-80gb
     """

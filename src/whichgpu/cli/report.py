@@ -141,7 +141,7 @@ def report(
 
       whichgpu report bert-large --seq-len 512 --rent --epochs 10 --dataset-size 1000000
 
-      whichgpu report llama-3.1-8b --method qlora --seq-len 2048 --budget 1500 --results
+      whichgpu report llama-3.1-8b --method qlora --checkpointing --budget 1500 --results
 
       whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
     """
