@@ -29,7 +29,9 @@ from whichgpu.estimate.throughput import (
     load_parameters,
     op_table,
     peak_flops_per_s,
+    peak_limited_s,
     restrict,
+    split_work,
     step_time,
 )
 from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
@@ -120,8 +122,9 @@ class ThroughputPredictor:
         if run.gpus > 1 and run.mode == "inference":
             links = load_links()
             notes += (
-                f"served tensor parallel on {run.gpus} GPUs: each does 1/{run.gpus} of the "
-                "prefill's and the decode step's work, plus two all-reduces of the hidden states "
+                f"served tensor parallel on {run.gpus} GPUs: each runs every operator of the "
+                f"prefill and the decode step on 1/{run.gpus} of its work (and still launches "
+                "every kernel), plus two all-reduces of the hidden states "
                 "per layer and pass over NVLink/NVSwitch, the bridge or PCIe (each at least "
                 f"{links.all_reduce_floor_s * 1e6:.0f} us: {links.all_reduce_floor_source})",
             )
@@ -190,17 +193,21 @@ class ThroughputPredictor:
         table = op_table(self.profile, memory.batch_size, memory.seq_len)
         precision = self.run.precision
         if self.serving and self.inference is not None:
-            prefill = _faster(
-                step_time(restrict(table, ("prefill",)), rates, precision, self.params),
+            n = self.run.gpus  # tensor parallel: each GPU runs every operator on 1/n of it
+            prefill_table = split_work(restrict(table, ("prefill",)), n)
+            prefill, capped = _faster(
+                step_time(prefill_table, rates, precision, self.params),
                 self.factor,
+                peak_limited_s(prefill_table, rates, precision),
             )
+            assumptions += capped
             decode_params = replace(
                 self.params, memory_efficiency=self.inference.decode_memory_efficiency
             )
-            decode = step_time(restrict(table, ("decode",)), rates, precision, decode_params)
+            decode_table = split_work(restrict(table, ("decode",)), n)
+            decode = step_time(decode_table, rates, precision, decode_params)
             new_tokens = self.run.new_tokens or 1
-            n = self.run.gpus
-            prefill_s, decode_s = prefill.step_time_s / n, decode.step_time_s / n
+            prefill_s, decode_s = prefill.step_time_s, decode.step_time_s
             exchange_s = 0.0
             if n > 1:  # tensor parallel: 1/N of the work, two all-reduces per layer and pass
                 link = gpu_link(gpu, n)
@@ -216,9 +223,7 @@ class ThroughputPredictor:
             seconds = prefill_s + new_tokens * decode_s
             units = memory.batch_size * new_tokens
             flops = prefill.flops + new_tokens * decode.flops
-            shares = {
-                k: v / n for k, v in _shares([prefill, *([decode] * new_tokens)], seconds).items()
-            }
+            shares = _shares([prefill, *([decode] * new_tokens)], seconds)
             if n > 1:
                 shares["exchange"] = exchange_s / seconds
             base["assumptions"] = self._with_tensor_note(assumptions, prefill)
@@ -228,7 +233,7 @@ class ThroughputPredictor:
                 throughput=units / seconds,
                 low=units / seconds * (1 - self.band),
                 high=units / seconds * (1 + self.band),
-                mfu=flops / seconds / (n * peak_flops_per_s(rates, precision)),
+                mfu=flops / seconds / peak_flops_per_s(rates, precision),  # flops: one GPU's
                 scaling_efficiency=None,
                 time_shares=shares,
                 tensor_flops_share=prefill.tensor_flops_share,
@@ -237,7 +242,12 @@ class ThroughputPredictor:
             )
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))
-        step = _faster(step_time(table, rates, precision, self.params), self.factor)
+        step, capped = _faster(
+            step_time(table, rates, precision, self.params),
+            self.factor,
+            peak_limited_s(table, rates, precision),
+        )
+        assumptions += capped
         seconds = step.step_time_s
         shares = _shares([step], seconds)
         scaling = None
@@ -271,8 +281,19 @@ class ThroughputPredictor:
         )
 
 
-def _faster(step: StepTime, factor: float) -> StepTime:
-    """``step`` with every time divided by the workload's speed ``factor``."""
+def _faster(step: StepTime, factor: float, limit_s: float) -> tuple[StepTime, tuple[str, ...]]:
+    """``step`` with every time divided by the workload's speed ``factor``, but no faster than
+    ``limit_s`` (the step at the GPU's peak rates, ``peak_limited_s``); and the note saying so
+    when the limit stopped it (else none)."""
+    note: tuple[str, ...] = ()
+    if limit_s > 0 and step.step_time_s / factor < limit_s:
+        capped = step.step_time_s / limit_s
+        note = (
+            f"the speed factor (x{factor:.2f}) would take this step past the GPU's peak rates; "
+            f"the prediction stops at them (x{capped:.2f} applied: every matrix operator at "
+            "its engine's peak, every other one at the full DRAM bandwidth)",
+        )
+        factor = capped
     return replace(
         step,
         step_time_s=step.step_time_s / factor,
@@ -280,7 +301,7 @@ def _faster(step: StepTime, factor: float) -> StepTime:
         memory_s=step.memory_s / factor,
         launch_s=step.launch_s / factor,
         phase_s={k: v / factor for k, v in step.phase_s.items()},
-    )
+    ), note
 
 
 def _shares(steps: list[StepTime], seconds: float) -> dict[str, float]:

@@ -453,6 +453,24 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
     )
 
 
+def split_work(table: OpTable, parts: int) -> OpTable:
+    """``table`` as one of ``parts`` GPUs runs it in tensor parallel: every operator, with
+    1/``parts`` of its FLOPs and bytes (each GPU still launches every kernel)."""
+    return replace(table, flops=table.flops / parts, bytes_moved=table.bytes_moved / parts)
+
+
+def peak_limited_s(
+    table: OpTable, rates: GpuRates, precision: Precision, engines: tuple[Any, Any] | None = None
+) -> float:
+    """The step at 100 % of every peak: each operator at its engine's FLOP rate or at the
+    DRAM bandwidth, whichever is slower, and no launch cost. No real step is faster, so no
+    speed factor may take a prediction below it."""
+    peak, _ = engines or matrix_engines(table, rates, precision)
+    compute = np.where(table.is_matrix, table.flops / peak, 0.0)
+    memory = table.bytes_moved / rates.bandwidth_bytes_per_s
+    return float((np.maximum(compute, memory) * table.weights).sum())
+
+
 def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
     """The operators of ``table`` that run in ``phases``."""
     rows = np.flatnonzero(np.isin(table.phases, phases))

@@ -40,6 +40,7 @@ from whichgpu.estimate.throughput import (
     merge_repeats,
     op_table,
     operator_times,
+    peak_limited_s,
     step_time,
     with_values,
     workload_type,
@@ -117,7 +118,18 @@ class ThroughputCase:
         factor = params.speed_factor(self.workload, self.family)
         share = params.host_share(self.workload, self.family)
         return float(
-            measured_rate(self.modelled(params), self.reference_time(params), factor, share)
+            measured_rate(
+                self.modelled(params), self.reference_time(params), factor, share, self.limit_s
+            )
+        )
+
+    @functools.cached_property
+    def limit_s(self) -> float:
+        """GPU time per unit at the GPU's peak rates (``peak_limited_s``): no speed factor
+        takes the modelled time below it."""
+        merged = self.merged
+        return peak_limited_s(merged, self.rates, self.precision, self.merged_engines) / (
+            merged.units_per_step
         )
 
     @functools.cached_property
@@ -137,10 +149,14 @@ def measured_rate(
     reference_s: float | npt.NDArray[np.float64],
     factor: float | npt.NDArray[np.float64],
     host_share: float | npt.NDArray[np.float64],
+    limit_s: float | npt.NDArray[np.float64],
 ) -> float | npt.NDArray[np.float64]:
     """Throughput of a measured run: per unit, the modelled GPU time (``1 / modelled``) plus
-    the host time (``host_share x reference_s``), both over the workload's speed ``factor``."""
-    return factor / (1 / modelled + host_share * reference_s)
+    the host time (``host_share x reference_s``), both over the workload's speed ``factor``;
+    the GPU time no shorter than ``limit_s``, its time at the GPU's peak rates (as
+    ``predict`` caps it)."""
+    gpu_s = np.maximum(1 / (modelled * factor), limit_s)
+    return 1 / (gpu_s + host_share * reference_s / factor)
 
 
 @dataclass(frozen=True)
@@ -161,6 +177,8 @@ class CaseBatch:
     sm_count: npt.NDArray[np.float64]
     units: npt.NDArray[np.float64]
     """Throughput units per step of each case."""
+    limits: npt.NDArray[np.float64]
+    """GPU time per unit of each case at its GPU's peak rates (``ThroughputCase.limit_s``)."""
 
     @classmethod
     def of(cls, cases: Sequence[ThroughputCase]) -> CaseBatch:
@@ -201,6 +219,7 @@ class CaseBatch:
             bandwidth=bandwidth,
             sm_count=sms,
             units=np.array([float(c.merged.units_per_step) for c in cases]),
+            limits=np.array([c.limit_s for c in cases]),
         )
 
     def times_per_unit(
@@ -329,7 +348,9 @@ def fit_parameters(
     def residuals(x: np.ndarray) -> np.ndarray:
         constants, factors, kind_factors, shares, kind_shares = np.split(x, cut)
         gpu_s, reference_s = batch.times_per_unit(with_values(start, np.exp(constants)))
-        rate = measured_rate(1 / gpu_s, reference_s, np.exp(factors[w_index]), shares[w_index])
+        rate = measured_rate(
+            1 / gpu_s, reference_s, np.exp(factors[w_index]), shares[w_index], batch.limits
+        )
         return np.concatenate(
             [
                 (np.log(rate) - measured) / priors.data_sd_log,
