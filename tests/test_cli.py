@@ -92,6 +92,14 @@ def test_unknown_gpu_is_a_clear_usage_error() -> None:
     assert "Traceback" not in result.stderr and result.stdout == ""
 
 
+def test_error_messages_print_the_users_text_as_written() -> None:
+    # brackets and :name: are the terminal library's markup and emoji codes, not the user's
+    for name in ("[/]", "cpu:smile: [batch, 784]"):
+        result = run_cli("show", name)
+        assert result.returncode == 2, result.stderr
+        assert f"Unknown GPU '{name}'" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_ambiguous_gpu_lists_candidates() -> None:
     result = run_cli("show", "A100", "--json")
     assert result.returncode == 2

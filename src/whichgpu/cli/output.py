@@ -10,6 +10,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
+from rich.text import Text
 
 from whichgpu.report.json_doc import dumps
 
@@ -31,7 +32,8 @@ def emit(renderable: RenderableType) -> None:
 
 def emit_error(message: str) -> None:
     """One paragraph on stderr, prefixed so it reads as an error in any log."""
-    Console(stderr=True, highlight=False, soft_wrap=True).print(f"[bold red]error:[/] {message}")
+    text = Text.assemble(("error:", "bold red"), " ", message)  # the message as written:
+    Console(stderr=True, highlight=False, soft_wrap=True).print(text, emoji=False)  # no markup
 
 
 @contextlib.contextmanager
