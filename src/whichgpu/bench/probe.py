@@ -171,7 +171,25 @@ def _context() -> Any:  # a SpawnContext or ForkServerContext (typeshed's BaseCo
         prepare("cuda")
         assert _preload is not None
         context.set_forkserver_preload(list(_preload))
+        _start_forkserver_deaf_to_ctrl_c()
     return context
+
+
+def _start_forkserver_deaf_to_ctrl_c() -> None:
+    """Start the fork server (if it is not running) with Ctrl-C ignored, as it ignores it once
+    its preloaded imports are done: a Ctrl-C during those imports (torch takes seconds) would
+    print its traceback. The parent stops the bench; the server and its children (which
+    inherit the ignoring, and set it themselves) are stopped by it."""
+    from multiprocessing import forkserver
+
+    if threading.current_thread() is not threading.main_thread():
+        forkserver.ensure_running()
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across the server's exec
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def run_in_child(
