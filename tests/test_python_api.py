@@ -91,6 +91,11 @@ def test_predict_returns_a_list_with_a_frame() -> None:
     assert {"throughput", "low", "high", "throughput_unit", "matrix_share"} <= set(frame.columns)
 
 
+def test_one_gpu_named_alone_is_one_gpu() -> None:
+    assert [e.gpu for e in whichgpu.fit("resnet50", gpus="4090")] == ["rtx-4090"]
+    assert [e.gpu for e in whichgpu.predict("resnet50", gpus="4090")] == ["rtx-4090"]
+
+
 def test_html_escapes_every_string() -> None:
     estimate = whichgpu.fit("resnet50", gpus=["4090"])[0]
     hostile = estimate.model_copy(update={"workload": HOSTILE, "gpu_name": HOSTILE})

@@ -128,8 +128,11 @@ def _select(
 
 
 def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
-    """Catalog GPUs by name (every GPU with a known memory size when ``names`` is empty)."""
+    """Catalog GPUs by name (every GPU with a known memory size when ``names`` is empty); one
+    name alone (``"4090"``) is one GPU, not a sequence of letters."""
     catalog = load_catalog()
+    if isinstance(names, str):
+        names = [names]
     if names:
         return [catalog.resolve(n) for n in names]
     return [g for g in catalog.all() if g.memory_gb]
@@ -1091,7 +1094,7 @@ def report(
     catalog = load_catalog(prices)
     notes: list[str] = []
     shown: list[str] = []
-    for name in gpus or ():
+    for name in [gpus] if isinstance(gpus, str) else gpus or ():
         gid = catalog.resolve(name).id
         if gid not in shown:
             shown.append(gid)
