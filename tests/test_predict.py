@@ -387,3 +387,26 @@ def test_the_catalog_at_two_gpus_leaves_out_what_the_catalog_cannot_time() -> No
     assert "a10g" in {e.gpu for e in predict("resnet50")}
     with pytest.raises(UsageError, match="no PCIe generation"):
         predict("resnet50", gpus=["a10g"], gpu_count=2)
+
+
+def test_no_speed_factor_takes_a_step_past_the_gpus_peaks() -> None:
+    # transformer-big's fitted factor (above 1) on top of the fitted efficiencies would put its
+    # matrix operators above the FP32 peak of these cards
+    for gpu in ("v100-sxm2-32gb", "rtx-2080-ti"):
+        (e,) = predict("transformer-big", gpus=[gpu], precision="fp32")
+        assert e.mfu is not None and 0.5 < e.mfu <= 1.0
+        assert any("past the GPU's peak rates" in a for a in e.assumptions)
+    (plain,) = predict("bert-base", gpus=["rtx-4090"], seq_len=128)
+    assert not any("past the GPU's peak rates" in a for a in plain.assumptions)
+
+
+def test_tensor_parallel_decode_still_launches_every_kernel() -> None:
+    ask = {"gpus": ["h100-sxm"], "mode": "inference", "context": 4096, "concurrency": 8}
+    (one,) = predict("llama-3.1-8b", **ask)
+    (eight,) = predict("llama-3.1-8b", gpu_count=8, **ask)
+    assert one.decode_step_s is not None and eight.decode_step_s is not None
+    launch_one = one.time_shares["launch"] * one.step_time_s
+    launch_eight = eight.time_shares["launch"] * eight.step_time_s
+    # not divided by 8; more operators become launch-bound once their work is split
+    assert launch_one <= launch_eight < 1.1 * launch_one
+    assert one.decode_step_s / 8 < eight.decode_step_s < one.decode_step_s
