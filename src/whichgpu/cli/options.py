@@ -59,7 +59,8 @@ PrecisionOption = Annotated[
     typer.Option(
         "--precision",
         help="fp32 (TF32 off), tf32, fp16 / bf16 (AMP with fp32 master weights), bf16-pure "
-        "(weights, grads, optimizer state in bf16), fp8. Default bf16.",
+        "(weights, grads, optimizer state in bf16). Default bf16. (fp8 training is not "
+        "modelled yet.)",
         rich_help_panel=_RUN,
     ),
 ]
