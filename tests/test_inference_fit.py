@@ -15,7 +15,7 @@ from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.cli import app, main
 from whichgpu.estimate.memory import capacity_of, kv_cache_bytes, weights_bytes
-from whichgpu.estimate.serving import kv_bytes_per_token
+from whichgpu.estimate.serving import kv_bytes_per_token, kv_heads, kv_on_one_gpu
 from whichgpu.trace.scaling import trace_scalable
 from whichgpu.workloads import run_config
 from whichgpu.workloads.hf import read_config
@@ -114,6 +114,53 @@ def test_serving_answer_on_an_80_gb_card() -> None:
     assert served.max_concurrency == blocks // per_sequence
     assert 0 < served.activation_peak_bytes < 4 * 2**30
     assert 80 <= served.max_concurrency <= 130  # ~54 GiB of 2 MiB blocks, 264 per sequence
+
+
+def test_kv_heads_split_over_tensor_parallel_gpus_never_below_one_head() -> None:
+    assert kv_heads(read_config("llama-3.1-8b")) == 8 and kv_heads(read_config("gpt2")) == 12
+    assert kv_on_one_gpu(800, 8, 1) == 800
+    assert kv_on_one_gpu(800, 8, 2) == 400
+    assert kv_on_one_gpu(800, 8, 8) == 100
+    assert kv_on_one_gpu(400, 4, 8) == 100  # 4 KV heads on 8 GPUs: each keeps a whole head
+    assert kv_on_one_gpu(1200, 12, 8) == 200  # 12 heads do not split in 8: 2 heads, safe side
+
+
+def test_tensor_parallel_inference_reports_one_gpus_kv_cache() -> None:
+    one, two = (
+        fit("llama-3.1-8b", gpus=["h100-sxm"], mode="inference", concurrency=16, gpu_count=n)[0]
+        for n in (1, 2)
+    )
+    assert one.kv_cache_bytes == 131072 * (2048 + 128) * 16
+    assert two.kv_bytes_per_token == 65536 and two.kv_cache_bytes == one.kv_cache_bytes // 2
+    assert two.breakdown["weights"] * 2 == pytest.approx(one.breakdown["weights"], rel=1e-6)
+    assert two.max_batch_size > one.max_batch_size
+    # qwen2.5-7b has 4 KV heads: on 8 GPUs each keeps one, a quarter of the cache, not 1/8
+    (eight,) = fit("qwen2.5-7b", gpus=["h100-sxm"], mode="inference", gpu_count=8)
+    per_token = kv_bytes_per_token(read_config("qwen2.5-7b"), 2)
+    assert eight.kv_bytes_per_token == per_token // 4
+    assert any("1 head(s) of the 4 KV heads" in a for a in eight.assumptions)
+
+
+def test_serving_engine_on_tensor_parallel_gpus_holds_more_sequences() -> None:
+    one, two = (
+        fit("llama-3.1-8b", gpus=["h100-sxm"], mode="inference", serving="vllm", gpu_count=n)[0]
+        for n in (1, 2)
+    )
+    a, b = one.serving, two.serving
+    assert a is not None and b is not None and (a.gpus, b.gpus) == (1, 2)
+    assert b.weights_bytes == -(-a.weights_bytes // 2)
+    assert b.kv_bytes_per_token == a.kv_bytes_per_token // 2
+    assert b.non_torch_bytes == a.non_torch_bytes + get_stack().nccl_bytes_per_gpu
+    assert (
+        b.kv_cache_budget_bytes
+        == a.kv_cache_budget_bytes
+        + a.weights_bytes
+        - b.weights_bytes
+        - (b.non_torch_bytes - a.non_torch_bytes)
+    )
+    # half the cache per token and a larger budget: more than twice the sequences
+    assert b.max_concurrency > 2 * a.max_concurrency
+    assert any("tensor parallel over 2 GPUs" in x for x in b.assumptions)
 
 
 @pytest.mark.parametrize(

@@ -100,12 +100,15 @@ def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]
     return read_config(workload.info.name)
 
 
-def _kv_bytes_per_token(workload: Workload, config: Path | str | None, run: RunConfig) -> int:
-    """KV-cache bytes per token from the model's config (the user's file or the shipped one)."""
-    from whichgpu.estimate.serving import kv_bytes_per_token, serving_dtype_bytes
+def _kv_cache_shape(
+    workload: Workload, config: Path | str | None, run: RunConfig
+) -> tuple[int, int]:
+    """KV-cache bytes per token and KV heads, from the model's config (the user's file or the
+    shipped one)."""
+    from whichgpu.estimate.serving import kv_bytes_per_token, kv_heads, serving_dtype_bytes
 
     doc = _config_doc(workload, config)
-    return kv_bytes_per_token(doc, serving_dtype_bytes(run.precision))
+    return kv_bytes_per_token(doc, serving_dtype_bytes(run.precision)), kv_heads(doc)
 
 
 def _is_registered(workload: Workload) -> bool:
@@ -206,6 +209,8 @@ class _Step:
     """Longest sequence the model takes (minus the new tokens of an inference run)."""
     kv_per_token: int | None
     """KV-cache bytes per token (inference of a language model), else None."""
+    kv_heads: int | None = None
+    """The model's key/value heads (inference of a language model), else None."""
 
 
 def _prepare(
@@ -226,7 +231,7 @@ def _prepare(
         progress(f"profiling {chosen.info.name}")
     profile, method = loaded or scalable_profile(chosen, run, progress)
     seq_limit = chosen.info.max_seq_len
-    kv_per_token = None
+    kv_per_token = kv_head_count = None
     if "kv_cache" in profile.choices:  # inference of a language model
         context, new_tokens = inference_context(chosen.info, run)
         if seq_limit is not None:
@@ -234,7 +239,7 @@ def _prepare(
         run = run.model_copy(
             update={"seq_len": context, "context": context, "new_tokens": new_tokens}
         )
-        kv_per_token = _kv_bytes_per_token(chosen, config, run)
+        kv_per_token, kv_head_count = _kv_cache_shape(chosen, config, run)
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
@@ -243,7 +248,8 @@ def _prepare(
             f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
             "estimate one GPU."
         )
-    return _Step(run, profile, method, _step_memory(chosen, run, profile), seq_limit, kv_per_token)
+    memory = _step_memory(chosen, run, profile)
+    return _Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count)
 
 
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
@@ -339,6 +345,7 @@ def fit(
                 seq_limit=step.seq_limit,
                 shorter_seq_when_unfit=True,
                 kv_per_token_bytes=step.kv_per_token,
+                kv_head_count=step.kv_heads,
                 serving=engine,
             )
         )
@@ -475,6 +482,7 @@ def predict(
             method=step.method,
             search_seq_len=False,
             kv_per_token_bytes=step.kv_per_token,
+            kv_head_count=step.kv_heads,
         )
         if not estimate.fits and not named:
             continue
@@ -862,6 +870,7 @@ def recommend(
                 search_seq_len=False,
                 shorter_seq_when_unfit=True,
                 kv_per_token_bytes=step.kv_per_token,
+                kv_head_count=step.kv_heads,
             )
             speed = speed_unknown = None
             if memory.fits:

@@ -712,7 +712,8 @@ class ServingEngine(_Frozen):
 
 
 class ServingEstimate(_Frozen):
-    """How many sequences a serving engine with a paged KV cache holds at once on one GPU.
+    """How many sequences a serving engine with a paged KV cache holds at once on one GPU (or
+    on ``gpus`` tensor-parallel ones; every byte figure is then one GPU's share).
 
     ``kv_cache_budget_bytes = gpu_memory_utilization x capacity - weights - activation peak -
     non-torch``; the budget is cut into blocks of ``block_size_tokens`` tokens and every
@@ -728,19 +729,20 @@ class ServingEstimate(_Frozen):
     engine_budget_bytes: int
     """``gpu_memory_utilization x capacity_bytes``."""
     weights_bytes: int
-    """Parameters and buffers in the serving dtype (from the profile)."""
+    """Parameters and buffers in the serving dtype (from the profile), on one GPU."""
     activation_peak_bytes: int
     """Peak allocator bytes of the engine's profiling pass (one prefill of ``profile_tokens``
     tokens) less its weights and KV cache: activations, temporaries, cuBLAS workspaces."""
     profile_tokens: int
     """Tokens of that profiling pass (``max_num_batched_tokens``)."""
     non_torch_bytes: int
-    """Memory outside PyTorch's allocator: the CUDA context of the software stack."""
+    """Memory outside PyTorch's allocator: the CUDA context of the software stack (and its
+    NCCL buffers with more than one GPU)."""
     kv_cache_budget_bytes: int
     """What remains for KV-cache blocks (negative: the model does not load)."""
     kv_bytes_per_token: int
-    """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
-    dtype bytes``."""
+    """Keys and values of one token over all layers on one GPU: ``layers x 2 x kv_heads x
+    head_dim x dtype bytes`` (of its share of the KV heads when tensor parallel)."""
     block_size_tokens: int
     """Tokens per block."""
     kv_blocks: int
@@ -753,6 +755,8 @@ class ServingEstimate(_Frozen):
     """Sequences of ``tokens_per_sequence`` whose KV cache fits at once (0: none)."""
     assumptions: tuple[str, ...]
     """What the answer assumes, in words."""
+    gpus: int = 1
+    """GPUs serving the model together, tensor parallel."""
 
 
 MemoryCategory = Literal[
@@ -831,10 +835,11 @@ class MemoryEstimate(_Tabular):
     method: str
     """``stored profile`` (no torch) or ``traced`` (this machine traced the model)."""
     kv_cache_bytes: int | None = None
-    """Inference of a language model: the static KV cache at ``batch_size`` (part of
-    ``activations`` in ``breakdown``); None otherwise."""
+    """Inference of a language model: the static KV cache at ``batch_size`` that this GPU
+    holds (its share of the KV heads when ``gpus`` > 1; part of ``activations`` in
+    ``breakdown``); None otherwise."""
     kv_bytes_per_token: int | None = None
-    """Inference of a language model: KV-cache bytes per token of one sequence."""
+    """Inference of a language model: KV-cache bytes per token of one sequence on this GPU."""
     serving: ServingEstimate | None = None
     """``fit --serving``: the serving engine's KV-cache budget and concurrency; None otherwise."""
 

@@ -31,7 +31,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
-from whichgpu.estimate.serving import serving_estimate
+from whichgpu.estimate.serving import kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
     SINGLE_GPU,
     TRACED_PARAMETER_BYTES,
@@ -361,9 +361,15 @@ class StepMemory:
 
 _TENSOR_PARALLEL_NOTE = (
     "inference on {n} GPUs, tensor parallel (attention heads and MLP columns split, as serving "
-    "engines do): each holds 1/{n} of the weights and of the KV cache; activations and "
-    "temporaries are counted whole on every GPU (safe side); NCCL buffers added"
+    "engines do): each holds 1/{n} of the weights and {kv} of the {heads} KV heads' cache; "
+    "activations and temporaries are counted whole on every GPU (safe side); NCCL buffers added"
 )
+
+
+def _tensor_parallel_note(gpus: int, kv_head_count: int) -> str:
+    per_gpu = -(-kv_head_count // gpus)
+    share = f"1/{gpus}" if per_gpu * gpus == kv_head_count else f"{per_gpu} head(s)"
+    return _TENSOR_PARALLEL_NOTE.format(n=gpus, kv=share, heads=kv_head_count)
 
 
 def largest_batch(reserved: Callable[[int], int], budget_bytes: int) -> tuple[int, bool]:
@@ -381,17 +387,22 @@ def largest_batch(reserved: Callable[[int], int], budget_bytes: int) -> tuple[in
 
 
 def tensor_parallel_saving(
-    replay: Replay, profile: ScalableProfile, batch_size: int, seq_len: int | None, gpus: int
+    replay: Replay,
+    profile: ScalableProfile,
+    batch_size: int,
+    seq_len: int | None,
+    gpus: int,
+    kv_head_count: int,
 ) -> int:
     """Bytes one of ``gpus`` tensor-parallel GPUs does not hold of a one-GPU inference step:
-    all but 1/N of the weights at the peak and of the KV cache (heads and MLP columns are
-    split); activations and temporaries are counted whole, which errs on the safe side."""
+    all but 1/N of the weights at the peak, and of the KV cache all but its share of the
+    ``kv_head_count`` KV heads (``serving.kv_on_one_gpu``); activations and temporaries are
+    counted whole, which errs on the safe side."""
     if gpus <= 1:
         return 0
-    split = replay.live_at_peak.get("parameter", 0) + (
-        kv_cache_bytes(profile, batch_size, seq_len) or 0
-    )
-    return split * (gpus - 1) // gpus
+    kv = kv_cache_bytes(profile, batch_size, seq_len) or 0
+    weights = replay.live_at_peak.get("parameter", 0)
+    return weights * (gpus - 1) // gpus + kv - kv_on_one_gpu(kv, kv_head_count, gpus)
 
 
 def outside_allocator(stack: SoftwareStack, *, convolutions: bool, gpus: int) -> dict[str, int]:
@@ -503,6 +514,7 @@ def estimate_on_gpu(
     search_seq_len: bool = True,
     shorter_seq_when_unfit: bool = False,
     kv_per_token_bytes: int | None = None,
+    kv_head_count: int | None = None,
     serving: ServingEngine | None = None,
 ) -> MemoryEstimate:
     """The memory estimate of ``memory``'s step on ``gpu``.
@@ -520,7 +532,9 @@ def estimate_on_gpu(
 
     Inference of a language model (a profile with a KV cache): the batch is the concurrency
     and ``seq_len`` the context; ``kv_per_token_bytes`` (from the model config) is reported,
-    and ``serving`` adds that engine's paged-KV-cache answer (``estimate.serving``).
+    and ``serving`` adds that engine's paged-KV-cache answer (``estimate.serving``). With
+    ``run.gpus`` > 1 the model is served tensor parallel and ``kv_head_count`` (the model's KV
+    heads) says how its cache splits.
     """
     profile = memory.profile
     seq_len = run.seq_len if profile.is_sequence_model else None
@@ -532,6 +546,18 @@ def estimate_on_gpu(
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
     parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
+    heads = kv_head_count or 1
+    if tensor and kv_head_count is None:
+        raise ValueError("tensor-parallel inference needs the model's KV heads (kv_head_count)")
+
+    def kv_here(kv_bytes: int) -> int:
+        """What this GPU holds of a KV cache (or of its bytes per token)."""
+        return kv_on_one_gpu(kv_bytes, heads, run.gpus) if tensor else kv_bytes
+
+    def saving(replay: Replay, batch: int, length: int | None) -> int:
+        if not tensor:
+            return 0
+        return tensor_parallel_saving(replay, profile, batch, length, run.gpus, heads)
 
     def attention_bytes(batch: int, length: int | None = seq_len) -> int:
         return memory.attention_extra(gpu, batch, length, run.precision).total_bytes
@@ -540,8 +566,11 @@ def estimate_on_gpu(
         """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference), with what
         the GPU's attention kernels need beyond the traced ones."""
         replay = memory.replay(batch, length, workspaces, parallel)
-        saving = tensor_parallel_saving(replay, profile, batch, length, run.gpus) if tensor else 0
-        return replay.peak_reserved_bytes - saving + attention_bytes(batch, length)
+        return (
+            replay.peak_reserved_bytes
+            - saving(replay, batch, length)
+            + attention_bytes(batch, length)
+        )
 
     def device_total(batch: int) -> int:
         return reserved_at(batch) + outside_bytes
@@ -561,11 +590,11 @@ def estimate_on_gpu(
     )
     for category, nbytes in replay.live_at_peak.items():
         breakdown[_BREAKDOWN[category]] += nbytes
-    if tensor:  # each GPU holds 1/N of the weights and of the KV cache (an activation)
+    if tensor:  # each GPU holds 1/N of the weights and its share of the KV cache (activation)
         n = run.gpus
-        kv_split = (kv_cache_bytes(profile, batch, seq_len) or 0) * (n - 1) // n
+        kv_total = kv_cache_bytes(profile, batch, seq_len) or 0
         breakdown["weights"] -= replay.live_at_peak.get("parameter", 0) * (n - 1) // n
-        breakdown["activations"] -= kv_split
+        breakdown["activations"] -= kv_total - kv_here(kv_total)
     breakdown["overhead"] = total - sum(breakdown.values())
     attention = memory.attention_extra(gpu, batch, seq_len, run.precision)
     overheads = {
@@ -605,7 +634,14 @@ def estimate_on_gpu(
         if kv_bytes is None or kv_per_token_bytes is None or seq_len is None:
             raise UsageError("--serving answers inference of a language model only.")
         served = _serving(
-            memory, serving, stack, capacity.bytes, workspaces, kv_per_token_bytes, seq_len
+            memory,
+            serving,
+            stack,
+            capacity.bytes,
+            workspaces,
+            kv_here(kv_per_token_bytes),
+            seq_len,
+            run.gpus,
         )
     return MemoryEstimate(
         gpu=gpu.id,
@@ -623,8 +659,7 @@ def estimate_on_gpu(
         max_seq_len=max_seq[0] if max_seq else None,
         max_seq_len_capped=max_seq[1] if max_seq else False,
         fits_at_seq_len=shorter,
-        peak_allocated_bytes=replay.peak_allocated_bytes
-        - (tensor_parallel_saving(replay, profile, batch, seq_len, run.gpus) if tensor else 0),
+        peak_allocated_bytes=replay.peak_allocated_bytes - saving(replay, batch, seq_len),
         peak_reserved_bytes=total - outside_bytes,
         device_total_bytes=total,
         capacity_bytes=capacity.bytes,
@@ -635,10 +670,14 @@ def estimate_on_gpu(
         overheads=overheads,
         assumptions=_assumptions(stack, memory, parallel)
         + attention_note
-        + (_TENSOR_PARALLEL_NOTE.format(n=run.gpus),) * tensor,
+        + (_tensor_parallel_note(run.gpus, heads),) * tensor,
         method=method,
-        kv_cache_bytes=kv_bytes,
-        kv_bytes_per_token=kv_per_token_bytes if kv_bytes is not None else None,
+        kv_cache_bytes=None if kv_bytes is None else kv_here(kv_bytes),
+        kv_bytes_per_token=(
+            kv_here(kv_per_token_bytes)
+            if kv_bytes is not None and kv_per_token_bytes is not None
+            else None
+        ),
         serving=served,
     )
 
@@ -682,9 +721,11 @@ def _serving(
     workspaces: tuple[int, ...],
     kv_per_token_bytes: int,
     context: int,
+    gpus: int,
 ) -> ServingEstimate:
-    """The engine's answer; its profiling pass is the traced prefill of one sequence of
-    ``engine.profile_tokens`` tokens (its own KV cache taken out again)."""
+    """The engine's answer on one of ``gpus`` tensor-parallel GPUs (``kv_per_token_bytes``
+    is that GPU's share); its profiling pass is the traced prefill of one sequence of
+    ``engine.profile_tokens`` tokens (its own KV cache taken out again), counted whole."""
     profile = memory.profile
     tokens = engine.profile_tokens
     weights = weights_bytes(profile)
@@ -694,10 +735,11 @@ def _serving(
         engine,
         stack,
         capacity_bytes=capacity_bytes,
-        weights_bytes=weights,
+        weights_bytes=-(-weights // gpus),
         activation_peak_bytes=activation,
         kv_per_token_bytes=kv_per_token_bytes,
         tokens_per_sequence=context + (profile.run.new_tokens or 0),
+        gpus=gpus,
     )
 
 

@@ -1,6 +1,6 @@
 """Inference of a language model: KV-cache bytes per token, and a serving engine's answer.
 
-Two policies, both for one GPU:
+Two policies, on one GPU or on N tensor-parallel ones (``--gpus N``):
 
 - plain PyTorch / transformers generation (the default of ``fit --mode inference``): the
   traced step itself — weights, a static KV cache for ``context + new_tokens`` tokens per
@@ -45,6 +45,25 @@ def layer_shape(config: Mapping[str, Any]) -> tuple[int, int]:
     return layers, int(config.get("hidden_size") or config["n_embd"])
 
 
+def kv_heads(config: Mapping[str, Any]) -> int:
+    """Key/value heads of a Hugging Face ``config.json`` (``num_key_value_heads``; the
+    attention heads without GQA; GPT-2's ``n_head`` too)."""
+    config = _text_config(config)
+    heads = int(config.get("num_attention_heads") or config["n_head"])
+    return int(config.get("num_key_value_heads") or heads)
+
+
+def kv_on_one_gpu(kv_bytes: int, kv_head_count: int, gpus: int) -> int:
+    """The part of ``kv_bytes`` (a KV cache, or its bytes per token) one of ``gpus``
+    tensor-parallel GPUs holds: its ``ceil(kv_heads / gpus)`` heads. With fewer KV heads than
+    GPUs (GQA) every GPU keeps a whole head, as vLLM replicates them; a split that does not
+    divide evenly is rounded up, the safe side."""
+    if gpus <= 1:
+        return kv_bytes
+    per_gpu = -(-kv_head_count // gpus)
+    return kv_bytes * per_gpu // kv_head_count
+
+
 def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
     """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
     dtype_bytes``, from a Hugging Face ``config.json`` (GQA-aware: ``num_key_value_heads``;
@@ -53,9 +72,8 @@ def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
     layers, _ = layer_shape(config)
     heads = int(config.get("num_attention_heads") or config["n_head"])
     hidden = int(config.get("hidden_size") or config["n_embd"])
-    kv_heads = int(config.get("num_key_value_heads") or heads)
     head_dim = int(config.get("head_dim") or hidden // heads)
-    return layers * 2 * kv_heads * head_dim * dtype_bytes
+    return layers * 2 * kv_heads(config) * head_dim * dtype_bytes
 
 
 def serving_estimate(
@@ -67,15 +85,21 @@ def serving_estimate(
     activation_peak_bytes: int,
     kv_per_token_bytes: int,
     tokens_per_sequence: int,
+    gpus: int = 1,
 ) -> ServingEstimate:
     """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds.
 
     ``budget = floor(utilization x capacity) - weights - activation peak - non-torch`` (the
-    CUDA context of ``stack``); blocks of ``engine.block_size_tokens`` tokens; each sequence
-    of ``tokens_per_sequence`` tokens holds ``ceil(tokens / block)`` blocks.
+    CUDA context of ``stack``, and its NCCL buffers when ``gpus`` > 1); blocks of
+    ``engine.block_size_tokens`` tokens; each sequence of ``tokens_per_sequence`` tokens holds
+    ``ceil(tokens / block)`` blocks.
+
+    ``gpus`` > 1 (tensor parallel): every byte figure is one GPU's — ``weights_bytes`` and
+    ``kv_per_token_bytes`` its share — and each block holds the same tokens on every GPU, so
+    the engine's blocks are one GPU's.
     """
     engine_budget = math.floor(engine.gpu_memory_utilization * capacity_bytes)
-    non_torch = stack.cuda_context_bytes
+    non_torch = stack.cuda_context_bytes + (stack.nccl_bytes_per_gpu if gpus > 1 else 0)
     kv_budget = engine_budget - weights_bytes - activation_peak_bytes - non_torch
     block_bytes = engine.block_size_tokens * kv_per_token_bytes
     blocks = max(0, kv_budget) // block_bytes
@@ -96,13 +120,25 @@ def serving_estimate(
         tokens_per_sequence=tokens_per_sequence,
         blocks_per_sequence=per_sequence,
         max_concurrency=blocks // per_sequence,
+        gpus=gpus,
         assumptions=(
             f"{engine.label}: gpu_memory_utilization {engine.gpu_memory_utilization:g} of the "
             f"CUDA total, KV blocks of {engine.block_size_tokens} tokens",
             f"activation peak = the traced prefill of one sequence of {engine.profile_tokens} "
             "tokens (the engine's profiling pass of max_num_batched_tokens), less its weights "
             "and KV cache; it includes the cuBLAS workspaces",
-            f"non-torch memory = the CUDA context of the stack ({stack.label})",
+            f"non-torch memory = the CUDA context of the stack ({stack.label})"
+            + (" and its NCCL buffers" if gpus > 1 else ""),
+            *(
+                (
+                    f"tensor parallel over {gpus} GPUs: each holds 1/{gpus} of the weights and "
+                    "its share of the KV heads (a whole head where there are fewer KV heads "
+                    "than GPUs); the profiling pass's activations are counted whole on each "
+                    "(safe side); the engine has the blocks of one GPU",
+                )
+                if gpus > 1
+                else ()
+            ),
             "CUDA graphs, the sampler's logits of many sequences and prefix caching are not "
             "modelled; the engine caps running sequences at max_num_seqs (256 by default, 1024 "
             "on GPUs of 70 GiB or more other than A100) beyond this KV limit",

@@ -299,7 +299,7 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     table.add_column("device GiB", justify="right")
     table.add_column("reserved GiB", justify="right")
     table.add_column("headroom GiB", justify="right")
-    table.add_column(f"next {unit} GiB", justify="right")
+    table.add_column("GiB at max+1", justify="right")
     with_seq = any(e.max_seq_len is not None for e in estimates)
     if with_seq:
         table.add_column("max seq len", justify="right")
@@ -342,13 +342,16 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     parts.append(Text(f"Overhead (GiB): {overhead}"))
     notes = [f"method: {shown.method}", *shown.assumptions]
     if not given:
-        notes.append(
-            f"{unit} = the largest that fits; 'next {unit}' is the device total one above it"
-        )
+        notes.append(f"{unit} = the largest that fits")
+    notes.append(
+        f"'GiB at max+1' is the device total at the largest {unit} plus one, the first "
+        "size that does not fit"
+    )
     if serving:
         notes.append(
             f"KV cache = {shown.kv_bytes_per_token:,} B per token x (context + new tokens) x "
             "concurrency (part of 'activations')"
+            + (", on each GPU its share of the KV heads" if shown.gpus > 1 else "")
         )
     derived = [e for e in estimates if e.capacity_note.startswith("derived")]
     if derived:
@@ -404,6 +407,7 @@ def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             f"{first.gpu_memory_utilization:g} x capacity - weights - activation peak "
             f"- non-torch; blocks of {first.block_size_tokens} tokens, "
             f"{first.tokens_per_sequence} tokens per sequence"
+            + (f"; per GPU of {first.gpus}, tensor parallel" if first.gpus > 1 else "")
         ),
         title_justify="left",
         header_style="bold",
