@@ -160,7 +160,7 @@ def _measured_math_extra(op: OpRecord, training: bool) -> tuple[int, int, int]:
     from whichgpu.trace.recorder import Recorder
 
     assert op.attention is not None
-    b, hq, hk, lq, lk, d, causal, masked = op.attention
+    b, hq, hk, lq, lk, d, causal, masked = op.attention[:8]
 
     def run(backend: SDPBackend) -> tuple[int, int, int]:
         q = torch.randn(b, hq, lq, d, dtype=torch.bfloat16, requires_grad=training)
@@ -222,7 +222,7 @@ def test_math_extra_and_saved_bytes_match_a_real_math_run_in_training() -> None:
     assert saved_attention_bytes(forward_op, choice) == kept
     assert extra_attention_bytes(backward_op, choice) == backward
     # the fp32 probabilities (batch x heads x q_len x kv_len x 4 B) are among what is kept
-    b, hq, _, lq, lk, _, _, _ = forward_op.attention  # type: ignore[misc]
+    b, hq, _, lq, lk = forward_op.attention[:5]
     assert kept > b * hq * lq * lk * 4
 
 
@@ -259,17 +259,46 @@ def test_fused_backends_add_nothing_for_the_traced_model() -> None:
         assert saved_attention_bytes(op, choice) == 0
 
 
-def test_efficient_pads_a_mask_whose_kv_len_is_not_a_multiple_of_16() -> None:
-    op = OpRecord(
-        name="aten._scaled_dot_product_flash_attention_for_cpu",
-        kind="attention",
-        phase="decode",
-        flops=0,
-        bytes_read=0,
-        bytes_written=0,
-        dtype="bfloat16",
-        attention=(4, 8, 8, 1, 1000, 128, 0, 1),
+def test_efficient_copies_a_mask_whose_kv_len_is_not_a_multiple_of_8_once_not_per_head() -> None:
+    def decode(kv_len: int, *mask_rows: int) -> OpRecord:
+        return OpRecord(
+            name="aten._scaled_dot_product_flash_attention_for_cpu",
+            kind="attention",
+            phase="decode",
+            flops=0,
+            bytes_read=0,
+            bytes_written=0,
+            dtype="bfloat16",
+            attention=(4, 8, 8, 1, kv_len, 128, 0, 1, *mask_rows),
+        )
+
+    h100 = _gpu("h100-sxm")
+    for op in (decode(1000, 4), decode(1000)):  # aligned: the mask is used as it is
+        choice = attention_backend_for_op(h100, op, training=False)
+        assert choice.backend == "efficient" and extra_attention_bytes(op, choice) == 0
+    # a (4, 1, 1, 1001) bf16 mask is copied with its last dimension padded to 1008
+    op = decode(1001, 4)
+    assert extra_attention_bytes(op, attention_backend_for_op(h100, op, training=False)) == (
+        4 * 1008 * 2
     )
-    choice = attention_backend_for_op(_gpu("h100-sxm"), op, training=False)
-    assert choice.backend == "efficient"
-    assert extra_attention_bytes(op, choice) == 4 * 8 * 1 * 1008 * 2
+    # a profile that did not record the mask's shape: the largest it broadcasts to, per head
+    op = decode(1001)
+    assert extra_attention_bytes(op, attention_backend_for_op(h100, op, training=False)) == (
+        4 * 8 * 1 * 1008 * 2
+    )
+
+
+def test_the_tracer_records_the_mask_it_passes_as_rows_per_key() -> None:
+    import torch
+    import torch.nn.functional as F
+
+    from whichgpu.trace.recorder import Recorder
+
+    q = torch.randn(2, 4, 5, 8)
+    kv = torch.randn(2, 4, 7, 8)
+    mask = torch.zeros(2, 1, 5, 7)
+    with Recorder(record_ops_of_step=0) as rec:
+        F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+        F.scaled_dot_product_attention(q, kv, kv)
+    shapes = [op.attention for op in rec.ops if op.kind == "attention"]
+    assert shapes == [(2, 4, 4, 5, 7, 8, 0, 1, 10), (2, 4, 4, 5, 7, 8, 0, 0, 0)]

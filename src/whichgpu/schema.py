@@ -563,9 +563,11 @@ class OpRecord(_Frozen):
     """For convolutions: (N, C_in, H, W, C_out, kH, kW, stride, groups) of the forward."""
     attention: tuple[int, ...] | None = None
     """For scaled-dot-product attention (forward and backward): (batch, q_heads, kv_heads,
-    q_len, kv_len, head_dim, causal, masked) as the kernel sees them; ``causal`` is 1 when the
-    kernel applies its own causal mask, ``masked`` is 1 when an explicit ``attn_mask`` is given
-    (which rules out the flash backend on CUDA). transformers folds the query heads of a group
+    q_len, kv_len, head_dim, causal, masked, mask_rows) as the kernel sees them; ``causal`` is
+    1 when the kernel applies its own causal mask, ``masked`` is 1 when an explicit
+    ``attn_mask`` is given (which rules out the flash backend on CUDA), ``mask_rows`` the
+    product of the mask's dimensions but the last (0 without a mask; absent from profiles
+    traced before it was recorded). transformers folds the query heads of a group
     into ``q_len`` for single-token decode with grouped-query attention, so a decode op may
     show ``q_heads == kv_heads`` and ``q_len`` = heads per group."""
 

@@ -35,8 +35,12 @@ Pure Python: no torch import. The rules are PyTorch's own, restated here (not co
   ``allow_fp16_bf16_reduction_math_sdp``, off by default), scales q and k^T, builds a float
   causal mask, expands k and v for GQA, computes scores, adds the mask in place, takes
   ``_safe_softmax`` and returns ``(probs @ v).to(dtype), probs.to(dtype)``; the flash path
-  pads head_dim to a multiple of 8 on CUDA; the efficient path expands an ``attn_mask`` to
-  (B, H, q_len, kv_len) and pads kv_len to a multiple of 16 (``preprocess_mask``).
+  pads head_dim to a multiple of 8 on CUDA; the efficient path copies an ``attn_mask`` whose
+  strides are not multiples of 8 into one whose last dimension is padded to a multiple of 8,
+  and only then expands it over the heads (``preprocess_mask``; the alignment of 8 is also
+  stated in torch 2.13's ``torch/_inductor/lowering.py``). Older PyTorch (attention.cpp at
+  commit 008887dc) expanded the mask to (B, H, q_len, kv_len) first and padded it to 16,
+  which copied it once per head.
 
 Things the rules also check that are assumed to pass: PyTorch built with the kernels, backends
 left enabled, dense 4-d inputs with a contiguous last dimension, aligned storage offsets,
@@ -77,7 +81,7 @@ FLASH_TRAIN_SM_RANGES: tuple[tuple[SmVersion, SmVersion], ...] = (
 """Architectures whose flash backward cannot take every head size (smaller shared memory)."""
 FLASH_HEAD_DIM_PAD = 8
 """Flash on CUDA pads head_dim to a multiple of this (``pad_last_dim<8>``)."""
-EFFICIENT_MASK_PAD = 16
+EFFICIENT_MASK_PAD = 8
 """Memory-efficient attention pads a mask's kv_len to a multiple of this (``preprocess_mask``)."""
 
 _DTYPES = {
@@ -131,6 +135,8 @@ class _Shape:
     head_dim: int
     causal: bool
     masked: bool
+    mask_rows: int | None
+    """The mask's elements per key position (None: not recorded, in an older profile)."""
 
 
 def parse_compute_capability(text: str) -> SmVersion:
@@ -305,7 +311,8 @@ def _shape(op: OpRecord) -> _Shape:
     if op.attention is None or len(op.attention) < 8:
         raise ValueError(f"{op.name} has no attention shape.")
     b, hq, hk, lq, lk, d, causal, masked = op.attention[:8]
-    return _Shape(b, hq, hk, lq, lk, d, bool(causal), bool(masked))
+    rows = op.attention[8] if len(op.attention) > 8 else None
+    return _Shape(b, hq, hk, lq, lk, d, bool(causal), bool(masked), rows)
 
 
 class _Live:
@@ -439,7 +446,7 @@ def _round_up(n: int, multiple: int) -> int:
 
 def _fused_extra(op: OpRecord, s: _Shape, choice: AttentionChoice) -> int:
     """Extra bytes of a fused CUDA kernel over the traced CPU kernel: flash's head_dim
-    padding, the efficient kernel's expanded and padded mask; cuDNN none."""
+    padding, the efficient kernel's padded copy of a mask; cuDNN none."""
     e = _DTYPE_BYTES.get(choice.dtype, _FP32_BYTES)
     if choice.backend == "flash" and s.head_dim % FLASH_HEAD_DIM_PAD:
         padded = _round_up(s.head_dim, FLASH_HEAD_DIM_PAD)
@@ -450,8 +457,10 @@ def _fused_extra(op: OpRecord, s: _Shape, choice: AttentionChoice) -> int:
         return (2 * ql + 2 * ks) * padded * e - ql * s.head_dim * e
     masked = s.masked and not _is_backward(op)
     if choice.backend == "efficient" and masked and s.kv_len % EFFICIENT_MASK_PAD:
-        padded = _round_up(s.kv_len, EFFICIENT_MASK_PAD)
-        return s.batch * s.q_heads * s.q_len * padded * e
+        # a dense mask's strides are multiples of kv_len: aligned exactly when kv_len is.
+        # Where the profile did not record the mask's shape, the largest it can broadcast to.
+        rows = s.mask_rows if s.mask_rows is not None else s.batch * s.q_heads * s.q_len
+        return rows * _round_up(s.kv_len, EFFICIENT_MASK_PAD) * e
     return 0
 
 
@@ -469,8 +478,8 @@ def extra_attention_bytes(op: OpRecord, choice: AttentionChoice) -> int:
     dropout its one-byte mask and the dropped probabilities; includes what
     ``saved_attention_bytes`` keeps. Backward: the two score-sized gradient matrices and
     the fp32 gradients. Flash, efficient, cuDNN: nothing, except flash's padding of head_dim to
-    a multiple of 8 and the efficient kernel's expanded mask when kv_len is not a multiple of
-    16. ``choice`` comes from ``attention_backend_for_op`` for this op.
+    a multiple of 8 and the efficient kernel's padded copy of a mask when kv_len is not a
+    multiple of 8. ``choice`` comes from ``attention_backend_for_op`` for this op.
     """
     s = _shape(op)
     if choice.backend != "math":

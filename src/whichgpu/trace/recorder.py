@@ -12,6 +12,7 @@ lifetimes in ``finish``.
 from __future__ import annotations
 
 import functools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -307,7 +308,10 @@ def _conv_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
 def _attention_shape(
     func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[int, ...] | None:
-    """(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, masked) of an SDPA kernel.
+    """(batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, masked, mask_rows) of an
+    SDPA kernel; ``mask_rows`` is the product of the mask's dimensions but the last (its
+    elements per key position: ``batch x 1 x q_len`` for transformers' ``(B, 1, L, S)`` mask),
+    0 without a mask.
 
     Arguments are found by their schema names, which every ``aten._scaled_dot_product_*``
     kernel and its backward share (``query``, ``key``, ``is_causal``, ``attn_mask`` or
@@ -328,8 +332,10 @@ def _attention_shape(
     kv_heads, kv_len = int(key.shape[1]), int(key.shape[2])
     causal = int(bool(bound.get("is_causal", False)))
     mask = bound.get("attn_mask", bound.get("attn_bias"))
-    masked = int(isinstance(mask, torch.Tensor))
-    return (batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, masked)
+    if not isinstance(mask, torch.Tensor):
+        return (batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, 0, 0)
+    rows = math.prod(int(n) for n in mask.shape[:-1])
+    return (batch, q_heads, kv_heads, q_len, kv_len, head_dim, causal, 1, rows)
 
 
 @dataclass
