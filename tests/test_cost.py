@@ -167,6 +167,18 @@ def test_resale_from_used_against_launch_price() -> None:
     assert any("Resale" in a for a in result.assumptions)
 
 
+def test_resale_is_never_more_than_a_used_one_sells_for_today() -> None:
+    # the 4090 sells new above its launch price, so the kept share of the new price would
+    # resell it for more than the used market pays now
+    bought, used = CATALOG.purchase_price("rtx-4090"), CATALOG.prices("rtx-4090", "used")[0]
+    found = retention_per_year(CATALOG, CATALOG.get("rtx-4090"))
+    assert bought is not None and found is not None
+    assert bought.usd * found[0] ** 3 > used.usd
+    result = cost.breakeven(gpu="rtx-4090", count=2, cloud_usd_per_hour=1.0, catalog=CATALOG)
+    assert result.resale_usd == pytest.approx(2 * used.usd)
+    assert any("never more than a used one sells for today" in a for a in result.assumptions)
+
+
 def test_defaults_come_from_catalog_and_cost_data() -> None:
     result = cost.breakeven(gpu="rtx-4090", count=2, provider="runpod", catalog=CATALOG)
     data = read_cost_data()
@@ -259,6 +271,9 @@ def test_job_energy_uses_the_region() -> None:
     assert job.co2_kg == pytest.approx(10 * germany.grid_gco2_per_kwh / 1000)
     only_carbon = cost.job_energy(1000, 10, region="fr")
     assert only_carbon.electricity_usd is None and only_carbon.co2_kg is not None
+    assert any("region 'fr' has no electricity price" in a for a in only_carbon.assumptions)
+    with pytest.raises(UsageError, match="run time"):
+        cost.job_energy(1000, 0, region="de")
 
 
 def test_machine_power_adds_the_build_class_cpu() -> None:

@@ -304,11 +304,22 @@ def breakeven(
             paid = gpu_price or purchase_price(catalog, gpu.id, price_kind)
             if paid is not None:
                 kept, how = retention
-                resale_usd = min(count * paid.usd * kept**years, system_cost_usd)
-                inputs["resale_usd"] = f"{count} x ${paid.usd:,.0f} x {kept:.3f}^{years:g}"
+                each = paid.usd * kept**years
+                used_now = catalog.prices(gpu.id, "used")[0].usd
+                formula = f"${paid.usd:,.0f} x {kept:.3f}^{years:g}"
+                cap = ""
+                if each > used_now:  # a purchase above the launch price does not resell so
+                    each = used_now
+                    formula = f"min({formula}, used today ${used_now:,.0f})"
+                    cap = (
+                        f"; never more than a used one sells for today (${used_now:,.0f}), "
+                        "which caps it here"
+                    )
+                resale_usd = min(count * each, system_cost_usd)
+                inputs["resale_usd"] = f"{count} x {formula}"
                 assumptions.append(
-                    f"Resale: the GPUs keep the yearly share their used price shows ({how}); "
-                    "the rest of the machine is assumed to sell for nothing."
+                    f"Resale: the GPUs keep the yearly share their used price shows ({how})"
+                    f"{cap}; the rest of the machine is assumed to sell for nothing."
                 )
         if "resale_usd" not in inputs:
             inputs["resale_usd"] = "none assumed"

@@ -57,6 +57,7 @@ def job_energy(
     figure ``None``.
     """
     positive("The power (--watts)", power_w)
+    positive("The run time (--hours)", hours)
     kwh = energy_kwh(power_w, hours)
     usd = None
     if electricity_usd_per_kwh is not None:
@@ -75,5 +76,23 @@ def job_energy(
             "The machine draws this power for the whole run (board power, not a measurement); "
             "idle time and the cooling of a data centre (PUE) are not counted.",
             "Carbon intensity is a yearly average of the grid; the hour and season move it.",
+            *_unknown(usd is None, co2 is None, region),
         ),
     )
+
+
+def _unknown(no_price: bool, no_grid: bool, region: str | None) -> tuple[str, ...]:
+    """Say which figures are missing and how to supply them, rather than leaving them out."""
+    where = f"the region '{region}'" if region else "no region"
+    out = []
+    if no_price:
+        out.append(
+            f"Electricity cost unknown: {where} has no electricity price in the data; give "
+            "--electricity (USD per kWh)."
+        )
+    if no_grid:
+        out.append(
+            f"CO2 unknown: {where} has no grid carbon intensity in the data; give --grid-gco2 "
+            "(g per kWh)."
+        )
+    return tuple(out)

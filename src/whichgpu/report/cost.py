@@ -198,8 +198,12 @@ def energy_view(job: JobEnergy) -> RenderableType:
         table.add_row(
             "electricity", f"{_usd(job.electricity_usd)} (at ${job.electricity_usd_per_kwh}/kWh)"
         )
+    else:
+        table.add_row("electricity", "[yellow]unknown (--electricity)[/yellow]")
     if job.co2_kg is not None:
         table.add_row("CO2", f"{job.co2_kg:,.4g} kg (at {job.grid_gco2_per_kwh:g} g/kWh)")
+    else:
+        table.add_row("CO2", "[yellow]unknown (--grid-gco2)[/yellow]")
     if job.region:
         table.add_row("region", job.region)
     return Group(table, _notes("Assumptions", job.assumptions))
