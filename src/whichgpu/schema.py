@@ -319,8 +319,11 @@ class GpuSpec(_Tabular):
 
     @property
     def amp_tensor_tflops(self) -> float | None:
-        """The rate mixed-precision (FP16/BF16) training gets: tensor if present, else vector."""
-        return self.fp16_tensor_tflops or self.bf16_tensor_tflops or self.fp16_tflops
+        """The matrix rate mixed-precision (FP16/BF16 with FP32 accumulate) training gets: the
+        tensor cores' where the GPU has them, else its FP32 units' — without tensor cores
+        cuBLAS multiplies FP16 matrices in FP32 arithmetic (Pascal's FP16 units run at 1/64 of
+        FP32; the GTX 16 series' accumulate in FP16), so the FP16 vector rate does not apply."""
+        return self.fp16_tensor_tflops or self.bf16_tensor_tflops or self.fp32_tflops
 
 
 PriceKind = Literal["launch", "new", "used", "cloud-on-demand", "cloud-spot"]

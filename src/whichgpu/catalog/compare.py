@@ -1,8 +1,9 @@
 """Side-by-side comparison of GPUs on what matters for deep learning, relative to the first.
 
-The rows are memory, bandwidth, the AMP tensor rate (FP16/BF16 with FP32 accumulate — what
-mixed-precision training gets), TF32 and FP8 rates, L2, power and price, plus two value ratios
-(tensor TFLOPS and bandwidth per $1,000). Ratios divide by the first GPU's value.
+The rows are memory, bandwidth, the AMP rate (FP16/BF16 with FP32 accumulate — what
+mixed-precision training gets: tensor cores, or the FP32 units of a GPU without them), TF32
+and FP8 rates, L2, power and price, plus two value ratios (tensor TFLOPS and bandwidth per
+$1,000). Ratios divide by the first GPU's value.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ _THOUSAND_USD = 1000.0
 ROWS: tuple[tuple[str, str, str, bool], ...] = (
     ("Memory", "memory_gb", "GB", True),
     ("Memory bandwidth", "memory_bandwidth_gbps", "GB/s", True),
-    ("AMP tensor rate (FP16/BF16, FP32 acc.)", "amp_tensor_tflops", "TFLOPS", True),
+    ("AMP rate (FP16/BF16, FP32 acc.)", "amp_tensor_tflops", "TFLOPS", True),
     ("TF32 tensor", "tf32_tensor_tflops", "TFLOPS", True),
     ("FP8 tensor", "fp8_tensor_tflops", "TFLOPS", True),
     ("FP32 vector", "fp32_tflops", "TFLOPS", True),

@@ -42,8 +42,9 @@ def gpus(
 ) -> None:
     """List the GPU catalog: memory, bandwidth, tensor rates, power and launch price.
 
-    The AMP tensor rate is FP16/BF16 with FP32 accumulate — what mixed-precision training gets
-    (GeForce cards run it at half their headline FP16 rate). Every figure has a source:
+    The AMP rate is FP16/BF16 with FP32 accumulate — what mixed-precision training gets: on the
+    tensor cores (GeForce cards run it at half their headline FP16 rate), and on GPUs without
+    them (Pascal, GTX 16) the FP32 rate. Every figure has a source:
     `whichgpu show GPU` prints them.
 
     Examples:

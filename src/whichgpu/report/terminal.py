@@ -87,7 +87,7 @@ def gpu_table(specs: Iterable[GpuSpec], title: str) -> Table:
     table.add_column("launch", justify="right")
     table.add_column("memory\nGB", justify="right")
     table.add_column("bandwidth\nGB/s", justify="right")
-    table.add_column("AMP tensor\nTFLOPS", justify="right")
+    table.add_column("AMP\nTFLOPS", justify="right")
     table.add_column("FP8\nTFLOPS", justify="right")
     table.add_column("FP32\nTFLOPS", justify="right")
     table.add_column("power\nW", justify="right")
