@@ -601,3 +601,12 @@ def test_cost_works_without_torch() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert math.isclose(json.loads(result.stdout)["energy_kwh_per_year"], 591.3)
+
+
+def test_amp_rate_of_a_gpu_without_tensor_cores_is_its_fp32_rate() -> None:
+    for gpu_id in ("gtx-1080-ti", "gtx-1660-ti"):
+        spec = CATALOG.get(gpu_id)
+        assert spec.fp16_tensor_tflops is None and spec.fp16_tflops is not None
+        assert spec.amp_tensor_tflops == spec.fp32_tflops
+    ampere = CATALOG.get("rtx-3090")
+    assert ampere.amp_tensor_tflops == ampere.fp16_tensor_tflops
