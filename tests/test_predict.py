@@ -18,6 +18,7 @@ from whichgpu.errors import UsageError
 from whichgpu.estimate.throughput import (
     OpTable,
     error_band,
+    error_band_basis,
     gpu_rates,
     load_parameters,
     matrix_engines,
@@ -158,6 +159,8 @@ def test_a_workload_without_its_own_factor_takes_its_types_and_the_wider_band() 
         params, "bert-base", "encoders"
     )
     assert "never measured" in params.factor_origin("bert-large", "encoders")
+    assert error_band_basis(params, "bert-base") == "leave one GPU out"
+    assert error_band_basis(params, "bert-large") == "leave one model out"
 
 
 def test_shipped_constants_are_the_fit_of_the_shipped_cases() -> None:

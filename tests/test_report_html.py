@@ -81,6 +81,8 @@ def test_report_data_gathers_every_section(data: ReportData) -> None:
     assert any(t.price_kind == "cloud" for t in data.value)
     assert data.provenance.catalog_version == "v1"
     assert 0 < data.provenance.throughput_error_band < 1
+    # BERT-Base's speed was measured (Lambda 2020): its band is that of a new GPU
+    assert data.provenance.throughput_error_basis == "leave one GPU out"
     assert data.provenance.price_dates
 
 
@@ -129,6 +131,7 @@ def test_json_document_keys_are_stable(data: ReportData) -> None:
         "schema_version",
         "store",
         "throughput_error_band",
+        "throughput_error_basis",
         "throughput_fitted_date",
         "throughput_fitted_on",
         "throughput_model",

@@ -1072,7 +1072,7 @@ def report(
 
     from whichgpu import __version__, cost
     from whichgpu.errors import WhichGpuError
-    from whichgpu.estimate.throughput import error_band, load_parameters
+    from whichgpu.estimate.throughput import error_band, error_band_basis, load_parameters
     from whichgpu.report_data import ReportData, ReportProvenance, SpeedPoint
     from whichgpu.schema import SCHEMA_VERSION, ValueTable
     from whichgpu.store import ResultPivot, ResultStore, pivot_results
@@ -1272,6 +1272,7 @@ def report(
             throughput_fitted_on=params.fitted_on,
             throughput_fitted_date=params.fitted_date,
             throughput_error_band=error_band(params, chosen.info.name, chosen.info.family),
+            throughput_error_basis=error_band_basis(params, chosen.info.name),
             memory_method=memory[0].method if memory else "",
             run=described,
             store=store_text,

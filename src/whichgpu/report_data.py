@@ -78,7 +78,10 @@ class ReportProvenance(_Frozen):
     """When they were fitted."""
     throughput_error_band: float
     """The model's validation error for this kind of workload: the 80th percentile of its
-    leave-one-GPU-out error, as a share (0.43 = ±43 %); the bands of the speed chart."""
+    absolute error, as a share (0.43 = ±43 %); the bands of the speed chart."""
+    throughput_error_basis: str = "leave one GPU out"
+    """Which validation the band comes from: ``leave one GPU out`` (a workload whose speed was
+    measured, on a new GPU) or ``leave one model out`` (a workload never measured)."""
     memory_method: str
     """How memory is estimated (the ``MemoryEstimate.method`` of the run)."""
     run: dict[str, str]

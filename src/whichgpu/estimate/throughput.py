@@ -665,6 +665,15 @@ def error_band(
     return bands.get(kind, bands["default"])
 
 
+def error_band_basis(params: PerfParameters, workload: str, *, calibrated: bool = False) -> str:
+    """Which validation ``error_band`` takes its band from, in words."""
+    if calibrated:
+        return "model left out, calibrated on one measured GPU"
+    if workload in params.workload_factors:
+        return "leave one GPU out"
+    return "leave one model out"
+
+
 def workload_type(family: str) -> str:
     """``vision`` or ``language`` (or ``default``) for the error bands."""
     if family in ("vision", "seed_detection", "seed_gan", "seed_nasnet", "diffusion"):

@@ -787,7 +787,10 @@ def _provenance(data: ReportData) -> str:
         ("computed", p.generated_at),
         ("speed model", p.throughput_model),
         ("fitted on", f"{p.throughput_fitted_on} ({p.throughput_fitted_date})"),
-        ("speed model's error", f"±{p.throughput_error_band:.0%} (P80, leave one GPU out)"),
+        (
+            "speed model's error",
+            f"±{p.throughput_error_band:.0%} (P80, {p.throughput_error_basis})",
+        ),
         ("memory", p.memory_method),
         ("your prices", "used" if p.user_prices else "none"),
     ]
