@@ -349,3 +349,11 @@ def test_your_price_file_is_used_by_recommend_and_report(tmp_path: Path) -> None
     )
     assert written.returncode == 0, written.stderr
     assert "my quote" in page.read_text(encoding="utf-8")
+
+
+def test_closeness_names_the_metric_the_band_blurs() -> None:
+    ranking = wg.recommend("resnet50", acquire="rent")
+    assert ranking.metric == "perf-per-dollar" and ranking.closeness
+    text = ranking.closeness_text
+    assert text.startswith("Too close to rank on performance per dollar")
+    assert all(pair in text for pair in ranking.closeness)

@@ -1571,6 +1571,13 @@ RankMetric = Literal["cost", "perf-per-dollar", "time", "throughput"]
 """What a ranking orders by: cost to finish the job, throughput per dollar, time to finish,
 throughput."""
 
+_METRIC_WORDS: dict[str, str] = {
+    "cost": "the cost of the job",
+    "perf-per-dollar": "performance per dollar",
+    "time": "the time of the job",
+    "throughput": "speed",
+}
+
 
 class JobSize(_Frozen):
     """How much work the user wants done: a time, or an amount of samples or tokens."""
@@ -1708,6 +1715,16 @@ class Ranking(_Tabular):
     """The recommendation in a sentence or two."""
     closeness: tuple[str, ...]
     """Neighbours among the leaders (``A ≈ B``) whose places the speed prediction's band could
-    swap: too close to rank on speed."""
+    swap: too close to rank on ``metric`` (``closeness_text`` says so in words)."""
     assumptions: tuple[str, ...]
     """What the numbers assume."""
+
+    @property
+    def closeness_text(self) -> str:
+        """``closeness`` as a sentence: on what the neighbours are too close, and why."""
+        if not self.closeness:
+            return ""
+        return (
+            f"Too close to rank on {_METRIC_WORDS[self.metric]} (the speed prediction's band "
+            "could swap them): " + "; ".join(self.closeness) + "."
+        )

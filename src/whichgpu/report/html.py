@@ -558,11 +558,7 @@ def _answer(data: ReportData) -> str:
             f"{' x ' + str(c.count) if c.count > 1 else ''}</h3><ul>{reasons}</ul></div>"
         )
     if r.closeness:
-        parts.append(
-            "<p><strong>Too close to rank on speed:</strong> "
-            + esc("; ".join(r.closeness))
-            + "</p>"
-        )
+        parts.append("<p><strong>Too close to call.</strong> " + esc(r.closeness_text) + "</p>")
     if r.ranking:
         parts.append(html_table(columns, rows, "Candidates, best first", "ranking"))
     if r.excluded:

@@ -78,9 +78,8 @@ def recommend_view(ranking: Ranking) -> RenderableType:
     if ranking.closeness:
         parts.append(
             Text(
-                "Too close to rank on speed (within the prediction's band): "
-                + "; ".join(ranking.closeness)
-                + ". Measure one (whichgpu bench) or decide on other grounds.",
+                ranking.closeness_text
+                + " Measure one (whichgpu bench) or decide on other grounds.",
                 style="yellow",
             )
         )
