@@ -7,6 +7,7 @@ opens it in a real browser.
 
 from __future__ import annotations
 
+import html
 import json
 from html.parser import HTMLParser
 from pathlib import Path
@@ -253,3 +254,26 @@ def test_results_section_from_the_store(tmp_path: Path) -> None:
     assert with_results.results is None and with_results.provenance.store == str(store)
     assert any("no results" in n for n in with_results.notes)
     assert 'id="results"' in render_html(with_results)
+
+
+def test_results_section_says_which_setting_each_row_measured(tmp_path: Path) -> None:
+    from tests.test_store import make_result
+    from whichgpu.schema import RunConfig
+    from whichgpu.store import ResultStore
+
+    store = ResultStore(tmp_path / "results.sqlite")
+    lora = RunConfig(precision="bf16", batch_size=8, seq_len=512, method="lora", checkpointing=True)
+    store.add(make_result(workload="llama-3.2-1b", batch_size=8, seq_len=512, run=lora))
+    store.add(make_result(workload="llama-3.2-1b", batch_size=8, seq_len=512, minutes=1,
+                          run=lora.model_copy(update={"method": "full"})))  # fmt: skip
+    data = wg.report(
+        "bert-base", gpus=["4090"], seq_len=128, results=True, store=store.path, acquire="rent"
+    )
+    assert data.results is not None
+    labels = [row.label for row in data.results.rows]
+    assert labels == [
+        "llama-3.2-1b bf16 seq 512 checkpointing",
+        "llama-3.2-1b bf16 lora seq 512 checkpointing",
+    ]
+    page = render_html(data)
+    assert all(html.escape(label) in page for label in labels)

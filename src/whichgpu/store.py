@@ -147,6 +147,23 @@ class PivotRow(_Record):
     cells: dict[str, PivotCell]
     """Per device label (see ``device_label``), the devices this row was measured on."""
 
+    @property
+    def label(self) -> str:
+        """The setting in words: workload and precision, then what differs from a full AMP
+        training run with AdamW (``llama-3.1-8b bf16 qlora seq 2048 checkpointing``)."""
+        words = [self.workload, self.precision]
+        if self.method != "full":
+            words.append(self.method)
+        if self.mode != "train":
+            words.append(self.mode)
+        if self.seq_len:
+            words.append(f"seq {self.seq_len}")
+        if self.mode == "train" and self.optimizer != "adamw":
+            words.append(self.optimizer)
+        if self.checkpointing:
+            words.append("checkpointing")
+        return " ".join(words)
+
 
 class ResultPivot(_Record):
     """Results arranged as Lambda's tables: rows of workloads, columns of devices."""

@@ -484,8 +484,7 @@ def results_chart(pivot: ResultPivot, index: int) -> str:
         )
         for device, cell in row.cells.items()
     ]
-    title = f"Measured: {row.workload} ({row.mode}, {row.precision}"
-    title += f", length {row.seq_len})" if row.seq_len else ")"
+    title = f"Measured: {row.label}"
     return bar_chart(bars, title, row.throughput_unit, f"results-{index}")
 
 
@@ -737,9 +736,7 @@ def _results(data: ReportData) -> str:
     columns = [Column("workload"), *(Column(d, True) for d in pivot.devices)]
     rows = []
     for row in pivot.rows:
-        label = f"{row.workload} ({row.mode}, {row.precision}"
-        label += f", {row.seq_len})" if row.seq_len else ")"
-        cells = [Cell(label)]
+        cells = [Cell(row.label)]
         for device in pivot.devices:
             cell = row.cells.get(device)
             if cell is None or cell.throughput is None:
@@ -751,7 +748,7 @@ def _results(data: ReportData) -> str:
             cells.append(Cell(text, cell.throughput))
         rows.append(cells)
     batch_rows = [
-        [Cell(row.workload)]
+        [Cell(row.label)]
         + [
             Cell(
                 str(row.cells[d].max_batch_size or row.cells[d].batch_size),

@@ -246,21 +246,6 @@ def result_detail(result: BenchResult) -> RenderableType:
     return Group(*parts)
 
 
-def _row_label(row: PivotRow) -> str:
-    words = [row.workload, row.precision]
-    if row.method != "full":
-        words.append(row.method)
-    if row.mode != "train":
-        words.append(row.mode)
-    if row.seq_len:
-        words.append(f"seq {row.seq_len}")
-    if row.mode == "train" and row.optimizer != "adamw":
-        words.append(row.optimizer)
-    if row.checkpointing:
-        words.append("checkpointing")
-    return " ".join(words)
-
-
 _Cell = Callable[[PivotRow, PivotCell], str | Text]
 
 
@@ -272,7 +257,7 @@ def _pivot_table(pivot: ResultPivot, title: str, cell: _Cell) -> RenderableType:
         table.add_column(escape(device), justify="right")
     for row in pivot.rows:
         table.add_row(
-            escape(_row_label(row)),
+            escape(row.label),
             *(cell(row, row.cells[d]) if d in row.cells else "" for d in pivot.devices),
         )
     return Group(Text(title, style="bold"), table)
