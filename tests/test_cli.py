@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import run_cli
+from whichgpu.catalog import load_catalog
 
 
 def test_gpus_json_is_the_only_stdout() -> None:
@@ -83,6 +84,14 @@ def test_compare_ratios_against_first() -> None:
     bandwidth = next(r for r in doc["rows"] if r["field"] == "memory_bandwidth_gbps")
     assert bandwidth["ratios"][0] == 1.0
     assert bandwidth["ratios"][1] > 1.0
+    # every price shown says where it comes from
+    catalog = load_catalog()
+    for gpu_id, note in zip(doc["gpu_ids"], doc["cloud_notes"], strict=True):
+        rate = catalog.cheapest_cloud_price(gpu_id)
+        assert note == "no cloud rate" if rate is None else rate.source in note
+    for gpu_id, note in zip(doc["gpu_ids"], doc["price_notes"], strict=True):
+        bought = catalog.purchase_price(gpu_id)
+        assert bought is not None and bought.source in note
 
 
 def test_unknown_gpu_is_a_clear_usage_error() -> None:

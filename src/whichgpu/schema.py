@@ -389,7 +389,9 @@ class Comparison(_Tabular):
     rows: tuple[ComparisonRow, ...]
     """The quantities compared."""
     price_notes: tuple[str, ...]
-    """For each GPU, which price the price rows use (kind, provider, date)."""
+    """For each GPU, which purchase price the price rows use (kind, provider, date, source)."""
+    cloud_notes: tuple[str, ...] = ()
+    """For each GPU, which cloud rate the cloud row shows (provider, date, source)."""
 
 
 # --- Workloads and run configurations -------------------------------------------------------

@@ -35,10 +35,13 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
 
 
 def _price_note(price: Price | None) -> str:
+    """Which price, where from: kind, provider, amount, date and source."""
     if price is None:
         return "no price"
     where = f" {price.provider}" if price.provider else ""
-    return f"{price.kind}{where} ${price.usd:,.0f} ({price.as_of})"
+    amount = f"${price.usd:,.2f}/h" if price.per == "hour" else f"${price.usd:,.0f}"
+    source = "your price file" if price.user else price.source
+    return f"{price.kind}{where} {amount} ({price.as_of}, {source})"
 
 
 def _per_kusd(value: float | None, price: Price | None) -> float | None:
@@ -80,9 +83,8 @@ def compare(catalog: Catalog, gpus: Sequence[GpuSpec]) -> Comparison:
     if repeated:
         raise UsageError(f"{', '.join(repeated)} is named twice; compare different GPUs.")
     buy = [catalog.purchase_price(g.id) for g in gpus]
-    figures = [
-        _figures(g, b, catalog.cheapest_cloud_price(g.id)) for g, b in zip(gpus, buy, strict=True)
-    ]
+    rent = [catalog.cheapest_cloud_price(g.id) for g in gpus]
+    figures = [_figures(g, b, r) for g, b, r in zip(gpus, buy, rent, strict=True)]
     rows = []
     for label, field, unit, higher in ROWS:
         values = tuple(f[field] for f in figures)
@@ -101,4 +103,5 @@ def compare(catalog: Catalog, gpus: Sequence[GpuSpec]) -> Comparison:
         names=tuple(g.name for g in gpus),
         rows=tuple(rows),
         price_notes=tuple(_price_note(p) for p in buy),
+        cloud_notes=tuple(_price_note(p) if p else "no cloud rate" for p in rent),
     )

@@ -197,7 +197,11 @@ def comparison_table(comparison: Comparison) -> RenderableType:
             f"{n}: {p}" for n, p in zip(comparison.names, comparison.price_notes, strict=True)
         )
     )
-    return Group(table, notes)
+    parts: list[RenderableType] = [table, notes]
+    if comparison.cloud_notes:
+        clouds = zip(comparison.names, comparison.cloud_notes, strict=True)
+        parts.append(Text("Cloud rates: " + "; ".join(f"{n}: {c}" for n, c in clouds)))
+    return Group(*parts)
 
 
 def _count(n: float) -> str:
