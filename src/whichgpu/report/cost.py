@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.report.numbers import significant
 from whichgpu.schema import (
     SCHEMA_VERSION,
     Breakeven,
@@ -162,9 +163,9 @@ def value_view(table: ValueTable, limit: int | None = None) -> RenderableType:
     for row in rows:
         price = _usd(row.usd_per_hour) if cloud else _usd(row.total_usd)
         figure = (
-            f"{row.usd_per_million_units:,.3g}"
+            significant(row.usd_per_million_units)
             if row.usd_per_million_units is not None
-            else f"{row.throughput_per_kusd:,.3g}"
+            else significant(row.throughput_per_kusd)
         )
         bar = "█" * max(1, round(BAR_WIDTH * row.relative / top))
         style = "bold" if row.gpu == table.reference else ""
@@ -172,7 +173,7 @@ def value_view(table: ValueTable, limit: int | None = None) -> RenderableType:
             row.gpu,
             escape(row.price_note.split(" (")[0]),
             price,
-            f"{row.throughput:,.4g}",
+            significant(row.throughput, 4),
             figure,
             f"[{style}]{row.relative:.2f}[/{style}]" if style else f"{row.relative:.2f}",
             bar,
@@ -192,8 +193,8 @@ def energy_view(job: JobEnergy) -> RenderableType:
     table.add_column("")
     table.add_column("value", justify="right")
     table.add_row("power", f"{job.power_w:,.0f} W")
-    table.add_row("run time", f"{job.hours:,.4g} h")
-    table.add_row("energy", f"{job.energy_kwh:,.4g} kWh")
+    table.add_row("run time", f"{significant(job.hours, 4)} h")
+    table.add_row("energy", f"{significant(job.energy_kwh, 4)} kWh")
     if job.electricity_usd is not None:
         table.add_row(
             "electricity", f"{_usd(job.electricity_usd)} (at ${job.electricity_usd_per_kwh}/kWh)"

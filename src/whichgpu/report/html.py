@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from whichgpu.report.numbers import significant as num
 from whichgpu.report_data import ReportData, SpeedPoint
 from whichgpu.schema import SCHEMA_VERSION, Breakeven, ThroughputEstimate, ValueTable
 from whichgpu.store import ResultPivot
@@ -54,19 +55,6 @@ def report_doc(data: ReportData) -> dict[str, Any]:
 
 
 # --- numbers in words --------------------------------------------------------------------------
-
-
-def num(value: float | None, digits: int = 3) -> str:
-    """A number to ``digits`` significant figures, with thousands separators; ``-`` for None."""
-    if value is None:
-        return "-"
-    if value == 0:
-        return "0"
-    magnitude = abs(value)
-    if magnitude >= 10 ** (digits - 1):
-        return f"{value:,.0f}"
-    decimals = digits - 1 - int(f"{magnitude:e}".split("e")[1])
-    return f"{value:,.{max(decimals, 0)}f}"
 
 
 def usd(value: float | None) -> str:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from whichgpu.report.numbers import significant
 from whichgpu.schema import (
     BenchResult,
     Breakeven,
@@ -282,7 +283,7 @@ def _text(value: Any, column: str = "") -> str:
     if isinstance(value, float):
         if column.endswith("_share") or column in ("mfu", "scaling_efficiency", "utilization"):
             return f"{value:.1%}"
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+        return significant(value)
     if isinstance(value, dt.datetime):
         return value.strftime("%Y-%m-%d %H:%M")
     if isinstance(value, dt.date):

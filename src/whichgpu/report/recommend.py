@@ -13,6 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.report.numbers import significant
 from whichgpu.schema import EXCLUSION_LABELS, SCHEMA_VERSION, Ranking, Vendor
 
 NAMES_SHOWN = 4
@@ -68,7 +69,7 @@ def recommend_view(ranking: Ranking) -> RenderableType:
             ]
             if ranking.job is not None and ranking.job.hours is None:
                 cells.append(f"{(c.time_s or 0) / 3600:,.1f}")
-            cells += [_money(c.cost_usd), f"{c.perf_per_dollar:,.3g}"]
+            cells += [_money(c.cost_usd), significant(c.perf_per_dollar)]
             table.add_row(*cells)
         parts.append(table)
         for c in ranking.ranking[:3]:

@@ -15,6 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.report.layout import Column, FittedTable
+from whichgpu.report.numbers import significant
 from whichgpu.report.terminal import fmt
 from whichgpu.schema import SCHEMA_VERSION, BenchEnvironment, BenchResult
 from whichgpu.store import (
@@ -97,7 +99,7 @@ def _step(result: BenchResult) -> str:
 def _throughput(value: float | None, unit: str = "") -> Text:
     if value is None:
         return Text("did not fit", style="red")
-    text = f"{value:,.0f}" if value >= 100 else f"{value:,.3g}"
+    text = significant(value)
     return Text(f"{text} {unit}".rstrip())
 
 
@@ -118,30 +120,31 @@ def _device(result: BenchResult) -> str:
 # --- Tables ---------------------------------------------------------------------------------------
 
 
-def results_table(results: Sequence[BenchResult], title: str | None = None) -> Table:
-    """One row per result, in the order given: what ran where, how fast, with how much memory."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("id", style="cyan", no_wrap=True)
-    table.add_column("measured (UTC)", no_wrap=True)
-    table.add_column("workload")
-    table.add_column("device")
-    table.add_column("precision")
-    table.add_column("batch", justify="right")
-    table.add_column("max\nbatch", justify="right")
-    table.add_column("throughput", justify="right")
-    table.add_column("step ms\n± IQR", justify="right")
-    table.add_column("peak memory\nGiB", justify="right")
-    table.add_column("MFU", justify="right")
-    table.add_column("power\nW", justify="right")
-    for r in results:
-        seq = f" x {r.seq_len}" if r.seq_len else ""
-        table.add_row(
+def results_table(results: Sequence[BenchResult], title: str | None = None) -> FittedTable:
+    """One row per result, in the order given: what ran where, how fast, with how much memory;
+    on a narrow terminal the columns a scan needs least are left out before any is cut."""
+    columns = [
+        Column("id", style="cyan", no_wrap=True),
+        Column("measured (UTC)", no_wrap=True, drop_order=6),
+        Column("workload"),
+        Column("device"),
+        Column("precision", drop_order=3),
+        Column("batch", "right", no_wrap=True),
+        Column("max\nbatch", "right", no_wrap=True, drop_order=1),
+        Column("throughput", "right", no_wrap=True),
+        Column("step ms\n± IQR", "right", no_wrap=True, drop_order=4),
+        Column("peak memory\nGiB", "right", no_wrap=True, drop_order=2),
+        Column("MFU", "right", no_wrap=True, drop_order=5),
+        Column("power\nW", "right", no_wrap=True, drop_order=5),
+    ]
+    rows = [
+        (
             r.id[:ID_CHARS],
             _when(r),
             escape(r.workload),
             escape(device_label(r)),
             escape(r.precision),
-            f"{r.batch_size}{seq}",
+            f"{r.batch_size}" + (f" x {r.seq_len}" if r.seq_len else ""),
             fmt(r.max_batch_size),
             _throughput(r.throughput, r.throughput_unit),
             _step(r),
@@ -149,9 +152,12 @@ def results_table(results: Sequence[BenchResult], title: str | None = None) -> T
             _percent(r.mfu),
             fmt(r.power_w),
         )
+        for r in results
+    ]
+    caption = None
     if any(r.peak_reserved_bytes is None and r.peak_allocated_bytes for r in results):
-        table.caption = "t: peak of live tensor bytes (the device has no caching allocator)"
-    return table
+        caption = "t: peak of live tensor bytes (the device has no caching allocator)"
+    return FittedTable(columns, rows, title=title, caption=caption)
 
 
 def _peak_memory(r: BenchResult) -> str:

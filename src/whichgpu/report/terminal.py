@@ -10,6 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.report.layout import Column, FittedTable
+from whichgpu.report.numbers import significant
 from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
@@ -72,28 +74,30 @@ def fmt(value: Any) -> str:
             return f"{value:,.0f}"
         if value >= 10:
             return f"{value:.1f}".rstrip("0").rstrip(".")
-        return f"{value:.3g}"
+        return significant(value)
     if hasattr(value, "value"):
         return str(value.value)
     return str(value)
 
 
-def gpu_table(specs: Iterable[GpuSpec], title: str) -> Table:
-    """The buyer's scan table of ``whichgpu gpus``."""
-    table = Table(title=title, title_justify="left", header_style="bold")
-    table.add_column("id", style="cyan", no_wrap=True)
-    table.add_column("name")
-    table.add_column("arch")
-    table.add_column("launch", justify="right")
-    table.add_column("memory\nGB", justify="right")
-    table.add_column("bandwidth\nGB/s", justify="right")
-    table.add_column("AMP\nTFLOPS", justify="right")
-    table.add_column("FP8\nTFLOPS", justify="right")
-    table.add_column("FP32\nTFLOPS", justify="right")
-    table.add_column("power\nW", justify="right")
-    table.add_column("launch\nUSD", justify="right")
-    for s in specs:
-        table.add_row(
+def gpu_table(specs: Iterable[GpuSpec], title: str) -> FittedTable:
+    """The buyer's scan table of ``whichgpu gpus``; on a narrow terminal the names and the
+    figures a first scan needs least are left out before any number is cut."""
+    columns = [
+        Column("id", style="cyan", no_wrap=True),
+        Column("name", drop_order=8),
+        Column("arch", drop_order=7),
+        Column("launch", "right", drop_order=6),
+        Column("memory\nGB", "right", no_wrap=True),
+        Column("bandwidth\nGB/s", "right", no_wrap=True),
+        Column("AMP\nTFLOPS", "right", no_wrap=True),
+        Column("FP8\nTFLOPS", "right", no_wrap=True, drop_order=5),
+        Column("FP32\nTFLOPS", "right", no_wrap=True, drop_order=2),
+        Column("power\nW", "right", no_wrap=True, drop_order=4),
+        Column("launch\nUSD", "right", no_wrap=True, drop_order=3),
+    ]
+    rows = [
+        (
             s.id,
             s.name,
             s.architecture or "—",
@@ -106,7 +110,9 @@ def gpu_table(specs: Iterable[GpuSpec], title: str) -> Table:
             fmt(s.tdp_w),
             fmt(s.launch_price_usd),
         )
-    return table
+        for s in specs
+    ]
+    return FittedTable(columns, rows, title=title)
 
 
 def gpu_sheet(
@@ -208,8 +214,8 @@ def _count(n: float) -> str:
     """A large count with an SI suffix (1.24 G)."""
     for factor, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(n) >= factor:
-            return f"{n / factor:.3g} {suffix}"
-    return f"{n:.3g}"
+            return f"{significant(n / factor)} {suffix}"
+    return significant(n)
 
 
 def workload_table(infos: Iterable[WorkloadInfo]) -> Table:
@@ -689,8 +695,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             e.gpu_name,
             str(e.batch_size),
             f"{e.step_time_s * 1000:,.1f}",
-            f"{e.throughput:,.3g}{close}",
-            f"{e.low:,.3g}-{e.high:,.3g}",
+            f"{significant(e.throughput)}{close}",
+            f"{significant(e.low)}-{significant(e.high)}",
             f"{e.mfu:.0%}" if e.mfu is not None else "-",
             share,
         ]
@@ -724,8 +730,8 @@ def throughput_validation_view(validation: ThroughputValidation) -> RenderableTy
         cases.add_row(
             c.model,
             c.gpu,
-            f"{c.measured:,.4g}",
-            f"{c.leave_gpu_out:,.4g}",
+            significant(c.measured, 4),
+            significant(c.leave_gpu_out, 4),
             f"{c.leave_gpu_out / c.measured - 1:+.0%}",
             f"{c.bandwidth_baseline / c.measured - 1:+.0%}",
         )
@@ -762,7 +768,11 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
         run = f"{c.run.mode} {c.run.precision} b{c.run.batch_size}"
         if c.run.seq_len:
             run += f" L{c.run.seq_len}"
-        band = f"{c.low:,.4g}-{c.high:,.4g}" if c.low is not None and c.high is not None else ""
+        band = (
+            f"{significant(c.low, 4)}-{significant(c.high, 4)}"
+            if c.low is not None and c.high is not None
+            else ""
+        )
         mfu = " / ".join(
             f"{m:.0%}" if m is not None else "-" for m in (c.measured_mfu, c.predicted_mfu)
         )
@@ -770,8 +780,8 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
             c.workload,
             c.gpu,
             run,
-            f"{c.measured:,.4g} {c.unit}",
-            "-" if c.predicted is None else f"{c.predicted:,.4g}",
+            f"{significant(c.measured, 4)} {c.unit}",
+            "-" if c.predicted is None else significant(c.predicted, 4),
             band,
             "-" if c.error is None else f"{c.error:+.1%}",
             mfu,

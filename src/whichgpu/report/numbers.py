@@ -1,0 +1,18 @@
+"""Numbers as people read them in tables: a few significant figures, thousands separators,
+never scientific notation (``2,630``, ``47.4``, ``0.177``)."""
+
+from __future__ import annotations
+
+
+def significant(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant figures with thousands separators; whole numbers
+    from ``10 ** (digits - 1)`` up (``12,345`` keeps its digits); ``-`` for None."""
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    if magnitude >= 10 ** (digits - 1):
+        return f"{value:,.0f}"
+    decimals = digits - 1 - int(f"{magnitude:e}".split("e")[1])
+    return f"{value:,.{max(decimals, 0)}f}"
