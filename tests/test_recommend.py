@@ -357,3 +357,10 @@ def test_closeness_names_the_metric_the_band_blurs() -> None:
     text = ranking.closeness_text
     assert text.startswith("Too close to rank on performance per dollar")
     assert all(pair in text for pair in ranking.closeness)
+
+
+def test_used_prices_with_renting_are_refused_and_a_gpu_named_twice_is_answered_once() -> None:
+    with pytest.raises(UsageError, match="--used prices cards to buy"):
+        wg.recommend("resnet50", acquire="rent", used=True, gpus=["4090"])
+    estimates = wg.fit("resnet50", gpus=["4090", "rtx-4090", "3090"], batch_size=8)
+    assert sorted(e.gpu for e in estimates) == ["rtx-3090", "rtx-4090"]

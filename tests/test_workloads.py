@@ -93,6 +93,8 @@ def test_bf16_pure_builds_bf16_weights() -> None:
         ({"context": 100}, "--mode inference only"),
         ({"mode": "inference", "method": "lora"}, "use --mode train"),
         ({"lora_targets": "q_proj"}, "--method lora or qlora"),
+        ({"lora_rank": 8}, "--lora-rank needs --method lora or qlora"),
+        ({"mode": "inference", "optimizer": "sgd"}, "inference has no optimizer"),
     ],
 )
 def test_run_options_that_cannot_work_together(options: dict[str, object], message: str) -> None:

@@ -132,12 +132,17 @@ def _select(
 
 def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     """Catalog GPUs by name (every GPU with a known memory size when ``names`` is empty); one
-    name alone (``"4090"``) is one GPU, not a sequence of letters."""
+    name alone (``"4090"``) is one GPU, not a sequence of letters; a GPU named twice (``4090``
+    and ``rtx-4090``) is answered once."""
     catalog = load_catalog()
     if isinstance(names, str):
         names = [names]
     if names:
-        return [catalog.resolve(n) for n in names]
+        found = {}
+        for name in names:
+            gpu = catalog.resolve(name)
+            found.setdefault(gpu.id, gpu)
+        return list(found.values())
     return [g for g in catalog.all() if g.memory_gb]
 
 
@@ -802,6 +807,8 @@ def recommend(
     acquire = acquire or "buy"
     if acquire not in ("buy", "rent"):
         raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
+    if used and acquire == "rent":
+        raise UsageError("--used prices cards to buy; drop it to rent (or use --buy).")
     if budget_usd is not None and budget_usd <= 0:
         raise UsageError(f"--budget must be more than 0, not {budget_usd}.")
     if within_hours is not None and within_hours <= 0:

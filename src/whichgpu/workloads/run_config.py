@@ -87,8 +87,12 @@ def run_config(**options: Any) -> RunConfig:
             raise UsageError(
                 f"--sharding {run.sharding} splits training state; it applies to --mode train only."
             )
+        if "optimizer" in given:
+            raise UsageError("--optimizer applies to training; inference has no optimizer.")
     if run.method == "full" and run.lora_targets:
         raise UsageError("--lora-targets needs --method lora or qlora.")
+    if run.method == "full" and "lora_rank" in given:
+        raise UsageError("--lora-rank needs --method lora or qlora.")
     return run
 
 
