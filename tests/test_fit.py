@@ -290,3 +290,10 @@ def test_attention_without_a_fused_kernel_on_the_gpu_is_counted() -> None:
     fast = fit("gpt2", gpus=["2080ti"], seq_len=1024, fast=True)[0]
     assert fast.overheads["attention_kernels"] > 1 * GIB
     assert 1 <= fast.max_batch_size <= turing.max_batch_size
+
+
+def test_a_gpu_that_is_not_nvidias_says_it_is_sized_with_the_cuda_model() -> None:
+    estimates = {e.gpu: e for e in fit("resnet50", gpus=["mi300x", "apple-m4-max", "4090"])}
+    assert estimates["mi300x"].assumptions[0].startswith("ROCm GPU sized with the CUDA model")
+    assert "rough guide only" in estimates["apple-m4-max"].assumptions[0]
+    assert not any("CUDA model" in a for a in estimates["rtx-4090"].assumptions)

@@ -138,7 +138,7 @@ def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     if isinstance(names, str):
         names = [names]
     if names:
-        found = {}
+        found: dict[str, GpuSpec] = {}
         for name in names:
             gpu = catalog.resolve(name)
             found.setdefault(gpu.id, gpu)

@@ -51,6 +51,7 @@ from whichgpu.schema import (
     ServingEstimate,
     SoftwareStack,
     TensorCategory,
+    Vendor,
 )
 from whichgpu.units import GIB, MIB
 from whichgpu.workloads.stored import CATEGORIES, ScalableProfile
@@ -668,7 +669,8 @@ def estimate_on_gpu(
         next_batch_device_total_bytes=next_total,
         breakdown=breakdown,
         overheads=overheads,
-        assumptions=_assumptions(stack, memory, parallel)
+        assumptions=_device_caveat(gpu)
+        + _assumptions(stack, memory, parallel)
         + attention_note
         + (_tensor_parallel_note(run.gpus, heads),) * tensor,
         method=method,
@@ -741,6 +743,38 @@ def _serving(
         tokens_per_sequence=context + (profile.run.new_tokens or 0),
         gpus=gpus,
     )
+
+
+_DEVICE_CAVEATS: dict[Vendor, str] = {
+    Vendor.AMD: (
+        "ROCm GPU sized with the CUDA model: PyTorch's HIP allocator is its CUDA caching "
+        "allocator, but the HIP context, the rocBLAS/hipBLASLt and MIOpen workspaces are taken "
+        "to be the CUDA stack's (not measured on ROCm)"
+    ),
+    Vendor.APPLE: (
+        "Apple silicon sized as if it were a CUDA GPU of its memory, which it is not: MPS has "
+        "no caching allocator like CUDA's, and the GPU shares that memory with the CPU and "
+        "macOS, which lets it use only part of it (recommendedMaxWorkingSetSize): a rough "
+        "guide only"
+    ),
+    Vendor.INTEL: (
+        "Intel GPU sized with the CUDA model: PyTorch's XPU allocator follows the CUDA "
+        "caching allocator, but the runtime's and oneDNN's memory are taken to be the CUDA "
+        "stack's (not measured on XPU)"
+    ),
+    Vendor.GOOGLE: (
+        "TPU sized as if it ran PyTorch's CUDA caching allocator, which it does not: XLA plans "
+        "a step's memory when it compiles it (and may rematerialise activations), so this is a "
+        "rough guide only"
+    ),
+}
+"""What a memory estimate of a GPU that is not NVIDIA's assumes, by maker: the allocator model
+and the overheads are those of PyTorch on CUDA."""
+
+
+def _device_caveat(gpu: GpuSpec) -> tuple[str, ...]:
+    caveat = _DEVICE_CAVEATS.get(gpu.vendor)
+    return (caveat,) if caveat else ()
 
 
 def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -> tuple[str, ...]:
