@@ -149,6 +149,9 @@ def test_user_price_file_shows_up(tmp_path: Path) -> None:
     result = run_cli("show", "3090", "--json", env={"WHICHGPU_PRICES": str(mine)})
     prices = json.loads(result.stdout)["prices"]
     assert any(p["usd"] == 650 and p["user"] for p in prices)
+    # a price file named in the environment that is not there is an error, not ignored
+    missing = run_cli("show", "3090", env={"WHICHGPU_PRICES": str(tmp_path / "typo.csv")})
+    assert missing.returncode == 2 and "typo.csv: cannot be read" in missing.stderr
 
 
 def test_help_teaches_with_examples() -> None:

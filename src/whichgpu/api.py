@@ -688,7 +688,9 @@ def _fit_on_device(
     gpu = load_catalog().resolve(
         environment.device_name, memory_gb=bytes_to_gb(total) if total else None
     )
-    options = _one_gpu(run).model_dump(exclude={"gpus", "batch_size", "concurrency", "seq_len"})
+    options = _one_gpu(run).model_dump(
+        exclude_defaults=True, exclude={"gpus", "batch_size", "concurrency", "seq_len"}
+    )
     return fit(workload.info.name, gpus=[gpu.id], batch_size=batch_size, seq_len=seq_len, **options)
 
 

@@ -541,7 +541,8 @@ def _search_notes(search: SearchResult, what: str, options: BenchOptions) -> lis
     )
     note = (
         f"largest {what}: {how}, {resolution}{limit}: "
-        f"{len(search.probes)} probes, each {options.probe_steps} steps in its own process"
+        f"{len(search.probes)} probe{'s' * (len(search.probes) != 1)}, each "
+        f"{options.probe_steps} step{'s' * (options.probe_steps != 1)} in its own process"
     )
     if search.guess is not None and search.largest is not None and search.resolution == 1:
         off = search.guess - search.largest
