@@ -75,9 +75,11 @@ def test_attention_shapes_of_prefill_and_decode() -> None:
     profile = _serve()
     shapes = {op.phase: op.attention for op in profile.ops if op.kind == "attention"}
     # prefill: causal over the prompt, GQA (4 query heads on 2 kv heads)
-    assert shapes["prefill"] == (CONCURRENCY, Q_HEADS, KV_HEADS, CONTEXT, CONTEXT, HEAD_DIM, 1, 0)
+    assert shapes["prefill"] == (
+        CONCURRENCY, Q_HEADS, KV_HEADS, CONTEXT, CONTEXT, HEAD_DIM, 1, 0, 0
+    )  # fmt: skip
     # decode: transformers folds the 2 query heads of each group into q_len, and attends over
-    # every slot of the static cache with a mask
+    # every slot of the static cache with a (concurrency, 1, 1, slots) mask: one row a sequence
     group = Q_HEADS // KV_HEADS
     assert shapes["decode"] == (
         CONCURRENCY,
@@ -88,6 +90,7 @@ def test_attention_shapes_of_prefill_and_decode() -> None:
         HEAD_DIM,
         0,
         1,
+        CONCURRENCY,
     )
 
 
