@@ -45,3 +45,12 @@ def test_gpu_table_on_80_columns_keeps_every_number_whole() -> None:
     for figure in ("7,700", "2,250", "1,008", "165"):
         assert re.search(rf"\b{figure}\b", text)
     assert "rtx-pro-6000-blackwell-server" in text and "Left out to fit 80 columns: name" in text
+
+
+def test_numbers_keep_three_figures_and_never_go_scientific() -> None:
+    from whichgpu.report.numbers import significant
+
+    assert significant(2628.4) == "2,628" and significant(12_345_678) == "12,345,678"
+    assert significant(47.38) == "47.4" and significant(0.17731) == "0.177"
+    assert significant(7.3, 4) == "7.300" and significant(7.3, 4, trim=True) == "7.3"
+    assert significant(None) == "-" and significant(0) == "0" and significant(-0.5) == "-0.500"

@@ -4,9 +4,11 @@ never scientific notation (``2,630``, ``47.4``, ``0.177``)."""
 from __future__ import annotations
 
 
-def significant(value: float | None, digits: int = 3) -> str:
+def significant(value: float | None, digits: int = 3, *, trim: bool = False) -> str:
     """``value`` to ``digits`` significant figures with thousands separators; whole numbers
-    from ``10 ** (digits - 1)`` up (``12,345`` keeps its digits); ``-`` for None."""
+    from ``10 ** (digits - 1)`` up (``12,345`` keeps its digits); ``-`` for None. ``trim``
+    drops trailing zeros of the decimals (``7.3``, not ``7.300``), for figures quoted from a
+    table that gave no more."""
     if value is None:
         return "-"
     if value == 0:
@@ -15,4 +17,7 @@ def significant(value: float | None, digits: int = 3) -> str:
     if magnitude >= 10 ** (digits - 1):
         return f"{value:,.0f}"
     decimals = digits - 1 - int(f"{magnitude:e}".split("e")[1])
-    return f"{value:,.{max(decimals, 0)}f}"
+    text = f"{value:,.{max(decimals, 0)}f}"
+    if trim and "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text

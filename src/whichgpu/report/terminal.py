@@ -730,8 +730,8 @@ def throughput_validation_view(validation: ThroughputValidation) -> RenderableTy
         cases.add_row(
             c.model,
             c.gpu,
-            significant(c.measured, 4),
-            significant(c.leave_gpu_out, 4),
+            significant(c.measured, 4, trim=True),
+            significant(c.leave_gpu_out, 4, trim=True),
             f"{c.leave_gpu_out / c.measured - 1:+.0%}",
             f"{c.bandwidth_baseline / c.measured - 1:+.0%}",
         )
@@ -769,7 +769,7 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
         if c.run.seq_len:
             run += f" L{c.run.seq_len}"
         band = (
-            f"{significant(c.low, 4)}-{significant(c.high, 4)}"
+            f"{significant(c.low, 4, trim=True)}-{significant(c.high, 4, trim=True)}"
             if c.low is not None and c.high is not None
             else ""
         )
@@ -780,8 +780,8 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
             c.workload,
             c.gpu,
             run,
-            f"{significant(c.measured, 4)} {c.unit}",
-            "-" if c.predicted is None else significant(c.predicted, 4),
+            f"{significant(c.measured, 4, trim=True)} {c.unit}",
+            "-" if c.predicted is None else significant(c.predicted, 4, trim=True),
             band,
             "-" if c.error is None else f"{c.error:+.1%}",
             mfu,
