@@ -189,3 +189,26 @@ def test_validate_closed_form_cli(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cf, "cross_check", lambda: rows)
     assert main(["validate", "closed-form", "--json"]) == 0
     assert main(["validate", "closed-form"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"hidden_size": -4096}, "cannot describe a model: hidden"),
+        ({"num_key_value_heads": 5}, "not a multiple of the KV heads"),
+        ({"hidden_size": None}, "no 'hidden_size'|not a whole number"),
+        ({"vocab_size": "many"}, "not a whole number"),
+    ],
+)
+def test_fast_refuses_a_config_whose_sizes_cannot_be_a_model(
+    change: dict[str, object], message: str
+) -> None:
+    from whichgpu.errors import WhichGpuError
+    from whichgpu.estimate.closed_form import parse_config
+    from whichgpu.workloads.hf import read_config
+
+    config = {**read_config("llama-3.2-1b"), **change}
+    if change.get("hidden_size", 0) is None:
+        del config["hidden_size"]
+    with pytest.raises(WhichGpuError, match=message):
+        parse_config(config)

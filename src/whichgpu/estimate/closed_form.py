@@ -122,8 +122,31 @@ MATERIALISED_ATTENTION_WORKLOADS = ("bert-base", "bert-squad")
 ``BuiltWorkload.fused_attention_dropout`` False)."""
 
 
+_SIZES = ("hidden", "layers", "heads", "kv_heads", "head_dim", "intermediate", "vocab")
+"""Fields of a ``TransformerShape`` that must be positive whole numbers."""
+
+
 def parse_config(config: Mapping[str, Any]) -> TransformerShape:
-    """The shape of a Hugging Face ``config.json`` dict; ``UnsupportedWorkload`` otherwise."""
+    """The shape of a Hugging Face ``config.json`` dict; ``UnsupportedWorkload`` otherwise,
+    also when a size it needs is missing, not a number, or not positive."""
+    try:
+        shape = _parse_config(config)
+    except KeyError as exc:
+        raise UnsupportedWorkload(
+            f"The config has no {exc.args[0]!r}, which the closed form needs."
+        ) from exc
+    except (TypeError, ValueError) as exc:
+        raise UnsupportedWorkload(
+            f"The config has a size that is not a whole number ({exc})."
+        ) from exc
+    bad = [name for name in _SIZES if getattr(shape, name) < 1]
+    if bad or shape.heads % shape.kv_heads:
+        what = ", ".join(bad) if bad else "attention heads not a multiple of the KV heads"
+        raise UnsupportedWorkload(f"The config's sizes cannot describe a model: {what}.")
+    return shape
+
+
+def _parse_config(config: Mapping[str, Any]) -> TransformerShape:
     model_type = str(config.get("model_type", ""))
     arch = str((config.get("architectures") or [""])[0])
     if model_type in _LLAMA_TYPES or model_type == "mixtral":
