@@ -44,7 +44,7 @@ class PriceFileError(CatalogError):
             where += f", field '{field}'"
         super().__init__(
             f"{where}: {problem}. Fix the file (format: see `whichgpu show --help` or "
-            f"docs/prices.md) or leave it out."
+            "docs/prices.md) or leave it out (drop --prices, or unset $WHICHGPU_PRICES)."
         )
 
 
