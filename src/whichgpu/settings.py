@@ -61,12 +61,15 @@ def cache_disabled() -> bool:
     return bool(os.environ.get(ENV_NO_CACHE))
 
 
-def user_prices_path() -> Path:
-    """The user's price override file (may not exist)."""
+def user_prices_path() -> Path | None:
+    """The user's price override file to read: the one ``$WHICHGPU_PRICES`` names (also when it
+    does not exist, so that reading it reports the mistyped path), else ``prices.csv`` in the
+    config directory when it exists, else None."""
     explicit = os.environ.get(ENV_PRICES)
     if explicit:
         return Path(explicit).expanduser()
-    return config_dir() / "prices.csv"
+    default = config_dir() / "prices.csv"
+    return default if default.is_file() else None
 
 
 def debug_enabled() -> bool:

@@ -12,7 +12,6 @@ file over it: ``prices_files`` given explicitly, else the default user file
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -26,7 +25,7 @@ from whichgpu.catalog.loader import (
 )
 from whichgpu.catalog.query import Catalog, sort_gpus
 from whichgpu.schema import Price
-from whichgpu.settings import ENV_PRICES, user_prices_path
+from whichgpu.settings import user_prices_path
 
 __all__ = ["Catalog", "load_catalog", "read_user_prices", "sort_gpus"]
 
@@ -49,16 +48,15 @@ def read_user_prices(paths: Sequence[Path], data: CatalogData | None = None) -> 
 def load_catalog(prices_files: Sequence[Path | str] | None = None) -> Catalog:
     """The shipped catalog with user prices laid over it.
 
-    ``prices_files=None`` uses the default user file if it exists, and ``$WHICHGPU_PRICES``
-    when it is set (a missing file named there is an error, as a mistyped path would otherwise
-    be ignored); an explicit list (possibly empty) uses exactly those files, and a missing one
-    is an error.
+    ``prices_files=None`` uses the user's file (``settings.user_prices_path``: the one
+    ``$WHICHGPU_PRICES`` names, where a missing file is an error, else the default one if it
+    exists); an explicit list (possibly empty) uses exactly those files, and a missing one is
+    an error.
     """
     data = _shipped()
     if prices_files is None:
         default = user_prices_path()
-        named = bool(os.environ.get(ENV_PRICES))
-        paths = [default] if default.is_file() or named else []
+        paths = [default] if default is not None else []
     else:
         paths = [Path(p).expanduser() for p in prices_files]
     return Catalog(data, DATA_VERSION, read_user_prices(paths, data))

@@ -31,7 +31,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
-from whichgpu.estimate.serving import kv_on_one_gpu, serving_estimate
+from whichgpu.estimate.serving import kv_heads_on_one_gpu, kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
     SINGLE_GPU,
     TRACED_PARAMETER_BYTES,
@@ -368,7 +368,7 @@ _TENSOR_PARALLEL_NOTE = (
 
 
 def _tensor_parallel_note(gpus: int, kv_head_count: int) -> str:
-    per_gpu = -(-kv_head_count // gpus)
+    per_gpu = kv_heads_on_one_gpu(kv_head_count, gpus)
     share = f"1/{gpus}" if per_gpu * gpus == kv_head_count else f"{per_gpu} head(s)"
     return _TENSOR_PARALLEL_NOTE.format(n=gpus, kv=share, heads=kv_head_count)
 

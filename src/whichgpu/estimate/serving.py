@@ -53,15 +53,19 @@ def kv_heads(config: Mapping[str, Any]) -> int:
     return int(config.get("num_key_value_heads") or heads)
 
 
+def kv_heads_on_one_gpu(kv_head_count: int, gpus: int) -> int:
+    """KV heads one of ``gpus`` tensor-parallel GPUs holds: ``ceil(kv_heads / gpus)``. With
+    fewer KV heads than GPUs (GQA) every GPU keeps a whole head, as vLLM replicates them; a
+    split that does not divide evenly is rounded up, the safe side."""
+    return -(-kv_head_count // gpus)
+
+
 def kv_on_one_gpu(kv_bytes: int, kv_head_count: int, gpus: int) -> int:
     """The part of ``kv_bytes`` (a KV cache, or its bytes per token) one of ``gpus``
-    tensor-parallel GPUs holds: its ``ceil(kv_heads / gpus)`` heads. With fewer KV heads than
-    GPUs (GQA) every GPU keeps a whole head, as vLLM replicates them; a split that does not
-    divide evenly is rounded up, the safe side."""
+    tensor-parallel GPUs holds: its share of the KV heads (``kv_heads_on_one_gpu``)."""
     if gpus <= 1:
         return kv_bytes
-    per_gpu = -(-kv_head_count // gpus)
-    return kv_bytes * per_gpu // kv_head_count
+    return kv_bytes * kv_heads_on_one_gpu(kv_head_count, gpus) // kv_head_count
 
 
 def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
