@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import whichgpu.api as wg
 from tests.conftest import run_cli
 from whichgpu.catalog import load_catalog
 from whichgpu.errors import UsageError
+from whichgpu.estimate import prediction
 from whichgpu.estimate.data_parallel import (
     data_parallel_step,
     exchange_bytes,
     gpu_link,
     load_links,
 )
+from whichgpu.estimate.throughput import OpTable, split_work
 from whichgpu.units import GB
 
 
@@ -125,7 +128,7 @@ def test_speed_questions_stop_at_one_machine() -> None:
 
 
 def test_tensor_parallel_serving_splits_weights_and_cache_and_adds_all_reduces() -> None:
-    ask = {"mode": "inference", "concurrency": 4, "context": 1024, "new_tokens": 64}
+    ask = {"mode": "inference", "concurrency": 4, "context": 1024, "new_tokens": 128}
     one = wg.fit("llama-3.2-3b", gpus=["h100-sxm"], batch_size=4, **ask)[0]
     two = wg.fit("llama-3.2-3b", gpus=["h100-sxm"], batch_size=4, gpu_count=2, **ask)[0]
     assert two.gpus == 2
@@ -151,3 +154,49 @@ def test_tensor_parallel_serving_splits_weights_and_cache_and_adds_all_reduces()
     assert split.decode_step_s < single.decode_step_s
     assert 0 < split.time_shares["exchange"] < 1
     assert split.mfu is not None and single.mfu is not None and split.mfu < single.mfu
+
+
+def test_split_work_reads_the_kv_heads_a_gpu_holds() -> None:
+    table = OpTable(
+        kinds=("gemm", "attention"),
+        dtypes=("bfloat16", "bfloat16"),
+        flops=np.array([800.0, 80.0]),
+        bytes_moved=np.array([1600.0, 400.0]),
+        units_per_step=1,
+        batch_size=1,
+        seq_len=16,
+        is_matrix=np.array([True, True]),
+        is_half=np.array([True, True]),
+        is_fp32=np.array([False, False]),
+        phases=np.array(["decode", "decode"]),
+    )
+    even = split_work(table, 8)
+    assert even.flops.tolist() == [100.0, 10.0]
+    assert even.bytes_moved.tolist() == [200.0, 50.0]
+    # 4 KV heads over 8 GPUs: each keeps (and reads) one, a quarter of the cache
+    replicated = split_work(table, 8, attention_bytes_share=0.25)
+    assert replicated.flops.tolist() == [100.0, 10.0]  # query heads still split evenly
+    assert replicated.bytes_moved.tolist() == [200.0, 100.0]
+
+
+def test_tensor_parallel_decode_reads_replicated_kv_heads_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Qwen2.5-7B has 4 KV heads: on 8 GPUs each holds one, a quarter of the cache, and its
+    # decode reads all of it, not 1/8 of the cache as an even split would have it
+    ask = {"mode": "inference", "batch_size": 32, "context": 8192, "new_tokens": 128}
+    four = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=4, **ask)[0]
+    eight = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)[0]
+    (memory,) = wg.fit("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)
+    assert not any("do not split evenly" in a for a in four.assumptions)
+    assert any("4 KV heads do not split evenly over 8 GPUs" in a for a in eight.assumptions)
+    monkeypatch.setattr(prediction, "kv_heads_on_one_gpu", lambda heads, gpus: heads / gpus)
+    even = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)[0]
+    assert eight.decode_step_s is not None and even.decode_step_s is not None
+    assert four.decode_step_s is not None and memory.kv_cache_bytes is not None
+    # the half of its cache an even split leaves out takes at least its time at peak bandwidth
+    bandwidth = load_catalog().resolve("h100-sxm").memory_bandwidth_gbps
+    assert bandwidth is not None
+    unread_s = memory.kv_cache_bytes / 2 / (bandwidth * GB)
+    assert eight.decode_step_s - even.decode_step_s >= unread_s
+    assert eight.decode_step_s < four.decode_step_s  # the weights still split

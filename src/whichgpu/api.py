@@ -1355,6 +1355,7 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
         return StepState(
             layers=layers,
             hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),
+            kv_heads=step.kv_heads or 0,
         )
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
     parameter_bytes = sum(step.memory.state_sizes("parameter"))

@@ -20,6 +20,7 @@ from whichgpu.estimate.data_parallel import (
     gpu_link,
     load_links,
 )
+from whichgpu.estimate.serving import kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     GpuRates,
     PerfParameters,
@@ -51,6 +52,16 @@ class StepState:
     """Transformer layers (tensor parallel: two all-reduces each per forward pass)."""
     hidden_bytes_per_token: int = 0
     """Bytes of one token's hidden state (hidden size x element size)."""
+    kv_heads: int = 0
+    """Key/value heads of the model (tensor parallel: a GPU reads the KV heads it holds;
+    0: unknown, taken as split evenly)."""
+
+    def attention_bytes_share(self, gpus: int) -> float | None:
+        """The share of attention's bytes (its KV reads) one of ``gpus`` tensor-parallel GPUs
+        moves: its KV heads over all of them (None: unknown, 1/``gpus``)."""
+        if self.kv_heads <= 0:
+            return None
+        return kv_heads_on_one_gpu(self.kv_heads, gpus) / self.kv_heads
 
 
 class ThroughputPredictor:
@@ -84,6 +95,16 @@ class ThroughputPredictor:
         self.inference = load_inference_parameters() if run.mode == "inference" else None
         self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
         self.assumptions = self._assumptions()
+
+    def _replicated_heads_note(self) -> str:
+        gpus, heads = self.run.gpus, self.state.kv_heads
+        if heads <= 0 or heads % gpus == 0:
+            return ""
+        held = kv_heads_on_one_gpu(heads, gpus)
+        return (
+            f"; its {heads} KV heads do not split evenly over {gpus} GPUs, so each holds and "
+            f"reads {held} ({held / heads:.0%} of the KV cache, not 1/{gpus})"
+        )
 
     def _assumptions(self) -> tuple[str, ...]:
         params, run = self.params, self.run
@@ -124,7 +145,9 @@ class ThroughputPredictor:
             notes += (
                 f"served tensor parallel on {run.gpus} GPUs: each runs every operator of the "
                 f"prefill and the decode step on 1/{run.gpus} of its work (and still launches "
-                "every kernel), plus two all-reduces of the hidden states "
+                "every kernel)"
+                + self._replicated_heads_note()
+                + ", plus two all-reduces of the hidden states "
                 "per layer and pass over NVLink/NVSwitch, the bridge or PCIe (each at least "
                 f"{links.all_reduce_floor_s * 1e6:.0f} us: {links.all_reduce_floor_source})",
             )
@@ -194,7 +217,8 @@ class ThroughputPredictor:
         precision = self.run.precision
         if self.serving and self.inference is not None:
             n = self.run.gpus  # tensor parallel: each GPU runs every operator on 1/n of it
-            prefill_table = split_work(restrict(table, ("prefill",)), n)
+            kv_share = self.state.attention_bytes_share(n)
+            prefill_table = split_work(restrict(table, ("prefill",)), n, kv_share)
             prefill, capped = _faster(
                 step_time(prefill_table, rates, precision, self.params),
                 self.factor,
@@ -204,7 +228,7 @@ class ThroughputPredictor:
             decode_params = replace(
                 self.params, memory_efficiency=self.inference.decode_memory_efficiency
             )
-            decode_table = split_work(restrict(table, ("decode",)), n)
+            decode_table = split_work(restrict(table, ("decode",)), n, kv_share)
             decode = step_time(decode_table, rates, precision, decode_params)
             new_tokens = self.run.new_tokens or 1
             prefill_s, decode_s = prefill.step_time_s, decode.step_time_s

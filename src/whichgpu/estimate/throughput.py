@@ -453,10 +453,16 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
     )
 
 
-def split_work(table: OpTable, parts: int) -> OpTable:
+def split_work(table: OpTable, parts: int, attention_bytes_share: float | None = None) -> OpTable:
     """``table`` as one of ``parts`` GPUs runs it in tensor parallel: every operator, with
-    1/``parts`` of its FLOPs and bytes (each GPU still launches every kernel)."""
-    return replace(table, flops=table.flops / parts, bytes_moved=table.bytes_moved / parts)
+    1/``parts`` of its FLOPs and bytes (each GPU still launches every kernel). Attention
+    operators move ``attention_bytes_share`` of their bytes instead (default 1/``parts``):
+    their reads are the keys and values, and a GPU reads the KV heads it holds, which is more
+    than 1/``parts`` where GQA has fewer KV heads than GPUs (``serving.kv_heads_on_one_gpu``)."""
+    share = 1 / parts if attention_bytes_share is None else attention_bytes_share
+    attention = np.array([kind == "attention" for kind in table.kinds], dtype=bool)
+    bytes_share = np.where(attention, share, 1 / parts)
+    return replace(table, flops=table.flops / parts, bytes_moved=table.bytes_moved * bytes_share)
 
 
 def peak_limited_s(
