@@ -29,6 +29,7 @@ from whichgpu.catalog.cost_data import (
     build_class_for,
     get_region,
     read_cost_data,
+    shipped_cost_data,
     utilization_value,
 )
 from whichgpu.catalog.loader import DATA_DIR
@@ -338,9 +339,23 @@ def test_open_air_cards_stacked_without_gaps_are_flagged() -> None:
 
 
 def test_modules_and_passive_cards() -> None:
+    # an 8-GPU HGX board is the standard machine for SXM modules: a server, all checks pass
     sxm = cost.build_checks("h100-sxm", 8, catalog=CATALOG)
-    assert _check(sxm, "slots").status == "fail"
-    assert "module" in _check(sxm, "slots").reason
+    assert sxm.build_class == "server" and sxm.status == "ok"
+    assert "baseboard" in _check(sxm, "slots").reason
+    assert "NVSwitch" in _check(sxm, "nvlink").reason
+    assert cost.build_checks("h100-sxm", 2, catalog=CATALOG).build_class == "server"
+    # ... and it has no slot in a desktop
+    desk = cost.build_checks("h100-sxm", 2, build_class="desktop", catalog=CATALOG)
+    assert _check(desk, "slots").status == "fail" and "module" in _check(desk, "slots").reason
+    # breakeven prices one module in the same server class recommend does, with its CPU power
+    alone = cost.breakeven(gpu="h100-sxm", catalog=CATALOG)
+    server = next(b for b in shipped_cost_data().build_classes if b.id == "server")
+    assert server.base_system_usd is not None
+    assert alone.system_cost_usd == pytest.approx(30000 + server.base_system_usd)
+    assert "server base system" in alone.inputs["system_cost_usd"]
+    assert alone.cpu_w == server.cpu_w
+    assert cost.machine_power_w("h100-sxm", catalog=CATALOG) == 700 + server.cpu_w
     desktop_passive = cost.build_checks("a100-pcie-80gb", 2, catalog=CATALOG)
     assert _check(desktop_passive, "cooling").status == "warn"
     server = cost.build_checks("a100-pcie-80gb", 8, catalog=CATALOG)

@@ -95,6 +95,10 @@ def test_several_gpus_per_machine_are_candidates_with_build_checks() -> None:
     four = next(c for c in ranking.ranking if c.count == 4 and c.gpu == "rtx-3090")
     assert any("build: slots" in r or "build: power" in r for r in four.reasons)
     assert any("scale to" in r for r in four.reasons)
+    # four 450 W cards draw more than the workstation's 1,600 W supply: not ranked as priced
+    (too_hungry,) = [e for e in ranking.excluded if e.gpu == "rtx-4090" and e.count == 4]
+    assert too_hungry.kind == "build"
+    assert "1,600 W power supply, below the 2,000 W" in too_hungry.reason
 
 
 def test_a_stored_measurement_replaces_the_prediction(tmp_path: Path) -> None:
@@ -180,6 +184,11 @@ def test_recommend_cli_json_and_bad_input() -> None:
         (["--hours", "1", "--tokens", "5"], "one job size"),
         (["--gpus", "lots"], "--gpus"),
         (["--rent", "--provider", "nobody"], "unknown provider"),
+        # constraints that would have nothing to act on are refused, not silently ignored
+        (["--rent", "--budget", "100"], "caps what the job's rental costs"),
+        (["--within", "12"], "deadline for finishing a job"),
+        (["--within", "12", "--hours", "100"], "deadline for finishing a job"),
+        (["--rent", "--gpu-only"], "--gpu-only prices bought cards"),
     ):
         bad = run_cli("recommend", "bert-base", *args)
         assert bad.returncode == 2, (args, bad.stderr)
@@ -364,3 +373,9 @@ def test_used_prices_with_renting_are_refused_and_a_gpu_named_twice_is_answered_
         wg.recommend("resnet50", acquire="rent", used=True, gpus=["4090"])
     estimates = wg.fit("resnet50", gpus=["4090", "rtx-4090", "3090"], batch_size=8)
     assert sorted(e.gpu for e in estimates) == ["rtx-3090", "rtx-4090"]
+
+
+def test_a_presets_budget_for_buying_is_dropped_with_a_note_when_renting() -> None:
+    ranking = wg.recommend(preset="kaggle", acquire="rent", gpus=["rtx-4090", "l4"])
+    assert ranking.budget_usd is None
+    assert any("budget is for buying" in n for n in ranking.assumptions)

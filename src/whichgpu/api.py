@@ -785,6 +785,7 @@ def recommend(
 
     chosen_preset = get_preset(preset) if preset is not None else None
     notes: list[str] = []
+    budget_given, within_given = budget_usd is not None, within_hours is not None
     if chosen_preset is not None:
         if workload is None and config is None and model is None:
             workload = chosen_preset.workload
@@ -811,11 +812,35 @@ def recommend(
         raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
     if used and acquire == "rent":
         raise UsageError("--used prices cards to buy; drop it to rent (or use --buy).")
+    if gpu_only and acquire == "rent":
+        raise UsageError(
+            "--gpu-only prices bought cards without a computer around them; drop it to rent "
+            "(or use --buy)."
+        )
     if budget_usd is not None and budget_usd <= 0:
         raise UsageError(f"--budget must be more than 0, not {budget_usd}.")
     if within_hours is not None and within_hours <= 0:
         raise UsageError(f"--within must be more than 0 hours, not {within_hours}.")
     job = _job_size(hours, samples, tokens, epochs, dataset_size)
+    if within_hours is not None and (job is None or job.hours is not None):
+        if within_given:
+            raise UsageError(
+                "--within is a deadline for finishing a job: give its size in work (--samples, "
+                "--tokens, or --epochs with --dataset-size)."
+            )
+        notes.append(f"the preset's {within_hours:,.0f} h deadline needs a job size in work")
+        within_hours = None
+    if budget_usd is not None and acquire == "rent" and job is None:
+        if budget_given:
+            raise UsageError(
+                "With --rent, --budget caps what the job's rental costs: give the job's size "
+                "(--hours of use, --samples, --tokens, or --epochs with --dataset-size)."
+            )
+        notes.append(
+            f"the preset's ${budget_usd:,.0f} budget is for buying; renting without a job size "
+            "has no total to hold to it"
+        )
+        budget_usd = None
     metric = _metric(sort)
     chosen = _select(workload, config, task, model)
     counts = _gpu_counts(gpu_count)

@@ -146,6 +146,9 @@ class FormFactor(str, Enum):
     SOC = "soc"
 
 
+_BASEBOARD_FORMS = (FormFactor.SXM, FormFactor.OAM, FormFactor.SUPERCHIP, FormFactor.MEZZANINE)
+
+
 class Cooling(str, Enum):
     """How the board is cooled: decides how many fit side by side."""
 
@@ -316,6 +319,12 @@ class GpuSpec(_Tabular):
     """Free-text remarks a buyer should read (e.g. "two GCDs: appears as two devices")."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Field name -> where its value comes from; one entry for every non-null spec field."""
+
+    @property
+    def is_module(self) -> bool:
+        """Whether it is a module (SXM, OAM, a superchip, a mezzanine) that sits on its vendor's
+        baseboard in a server sold whole, rather than a PCIe card or a whole computer (SoC)."""
+        return self.form_factor in _BASEBOARD_FORMS
 
     @property
     def amp_tensor_tflops(self) -> float | None:
@@ -1658,6 +1667,10 @@ class Candidate(_Frozen):
     """Why it ranks where it does, and what to know about it."""
 
 
+ExclusionKind = Literal["memory", "batch", "speed", "price", "budget", "time", "build"]
+"""What rules a GPU out of a ranking (``EXCLUSION_LABELS`` says each in words)."""
+
+
 class Exclusion(_Frozen):
     """A GPU that cannot do the job as asked, and why, in one line."""
 
@@ -1667,10 +1680,11 @@ class Exclusion(_Frozen):
     """Name."""
     count: int
     """GPUs in the machine considered."""
-    kind: Literal["memory", "batch", "speed", "price", "budget", "time"]
+    kind: ExclusionKind
     """What rules it out: it does not fit, its largest batch is below ``--min-batch``, its speed
-    cannot be predicted, it has no price for the mode, it is over budget, or it would not
-    finish the job within ``--within`` hours."""
+    cannot be predicted, it has no price for the mode, it is over budget, it would not
+    finish the job within ``--within`` hours, or the machine of that many priced for it cannot
+    run them (its power supply is below their load)."""
     reason: str
     """Why (``needs 13.1 GB, has 12``; ``over budget by $400`` …)."""
 
@@ -1682,6 +1696,7 @@ EXCLUSION_LABELS: dict[str, str] = {
     "price": "no price",
     "speed": "speed cannot be predicted",
     "time": "would not finish in time",
+    "build": "the machine as priced cannot run them",
 }
 """Each ``Exclusion.kind`` in words, as the answer and the renderings group them."""
 

@@ -241,9 +241,17 @@ def get_region(region_id: str | None = None, data: CostData | None = None) -> Gr
 
 
 def build_class_for(
-    count: int, class_id: str | None = None, data: CostData | None = None
+    count: int,
+    class_id: str | None = None,
+    data: CostData | None = None,
+    *,
+    module: bool = False,
 ) -> BuildClass:
-    """The build class named ``class_id``, else the smallest that holds ``count`` GPUs."""
+    """The build class named ``class_id``, else the smallest that holds ``count`` GPUs.
+
+    ``module``: the GPUs are modules (SXM, OAM) on a vendor's baseboard, which only a server
+    takes: the smallest class with a server's airflow that holds them.
+    """
     data = data or shipped_cost_data()
     if count < 1:
         raise UsageError(f"--count: a build needs at least one GPU, not {count}.")
@@ -258,7 +266,7 @@ def build_class_for(
         known = ", ".join(c.id for c in data.build_classes)
         raise UsageError(f"--build-class: unknown class '{class_id}'. Known: {known}.")
     for build in data.build_classes:
-        if build.gpus >= count:
+        if build.gpus >= count and (build.server_airflow or not module):
             return build
     largest = data.build_classes[-1]
     raise UsageError(

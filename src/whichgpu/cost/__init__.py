@@ -176,7 +176,7 @@ def build_checks(
     catalog = catalog or load_catalog()
     spec = _spec(catalog, gpu)
     data = shipped_cost_data()
-    build = build_class_for(count, build_class, data)
+    build = build_class_for(count, build_class, data, module=spec.is_module)
     return check_build(spec, count, build, data.rules, psu_w=psu_w, cpu_w=cpu_w)
 
 
@@ -196,7 +196,7 @@ def machine_power_w(
     spec = _spec(catalog, gpu)
     if spec.tdp_w is None:
         raise UsageError(f"The catalog has no board power for {spec.name}; give the watts.")
-    build = build_class_for(count, build_class)
+    build = build_class_for(count, build_class, module=spec.is_module)
     return count * spec.tdp_w + (build.cpu_w if cpu_w is None else cpu_w)
 
 

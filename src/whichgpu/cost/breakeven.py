@@ -46,7 +46,7 @@ from whichgpu.cost.pricing import (
     retention_per_year,
 )
 from whichgpu.errors import UsageError
-from whichgpu.schema import Breakeven, CostPoint, FormFactor, GpuSpec
+from whichgpu.schema import Breakeven, CostPoint, GpuSpec
 from whichgpu.units import DAYS_PER_YEAR, HOURS_PER_DAY
 
 MONTHS_PER_YEAR = 12
@@ -203,7 +203,7 @@ def breakeven(
     if cloud_usd_per_hour is not None:
         positive("The cloud rate (--cloud-rate)", cloud_usd_per_hour)
     place = get_region(region, data)
-    build = build_class_for(count, build_class, data)
+    build = build_class_for(count, build_class, data, module=gpu is not None and gpu.is_module)
     inputs: dict[str, str] = {}
     assumptions = list(_BASE_ASSUMPTIONS)
     gpu_price = None
@@ -225,10 +225,11 @@ def breakeven(
                 f"The {build.id} class has no sourced base-system price; give --system-cost."
             )
         system_cost_usd = count * gpu_price.usd + build.base_system_usd
-        if gpu.form_factor is not None and gpu.form_factor is not FormFactor.PCIE:
+        if gpu.is_module and gpu.form_factor is not None:
             assumptions.append(
-                f"{gpu.name} is a {gpu.form_factor.value} module sold inside vendor servers; "
-                f"the {build.id} base system understates such a machine: give --system-cost."
+                f"{gpu.name} is a {gpu.form_factor.value.upper()} module sold inside vendor "
+                f"servers: priced with the {build.id} class's base system, a rough stand-in for "
+                "such a server; give --system-cost for a quote."
             )
         base_source = build.provenance["base_system_usd"].source
         inputs["system_cost_usd"] = (

@@ -144,13 +144,26 @@ def _slots(
     spec: GpuSpec, count: int, build: BuildClass
 ) -> tuple[BuildCheck, int | None, tuple[int, ...] | None]:
     if not _is_card(spec):
-        kind = spec.form_factor.value if spec.form_factor else "module"
+        kind = spec.form_factor.value.upper() if spec.form_factor else "module"
+        if spec.is_module and build.server_airflow:
+            return (
+                BuildCheck(
+                    name="slots",
+                    status="ok",
+                    reason=f"{spec.name} is an {kind} module: it sits on its vendor's baseboard "
+                    "(HGX / OAM boards, usually of 4 or 8) in a server sold whole; no slots to "
+                    "fit.",
+                ),
+                None,
+                None,
+            )
         return (
             BuildCheck(
                 name="slots",
                 status="fail",
                 reason=f"{spec.name} is a {kind} module, not a PCIe card: it goes only on its "
-                "vendor's baseboard (HGX / OAM servers sold as whole systems).",
+                "vendor's baseboard (HGX / OAM servers sold as whole systems), not in a "
+                f"{build.id}.",
             ),
             None,
             None,
@@ -229,7 +242,15 @@ def _cooling(
             reason="Blower coolers push the hot air out of the back of the case; they work "
             "stacked without gaps.",
         )
-    if placed is None or spec.slot_width is None:
+    if spec.slot_width is None:
+        return BuildCheck(
+            name="cooling",
+            status="warn",
+            reason=f"Not judged: the catalog has no slot width for {spec.name}, so where the "
+            f"cards sit is unknown. Leave {rules.cooling_gap_slots} free slot(s) between "
+            f"open-air cards.{_note(rules, 'cooling_gap_slots')}",
+        )
+    if placed is None:
         return BuildCheck(
             name="cooling",
             status="warn",
@@ -297,6 +318,13 @@ def _nvlink(spec: GpuSpec, count: int) -> BuildCheck:
     link = spec.interconnect
     if link is Interconnect.NVLINK:
         gen = f" {spec.interconnect_gen}" if spec.interconnect_gen else ""
+        if spec.is_module:
+            return BuildCheck(
+                name="nvlink",
+                status="ok",
+                reason=f"NVLink{gen} on the baseboard links the modules (through NVSwitch on "
+                "8-GPU boards): the fast path that data- and tensor-parallel training use.",
+            )
         return BuildCheck(
             name="nvlink",
             status="ok",

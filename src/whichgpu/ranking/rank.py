@@ -25,20 +25,20 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from whichgpu.catalog.cost_data import build_class_for
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
+from whichgpu.report.numbers import significant
 from whichgpu.schema import (
     EXCLUSION_LABELS,
     AcquireMode,
     BenchResult,
     Candidate,
     Exclusion,
-    FormFactor,
+    ExclusionKind,
     GpuSpec,
     JobSize,
     MemoryEstimate,
@@ -51,9 +51,7 @@ from whichgpu.schema import (
 )
 from whichgpu.units import GB, SECONDS_PER_HOUR
 
-SERVER_CLASS = "server"
 """Build class of the machines that hold GPU modules (SXM, OAM) rather than cards."""
-ExclusionKind = Literal["memory", "batch", "speed", "price", "budget", "time"]
 _BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
 
 
@@ -229,8 +227,8 @@ def rank(
             purchase = price.usd * option.count
             if not q.gpu_only:
                 # modules (SXM, OAM) sit on a server's baseboard, never in a desktop
-                module = option.gpu.form_factor not in (None, FormFactor.PCIE)
-                build = build_class_for(option.count, SERVER_CLASS if module else None)
+                module = option.gpu.is_module
+                build = build_class_for(option.count, module=module)
                 if build.base_system_usd is None:
                     exclude(option, "price", f"no base system cost for a {build.id}")
                     continue
@@ -312,6 +310,17 @@ def rank(
             ppd = throughput * SECONDS_PER_HOUR / hourly
         if option.count > 1 and q.mode == "buy":
             report = build_checks(option.gpu, option.count, catalog=catalog)
+            supply = next(c for c in report.checks if c.name == "power")
+            if supply.status == "fail" and report.psu_w is not None:
+                exclude(
+                    option,
+                    "build",
+                    f"priced as a {report.build_class} with a {report.psu_w:,.0f} W power "
+                    f"supply, below the {report.load_w or 0:,.0f} W the machine draws; a bigger "
+                    "or second supply is not in the price (whichgpu cost build --gpu "
+                    f"{option.gpu.id} --count {option.count})",
+                )
+                continue
             extra += [
                 f"build: {c.name} {c.status}: {c.reason}" for c in report.checks if c.status != "ok"
             ]
@@ -410,7 +419,7 @@ def _metric_text(p: _Priced, metric: RankMetric, unit: str, q: Question) -> str:
         return f"{(p.time_s or 0) / SECONDS_PER_HOUR:,.1f} h"
     if metric == "throughput":
         return f"{p.throughput:,.0f} {unit}"
-    return f"{p.ppd:,.3g} {_ppd_unit(unit, q)}"
+    return f"{significant(p.ppd)} {_ppd_unit(unit, q)}"
 
 
 def _ppd_unit(unit: str, q: Question) -> str:
@@ -525,9 +534,11 @@ def _answer(
         f"${top.cost_usd:,.0f}",
         "perf-per-dollar": f"the most {top.perf_per_dollar_unit.split(' per ')[0]} per "
         + (
-            f"dollar over {q.job.describe()}: {top.perf_per_dollar:,.3g} (${top.cost_usd:,.0f})"
+            f"dollar over {q.job.describe()}: {significant(top.perf_per_dollar)} "
+            f"(${top.cost_usd:,.0f})"
             if q.job is not None and _hours_job(q)
-            else f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: {top.perf_per_dollar:,.3g}"
+            else f"{'$1k of machine' if q.mode == 'buy' else 'dollar'}: "
+            f"{significant(top.perf_per_dollar)}"
         ),
         "time": f"the fastest to finish: {(top.time_s or 0) / SECONDS_PER_HOUR:,.1f} h",
         "throughput": f"the fastest: {top.throughput:,.0f} {top.throughput_unit}",
