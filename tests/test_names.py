@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from whichgpu.catalog import load_catalog
 from whichgpu.catalog.names import NameIndex, normalize
 from whichgpu.errors import AmbiguousGpu, UnknownGpu
 from whichgpu.schema import GpuSpec, Segment, Vendor
@@ -78,3 +79,11 @@ def test_unknown_name_suggests_close_matches(index: NameIndex) -> None:
     with pytest.raises(UnknownGpu) as err:
         index.resolve("zzzz")
     assert err.value.suggestions == []
+
+
+def test_a_name_that_holds_the_whole_query_is_suggested_first() -> None:
+    # only the 16 GB RTX 5060 Ti is catalogued (the 8 GB one shares its NVML name, so the
+    # bare name is not an alias); the closest edit-distance names are other cards
+    with pytest.raises(UnknownGpu) as err:
+        load_catalog().resolve("rtx 5060 ti")
+    assert err.value.suggestions[0].startswith("rtx-5060-ti-16gb")

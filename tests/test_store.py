@@ -395,7 +395,30 @@ def test_import_errors_name_the_file_record_and_field(store: ResultStore, tmp_pa
     assert "not valid JSON" in str(_bad_import(store, path))
 
     path.write_text(json.dumps({"schema_version": SCHEMA_VERSION + 1, "results": []}))
-    assert "newer whichgpu" in str(_bad_import(store, path))
+    newer = str(_bad_import(store, path))
+    assert "newer whichgpu" in newer and "Upgrade whichgpu" in newer
+    assert "Fix the file" not in newer and ".." not in newer
+
+    # values no measurement can have, and ids that are not hexadecimal
+    for field, value in (
+        ("throughput", -5.0),
+        ("batch_size", 0),
+        ("step_time_s", -1.0),
+        ("id", "zz"),
+        ("power_w", -3.0),
+    ):
+        impossible = make_result().model_dump(mode="json") | {field: value}
+        path.write_text(json.dumps({"schema_version": 1, "results": [impossible]}))
+        assert f"'{field}'" in str(_bad_import(store, path)), field
+
+    # one id twice in the file with different values
+    first = make_result()
+    twice = [first, first.model_copy(update={"throughput": 1.0})]
+    path.write_text(
+        json.dumps({"schema_version": 1, "results": [r.model_dump(mode="json") for r in twice]})
+    )
+    message = str(_bad_import(store, path))
+    assert "results[1]" in message and "also results[0]'s" in message
 
     path.write_text(json.dumps({"gpus": []}))
     assert "not a whichgpu results file" in str(_bad_import(store, path))

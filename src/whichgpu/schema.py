@@ -1196,7 +1196,7 @@ class BenchResult(_Tabular):
     synchronised step, after warm-up. Memory figures are of the measured batch.
     """
 
-    id: str
+    id: str = Field(pattern=r"^[0-9a-f]{8,64}$")
     """Unique id of the result (hex), assigned when it is measured."""
     workload: str
     """Workload measured."""
@@ -1208,49 +1208,49 @@ class BenchResult(_Tabular):
     """Name the device reports."""
     gpu: str | None
     """Catalog id of the GPU, when the device name resolves to one."""
-    n_gpus: int
+    n_gpus: int = Field(ge=1)
     """Devices measured together (data parallel)."""
     precision: str
     """Precision of the run (as ``run.precision``)."""
-    batch_size: int
+    batch_size: int = Field(ge=1)
     """Samples per step per device."""
-    seq_len: int | None
+    seq_len: int | None = Field(ge=1)
     """Tokens per sequence (sequence models)."""
-    max_batch_size: int | None = None
+    max_batch_size: int | None = Field(default=None, ge=0)
     """Largest batch that ran, when it was searched."""
-    max_batch_resolution: int | None = None
+    max_batch_resolution: int | None = Field(default=None, ge=1)
     """Resolution of that search (1 = exact)."""
-    max_seq_len: int | None = None
+    max_seq_len: int | None = Field(default=None, ge=0)
     """Largest sequence length that ran at ``batch_size``, when it was searched."""
-    memory_limit_bytes: int | None = None
+    memory_limit_bytes: int | None = Field(default=None, gt=0)
     """Cap the search was run under (``--memory-limit``), None for the device's memory."""
     compiled: bool = False
     """Whether the model ran under ``torch.compile``."""
     channels_last: bool = False
     """Whether images were in channels-last layout."""
-    throughput: float | None
+    throughput: float | None = Field(gt=0, allow_inf_nan=False)
     """Units per second over all devices (None if the run did not fit)."""
     throughput_unit: str
     """``images/s``, ``tokens/s``, ``sequences/s`` or ``samples/s``."""
-    step_time_s: float | None
+    step_time_s: float | None = Field(gt=0, allow_inf_nan=False)
     """Median time of one step, s."""
-    step_time_iqr_s: float | None
+    step_time_iqr_s: float | None = Field(ge=0, allow_inf_nan=False)
     """Interquartile range of the step times, s."""
-    iterations: int
+    iterations: int = Field(ge=0)
     """Timed steps."""
-    warmup_iterations: int
+    warmup_iterations: int = Field(ge=0)
     """Steps run before timing (until step times were steady)."""
-    measured_s: float
+    measured_s: float = Field(ge=0, allow_inf_nan=False)
     """Wall time of the timed steps, s."""
-    peak_allocated_bytes: int | None = None
+    peak_allocated_bytes: int | None = Field(default=None, ge=0)
     """Peak bytes held by tensors (``torch.cuda.max_memory_allocated``)."""
-    peak_reserved_bytes: int | None = None
+    peak_reserved_bytes: int | None = Field(default=None, ge=0)
     """Peak bytes the caching allocator held (``torch.cuda.max_memory_reserved``)."""
-    device_used_bytes: int | None = None
+    device_used_bytes: int | None = Field(default=None, ge=0)
     """Peak device memory in use as NVML reports it (includes the CUDA context)."""
-    power_w: float | None = None
+    power_w: float | None = Field(default=None, ge=0)
     """Mean board power while timing, W (NVML)."""
-    energy_j_per_sample: float | None = None
+    energy_j_per_sample: float | None = Field(default=None, ge=0)
     """Energy per sample over all devices, J."""
     sm_clock_mhz: float | None = None
     """Mean SM clock while timing, MHz."""

@@ -278,15 +278,23 @@ _INSERT = (
 _ORDER = " ORDER BY created_at DESC, id DESC"
 
 
+class NewerSchemaError(StoreError):
+    """A result written under a newer ``SCHEMA_VERSION`` than this whichgpu reads."""
+
+    def __init__(self, where: str, version: int) -> None:
+        self.reason = (
+            f"{where} was written by a newer whichgpu (result schema version {version}; this "
+            f"whichgpu reads up to {SCHEMA_VERSION})"
+        )
+        super().__init__(f"{self.reason}. {_NEWER}.")
+
+
 def _check_schema_version(version: object, where: str) -> None:
     """Refuse a result written under a newer (or a nonsensical) ``SCHEMA_VERSION``."""
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise StoreError(f"{where}: schema_version must be a whole number >= 1, not {version!r}")
     if version > SCHEMA_VERSION:
-        raise StoreError(
-            f"{where} was written by a newer whichgpu (result schema version {version}; this "
-            f"whichgpu reads up to {SCHEMA_VERSION}). {_NEWER}."
-        )
+        raise NewerSchemaError(where, version)
 
 
 @contextlib.contextmanager
@@ -796,6 +804,8 @@ def _validate(
     if "schema_version" in record:
         try:
             _check_schema_version(record.pop("schema_version"), where)
+        except NewerSchemaError:
+            raise
         except StoreError as exc:
             problems.append(str(exc))
             return None
@@ -827,9 +837,19 @@ def read_results_file(path: Path, fmt: ExportFormat) -> builtins.list[tuple[str,
         raise ImportFileError(
             path, [f"cannot be read ({exc.strerror or exc})"], "Check the file's name"
         ) from exc
-    if fmt == "json":
-        return _read_json(path, text)
-    return _read_csv(path, text)
+    try:
+        found = _read_json(path, text) if fmt == "json" else _read_csv(path, text)
+    except NewerSchemaError as exc:
+        raise ImportFileError(path, [exc.reason], _NEWER) from exc
+    first: dict[str, tuple[str, BenchResult]] = {}
+    clashes: builtins.list[str] = []
+    for where, result in found:
+        seen = first.setdefault(result.id, (where, result))
+        if seen[1] != result:
+            clashes.append(f"{where}: id {result.id} is also {seen[0]}'s, with other values")
+    if clashes:
+        raise ImportFileError(path, clashes)
+    return found
 
 
 def _read_json(path: Path, text: str) -> builtins.list[tuple[str, BenchResult]]:
@@ -843,6 +863,8 @@ def _read_json(path: Path, text: str) -> builtins.list[tuple[str, BenchResult]]:
         if "schema_version" in doc:
             try:
                 _check_schema_version(doc["schema_version"], "the file")
+            except NewerSchemaError:
+                raise
             except StoreError as exc:
                 raise ImportFileError(path, [str(exc)]) from exc
         records = doc["results"]

@@ -110,9 +110,12 @@ class NameIndex:
         if not key:
             return []
         found: list[str] = []
+        # a name that holds the whole query ("5060 Ti" -> "5060 Ti 16GB") first, then names
+        # a few edits away, then names the query holds
+        longer = sorted((k for k in self._owners if key in k), key=len)
         close = difflib.get_close_matches(key, list(self._owners), n=limit * 3, cutoff=0.6)
-        contains = [k for k in self._owners if key in k or (len(k) >= 3 and k in key)]
-        for k in [*close, *sorted(contains, key=len)]:
+        within = sorted((k for k in self._owners if len(k) >= 3 and k in key), key=len)
+        for k in [*longer, *close, *within]:
             for gpu_id in self._owners[k]:
                 if gpu_id not in found:
                     found.append(gpu_id)
