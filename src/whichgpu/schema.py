@@ -1006,6 +1006,11 @@ class ThroughputEstimate(_Tabular):
     """Upper end of the band."""
     band: float
     """Relative half-width of the band (validation error of this workload type)."""
+    relative_band: float | None = None
+    """Relative error against another GPU's prediction of the same run, what ranking two GPUs
+    risks: the leave-one-GPU-out band for a measured workload; for one never measured, whose
+    error is mostly shared by every GPU, the error left once one GPU is measured (the
+    calibrated band). None: not known (``band`` then stands in)."""
     scaling_efficiency: float | None
     """Throughput over N x one GPU's (None for one GPU)."""
     link: str | None = None
@@ -1027,6 +1032,11 @@ class ThroughputEstimate(_Tabular):
     """What the prediction assumes."""
     method: str
     """How the step was obtained (stored profile / traced) and the constants' provenance."""
+
+    @property
+    def ranking_band(self) -> float:
+        """``relative_band``, or ``band`` where it is not known."""
+        return self.band if self.relative_band is None else self.relative_band
 
     @staticmethod
     def merged_assumptions(estimates: Sequence[ThroughputEstimate]) -> tuple[str, ...]:
@@ -1701,6 +1711,13 @@ EXCLUSION_LABELS: dict[str, str] = {
 """Each ``Exclusion.kind`` in words, as the answer and the renderings group them."""
 
 
+def too_close_to_rank(better: float, worse: float, relative_band: float) -> bool:
+    """Whether ``better`` leads ``worse`` (both positive, in a metric where more is better)
+    by no more than ``relative_band``: the error of one prediction against another could
+    swap them."""
+    return better <= worse * (1 + relative_band)
+
+
 class Ranking(_Tabular):
     """``whichgpu recommend``: candidates ranked for a workload, a job and a budget."""
 
@@ -1742,6 +1759,6 @@ class Ranking(_Tabular):
         if not self.closeness:
             return ""
         return (
-            f"Too close to rank on {_METRIC_WORDS[self.metric]} (the speed prediction's band "
-            "could swap them): " + "; ".join(self.closeness) + "."
+            f"Too close to rank on {_METRIC_WORDS[self.metric]} (the error of one GPU's speed "
+            "prediction against another's could swap them): " + "; ".join(self.closeness) + "."
         )

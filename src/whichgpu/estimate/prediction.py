@@ -81,6 +81,15 @@ class ThroughputPredictor:
         self.run = run
         self.params = params or load_parameters()
         self.band = error_band(self.params, profile.workload, family)
+        fitted = profile.workload in self.params.workload_factors
+        # against another GPU's prediction of the same run: a measured workload's error is
+        # its own GPU's; a new workload's is mostly shared by every GPU, and what is left is
+        # the error of one GPU's prediction carried to another (the calibrated band)
+        self.relative_band = (
+            self.band
+            if fitted
+            else error_band(self.params, profile.workload, family, calibrated=True)
+        )
         self.factor = self.params.speed_factor(profile.workload, family)
         self.factor_origin = self.params.factor_origin(profile.workload, family)
         self.fitted = profile.workload in self.params.workload_factors
@@ -198,6 +207,7 @@ class ThroughputPredictor:
             "n_gpus": self.run.gpus,
             "throughput_unit": self.unit,
             "band": self.band,
+            "relative_band": self.relative_band,
             "assumptions": assumptions,
             "method": self.method,
         }

@@ -133,6 +133,8 @@ class _Priced:
     ppd: float
     note: str
     extra: list[str]
+    ranking_band: float = 0.0
+    """Error of its throughput against another GPU's (0: measured)."""
 
 
 def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
@@ -202,11 +204,13 @@ def rank(
             throughput = low = high = option.measured.throughput
             unit = option.measured.throughput_unit
             source = "measured"
+            ranking_band = 0.0
         elif speed is not None and speed.throughput is not None:
             throughput = speed.throughput
             low, high = speed.low or throughput, speed.high or throughput
             unit = speed.throughput_unit
             source = "predicted"
+            ranking_band = speed.ranking_band
         else:
             exclude(option, "speed", option.speed_unknown or "its speed cannot be predicted")
             continue
@@ -342,6 +346,7 @@ def rank(
                 ppd,
                 note,
                 extra,
+                ranking_band,
             )
         )
 
@@ -389,11 +394,14 @@ def rank(
 def _closeness(
     priced: list[_Priced], value: Callable[[_Priced, float], float], high_is_good: bool
 ) -> tuple[str, ...]:
-    """Pairs of neighbours among the leaders whose bands overlap on the metric."""
+    """Pairs of neighbours among the leaders that the error of one GPU's speed against the
+    other's could swap on the metric (``too_close_to_rank``: the predictions' relative bands,
+    not their absolute ones, whose error the GPUs largely share)."""
     notes = []
     for a, b in itertools.pairwise(priced[:4]):
-        a_worst, b_best = value(a, a.low), value(b, b.high)
-        if (b_best >= a_worst) if high_is_good else (b_best <= a_worst):
+        band = max(a.ranking_band, b.ranking_band)
+        a_slower, b_as_is = value(a, a.throughput / (1 + band)), value(b, b.throughput)
+        if (b_as_is >= a_slower) if high_is_good else (b_as_is <= a_slower):
             notes.append(f"{_label(a)} ≈ {_label(b)}")
     return tuple(notes)
 

@@ -25,6 +25,7 @@ from whichgpu.schema import (
     ThroughputEstimate,
     ThroughputValidation,
     WorkloadInfo,
+    too_close_to_rank,
 )
 from whichgpu.units import bytes_to_gib
 
@@ -689,8 +690,16 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             continue
         bound = max(e.time_shares, key=lambda k: e.time_shares[k]) if e.time_shares else "-"
         share = f"{bound} {e.time_shares.get(bound, 0):.0%}"
-        below = estimates[i + 1].high if i + 1 < len(estimates) else None
-        close = " ≈" if below is not None and e.low is not None and below >= e.low else ""
+        below = estimates[i + 1] if i + 1 < len(estimates) else None
+        close = (
+            " ≈"
+            if below is not None
+            and below.throughput is not None
+            and too_close_to_rank(
+                e.throughput, below.throughput, max(e.ranking_band, below.ranking_band)
+            )
+            else ""
+        )
         cells = [
             e.gpu_name,
             str(e.batch_size),
@@ -710,7 +719,11 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             ]
         table.add_row(*cells)
     notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
-    notes.append("≈: within the band of the next GPU down, too close to rank")
+    notes.append(
+        "≈: too close to rank above the next GPU down (within the error of one GPU's "
+        "prediction against another's: the leave-one-GPU-out band for a measured workload, "
+        "the calibrated band for one never measured, whose error every GPU largely shares)"
+    )
     return Group(head, table, Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
 
 
