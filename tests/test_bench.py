@@ -497,7 +497,7 @@ def test_bench_of_a_step_that_never_fits() -> None:
     options = BenchOptions(find_max_batch=True, memory_limit_bytes=4 * GIB, rule=QUICK)
     (result,) = run_bench(WorkloadRef.of("resnet50"), run_config(), device, options)
     assert result.throughput is None and result.step_time_s is None
-    assert result.max_batch_size is None and result.batch_size == 1 and result.iterations == 0
+    assert result.max_batch_size == 0 and result.batch_size == 1 and result.iterations == 0
     assert result.notes[-1].startswith("does not fit: batch 1 out of memory")
 
 

@@ -277,3 +277,26 @@ def test_results_section_says_which_setting_each_row_measured(tmp_path: Path) ->
     ]
     page = render_html(data)
     assert all(html.escape(label) in page for label in labels)
+
+
+def test_speeds_at_a_given_batch_are_labelled_with_it(tmp_path: Path) -> None:
+    from tests.test_store import make_result
+    from whichgpu.store import ResultStore
+
+    given = wg.report("bert-base", gpus=["4090", "a100-80gb"], seq_len=128, batch_size=2)
+    page = render_html(given)
+    assert "at batch 2" in page and "(sequences/s, batch 2)" in page
+    assert "largest that fits" not in page and "at its largest batch" not in page
+    assert all(c.batch_size == 2 for c in given.ranking.ranking)
+    searched = render_html(wg.report("bert-base", gpus=["4090"], seq_len=128))
+    assert "at its largest batch" in searched and "batch = largest that fits" in searched
+    # stored results: a given batch is not a largest batch, and 0 means not even 1 fitted
+    store = ResultStore(tmp_path / "results.sqlite")
+    store.add(make_result(workload="resnet50", gpu="rtx-4090", max_batch_size=None))
+    store.add(make_result(workload="resnet50", gpu="rtx-3090", device_name="NVIDIA GeForce "
+                          "RTX 3090", max_batch_size=0, throughput=None))  # fmt: skip
+    data = wg.report("resnet50", gpus=["4090"], results=True, store=store.path)
+    assert data.results is not None
+    batches = render_html(data).split('id="results-batch"')[1].split("</table>")[0]
+    assert ">256<" not in batches  # the given batch of the 4090 run
+    assert ">0<" in batches

@@ -1227,7 +1227,8 @@ class BenchResult(_Tabular):
     seq_len: int | None = Field(ge=1)
     """Tokens per sequence (sequence models)."""
     max_batch_size: int | None = Field(default=None, ge=0)
-    """Largest batch that ran, when it was searched."""
+    """Largest batch that ran, when it was searched (0: not even batch 1; None: the batch was
+    given, not searched)."""
     max_batch_resolution: int | None = Field(default=None, ge=1)
     """Resolution of that search (1 = exact)."""
     max_seq_len: int | None = Field(default=None, ge=0)

@@ -161,7 +161,9 @@ def run_bench(
         search = bench.search_batch(seq)
         notes.extend(_search_notes(search, "batch", options))
         if search.largest is None:
-            result = bench.unfit(1, seq, notes, f"does not fit: batch 1 {_last(search)}")
+            result = bench.unfit(
+                1, seq, notes, f"does not fit: batch 1 {_last(search)}", {"max_batch_size": 0}
+            )
             _emit(on_result, result)
             return [result]
         batch = found_batch = search.largest
@@ -170,7 +172,13 @@ def run_bench(
         search = bench.search_seq_len(batch, seq)
         notes.extend(_search_notes(search, "seq_len", options))
         if search.largest is None:
-            result = bench.unfit(batch, 1, notes, f"does not fit: seq_len 1 {_last(search)}")
+            result = bench.unfit(
+                batch,
+                1,
+                notes,
+                f"does not fit: seq_len 1 {_last(search)}",
+                {"max_batch_size": found_batch, "max_seq_len": 0},
+            )
             _emit(on_result, result)
             return [result]
         seq = found_seq = search.largest

@@ -49,7 +49,7 @@ from whichgpu.schema import (
     ThroughputEstimate,
     Vendor,
 )
-from whichgpu.units import GB, SECONDS_PER_HOUR
+from whichgpu.units import GIB, SECONDS_PER_HOUR
 
 """Build class of the machines that hold GPU modules (SXM, OAM) rather than cards."""
 _BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
@@ -148,10 +148,11 @@ def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
     return price
 
 
-def _gb(nbytes: int, other: int | None = None) -> str:
-    """GB with one decimal, or two when ``other`` would print the same."""
-    digits = 2 if other is not None and round(nbytes / GB, 1) == round(other / GB, 1) else 1
-    return f"{nbytes / GB:,.{digits}f} GB"
+def _gib(nbytes: int, other: int | None = None) -> str:
+    """GiB (as ``fit`` shows memory) with one decimal, or two when ``other`` would print the
+    same."""
+    digits = 2 if other is not None and round(nbytes / GIB, 1) == round(other / GIB, 1) else 1
+    return f"{nbytes / GIB:,.{digits}f} GiB"
 
 
 def rank(
@@ -187,8 +188,8 @@ def rank(
         if not memory.fits or (q.min_batch is not None and memory.max_batch_size < q.min_batch):
             at = q.min_batch or memory.batch_size
             reason = (
-                f"needs {_gb(memory.device_total_bytes, memory.capacity_bytes)} at batch "
-                f"{memory.batch_size}, has {_gb(memory.capacity_bytes, memory.device_total_bytes)}"
+                f"needs {_gib(memory.device_total_bytes, memory.capacity_bytes)} at batch "
+                f"{memory.batch_size}, has {_gib(memory.capacity_bytes, memory.device_total_bytes)}"
                 if not memory.fits
                 else f"largest batch {memory.max_batch_size} is below --min-batch {at}"
             )
@@ -448,8 +449,8 @@ def _candidate(
     o = p.option
     m = o.memory
     reasons = [
-        f"fits: largest batch {m.max_batch_size} per GPU; {_gb(m.device_total_bytes)} of "
-        f"{_gb(m.capacity_bytes)} at batch {m.batch_size}"
+        f"fits: largest batch {m.max_batch_size} per GPU; {_gib(m.device_total_bytes)} of "
+        f"{_gib(m.capacity_bytes)} at batch {m.batch_size}"
     ]
     if p.source == "measured" and o.measured is not None:
         reasons.append(

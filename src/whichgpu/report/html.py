@@ -244,11 +244,18 @@ def speed_chart(data: ReportData) -> str:
     unit = data.speeds[0].throughput_unit if data.speeds else ""
     return bar_chart(
         bars,
-        f"Throughput relative to {data.reference_name} ({unit}, batch = largest that fits)",
+        f"Throughput relative to {data.reference_name} ({unit}, {_batch_words(data)})",
         f"x {data.reference_name} (1.0 = as fast); whiskers: the prediction's band",
         "throughput",
         marker=1.0,
     )
+
+
+def _batch_words(data: ReportData) -> str:
+    """The batch the speeds are at: the one asked, or each GPU's largest."""
+    if data.run.batch_size is not None:
+        return f"batch {data.run.batch_size}"
+    return "batch = largest that fits"
 
 
 def _speed_tip(p: SpeedPoint) -> str:
@@ -520,6 +527,7 @@ def _answer(data: ReportData) -> str:
         Column("time", True),
         Column("cost", True),
         Column("per dollar", True),
+        Column("batch", True),
         Column("largest batch", True),
     ]
     rows = [
@@ -533,6 +541,7 @@ def _answer(data: ReportData) -> str:
             Cell(duration(c.time_s), c.time_s),
             Cell(usd(c.cost_usd), c.cost_usd),
             Cell(f"{num(c.perf_per_dollar)} {c.perf_per_dollar_unit}", c.perf_per_dollar),
+            Cell(str(c.batch_size), c.batch_size),
             Cell(str(c.max_batch_size), c.max_batch_size),
         ]
         for c in r.ranking
@@ -564,7 +573,13 @@ def _answer(data: ReportData) -> str:
 def _speed(data: ReportData) -> str:
     band = data.provenance.throughput_error_band
     intro = (
-        f"<p>Throughput of one GPU at its largest batch, divided by {esc(data.reference_name)}'s. "
+        "<p>Throughput of one GPU "
+        + (
+            f"at batch {data.run.batch_size}"
+            if data.run.batch_size is not None
+            else "at its largest batch"
+        )
+        + f", divided by {esc(data.reference_name)}'s. "
         f"Blue bars are predictions; their whiskers are the model's band (±{band:.0%}, the "
         "80th percentile of its out-of-sample error for this kind of workload: on a new GPU "
         "for a workload it was fitted on, on a new workload for any other). Red bars marked "
@@ -738,11 +753,8 @@ def _results(data: ReportData) -> str:
     batch_rows = [
         [Cell(row.label)]
         + [
-            Cell(
-                str(row.cells[d].max_batch_size or row.cells[d].batch_size),
-                row.cells[d].max_batch_size or row.cells[d].batch_size,
-            )
-            if d in row.cells
+            Cell(str(row.cells[d].max_batch_size), row.cells[d].max_batch_size)
+            if d in row.cells and row.cells[d].max_batch_size is not None
             else Cell("-")
             for d in pivot.devices
         ]
@@ -752,7 +764,12 @@ def _results(data: ReportData) -> str:
         f"<p>{data.results_count} stored results; the newest per workload and device is shown, "
         f"relative to {esc(pivot.reference or '-')}.</p>",
         html_table(columns, rows, "Throughput (relative to the reference)", "results-speed"),
-        html_table(columns, batch_rows, "Largest batch", "results-batch"),
+        html_table(
+            columns,
+            batch_rows,
+            "Largest batch that ran (-: not searched, the batch was given; 0: not even 1)",
+            "results-batch",
+        ),
     ]
     parts.extend(_figure(results_chart(pivot, i)) for i in range(len(pivot.rows)))
     parts.append(_assumptions(pivot.notes))

@@ -279,7 +279,8 @@ def lambda_tables(pivot: ResultPivot) -> RenderableType:
         return Text("No results to tabulate.")
     max_batch = _pivot_table(
         pivot,
-        "Largest batch that ran, per device (—: the batch was given, not searched)",
+        "Largest batch that ran, per device (—: the batch was given, not searched; 0: not "
+        "even batch 1 fits)",
         lambda row, c: fmt(c.max_batch_size),
     )
     speed = _pivot_table(
