@@ -10,6 +10,7 @@ import pytest
 import whichgpu.api as wg
 from tests.conftest import run_cli
 from whichgpu.catalog import load_catalog
+from whichgpu.cost import build_checks
 from whichgpu.errors import UsageError
 from whichgpu.estimate import prediction
 from whichgpu.estimate.data_parallel import (
@@ -200,3 +201,14 @@ def test_tensor_parallel_decode_reads_replicated_kv_heads_whole(
     unread_s = memory.kv_cache_bytes / 2 / (bandwidth * GB)
     assert eight.decode_step_s - even.decode_step_s >= unread_s
     assert eight.decode_step_s < four.decode_step_s  # the weights still split
+
+
+def test_pcie_width_is_what_the_machine_gives_each_card_as_cost_build_says() -> None:
+    catalog = load_catalog()
+    card = catalog.resolve("rtx-5080")
+    two, four = gpu_link(card, 2), gpu_link(card, 4)
+    report = build_checks("rtx-5080", 2, catalog=catalog)
+    assert report.lanes_per_gpu == 8
+    assert "x8 (in a desktop)" in two.description  # a desktop's 16 lanes shared by two
+    assert "x16 (in a workstation)" in four.description
+    assert two.peak_bytes_per_s == pytest.approx(four.peak_bytes_per_s / 2)

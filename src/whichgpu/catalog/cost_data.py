@@ -275,6 +275,19 @@ def build_class_for(
     )
 
 
+FULL_WIDTH_LANES = 16
+"""The widest PCIe slot (x16)."""
+
+
+def pcie_lanes_per_gpu(build: BuildClass, count: int, card_lanes: int | None) -> int:
+    """The PCIe lanes each of ``count`` cards gets in a machine of class ``build``: the
+    platform's GPU lanes shared out, at most a full x16 slot, rounded down to a width a link
+    trains at (x16, x8, x4 …), and no more than the card has (``card_lanes``; None: x16)."""
+    lanes = min(FULL_WIDTH_LANES, build.gpu_lanes // count)
+    lanes = 1 << (lanes.bit_length() - 1) if lanes > 0 else 0
+    return min(lanes, card_lanes or FULL_WIDTH_LANES)
+
+
 def utilization_value(text: str, data: CostData | None = None) -> tuple[float, str]:
     """A utilisation from a number (0-1, or a percentage with ``%``) or a profile id.
 

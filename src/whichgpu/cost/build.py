@@ -22,6 +22,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from whichgpu.catalog.cost_data import pcie_lanes_per_gpu
 from whichgpu.errors import UsageError
 from whichgpu.schema import (
     BuildCheck,
@@ -36,7 +37,6 @@ from whichgpu.schema import (
 )
 
 _SEVERITY: dict[CheckStatus, int] = {"ok": 0, "warn": 1, "fail": 2}
-MAX_LANES_PER_SLOT = 16
 """Widest PCIe link of one slot (x16)."""
 
 
@@ -287,10 +287,7 @@ def _pcie(
             ),
             None,
         )
-    lanes = min(MAX_LANES_PER_SLOT, build.gpu_lanes // count)
-    lanes = 1 << (lanes.bit_length() - 1) if lanes > 0 else 0
-    if spec.pcie_lanes is not None:
-        lanes = min(lanes, spec.pcie_lanes)
+    lanes = pcie_lanes_per_gpu(build, count, spec.pcie_lanes)
     gen = f"PCIe {spec.pcie_gen}.0 " if spec.pcie_gen else "PCIe "
     where = f"{build.gpu_lanes} GPU lanes of the {build.id} platform / {count}"
     status: CheckStatus

@@ -5,8 +5,10 @@ ring all-reduce (NCCL), which sends ``2 (N - 1) / N`` of the gradient bytes over
 link. ZeRO-2 does a reduce-scatter and an all-gather of the same volume; ZeRO-3 / FSDP also
 gather the parameters before forward and backward, ``(N - 1) / N`` of the parameter bytes
 each time. The link is the GPU's NVLink/NVSwitch where every GPU reaches every other over it
-(SXM and OAM boards), the bridge for two bridged PCIe cards, and PCIe otherwise; its rate is
-the peak per direction times the share NCCL reaches on such links (``data/links.json``, with
+(SXM and OAM boards), the bridge for two bridged PCIe cards, and PCIe otherwise, at the width
+the machine's platform gives each card (the build class for N GPUs, as ``whichgpu cost build``
+prices and checks it: a desktop's 16 GPU lanes are x8 each for two cards); its rate is the
+peak per direction times the share NCCL reaches on such links (``data/links.json``, with
 sources).
 
 DDP starts reducing a bucket of gradients as soon as backward has produced it, so the exchange
@@ -24,6 +26,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+from whichgpu.catalog.cost_data import build_class_for, pcie_lanes_per_gpu
 from whichgpu.errors import UsageError
 from whichgpu.schema import FormFactor, GpuSpec, Interconnect, Sharding
 from whichgpu.units import GB
@@ -31,8 +34,6 @@ from whichgpu.units import GB
 _SWITCHED = (FormFactor.SXM, FormFactor.OAM, FormFactor.SUPERCHIP)
 """Boards whose GPUs all reach each other over the fast link (NVSwitch / fully connected)."""
 _FAST_LINKS = (Interconnect.NVLINK, Interconnect.INFINITY_FABRIC)
-FULL_WIDTH_LANES = 16
-"""Lanes of a full-width PCIe slot, assumed where the catalog gives no width."""
 
 
 @dataclass(frozen=True)
@@ -127,13 +128,20 @@ def gpu_link(gpu: GpuSpec, n_gpus: int, links: LinkData | None = None) -> Link:
             f"The catalog has no PCIe generation for {gpu.name}, so its multi-GPU exchange "
             "cannot be timed; predict it on one GPU (drop --gpus)."
         )
-    lanes = gpu.pcie_lanes or FULL_WIDTH_LANES
-    assumed = "" if gpu.pcie_lanes else " (width not in the catalog: x16 assumed)"
+    # the machine's platform shares its GPU lanes out (a desktop's 16: x8 each for two), as
+    # whichgpu cost build shows for the same machine
+    build = build_class_for(n_gpus, module=gpu.is_module)
+    lanes = pcie_lanes_per_gpu(build, n_gpus, gpu.pcie_lanes)
+    if lanes < 1:
+        raise UsageError(
+            f"A {build.id} has no PCIe lanes to give {n_gpus} x {gpu.name}; ask about fewer GPUs."
+        )
+    assumed = "" if gpu.pcie_lanes else "; the card's width is not in the catalog: x16 assumed"
     per_direction = data.pcie_gbps_per_lane[gpu.pcie_gen] * lanes * GB
     return Link(
         kind="pcie",
-        description=f"PCIe {gpu.pcie_gen}.0 x{lanes}, {per_direction / GB:,.0f} GB/s per "
-        f"direction{assumed}",
+        description=f"PCIe {gpu.pcie_gen}.0 x{lanes} (in a {build.id}), {per_direction / GB:,.0f} "
+        f"GB/s per direction{assumed}",
         peak_bytes_per_s=per_direction,
         bus_bytes_per_s=per_direction * data.bus_efficiency["pcie"],
     )
