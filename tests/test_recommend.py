@@ -398,3 +398,14 @@ def test_closeness_uses_the_error_of_one_gpu_against_another_not_the_absolute_ba
     # relative one is the calibrated band, as the prediction says
     (speed,) = wg.predict("llama-3.2-1b", gpus=["h100-sxm"])
     assert speed.relative_band is not None and speed.relative_band < speed.band / 2
+
+
+def test_a_gpu_left_out_for_unfused_attention_says_so_and_how_to_fuse_it() -> None:
+    ranking = wg.recommend(
+        "gpt2", gpus=["titan-rtx", "rtx-3090"], seq_len=1024, batch_size=48, acquire="rent"
+    )
+    (turing,) = [e for e in ranking.excluded if e.gpu == "titan-rtx"]
+    assert turing.kind == "memory"
+    assert "attention on PyTorch's math path" in turing.reason
+    assert "--precision fp16 runs fused" in turing.reason
+    assert all("math path" not in e.reason for e in ranking.excluded if e.gpu == "rtx-3090")

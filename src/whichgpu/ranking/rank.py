@@ -198,6 +198,12 @@ def rank(
             if not memory.fits and memory.fits_at_seq_len and memory.batch_size == 1:
                 noun = "context" if run.mode == "inference" else "sequence length"
                 reason += f"; batch 1 fits at {noun} {memory.fits_at_seq_len:,}"
+            unfused = memory.overheads.get("attention_kernels", 0)
+            if unfused:
+                reason += (
+                    f"; {_gib(unfused)} of it is attention on PyTorch's math path, as no fused "
+                    f"kernel takes {run.precision} on this GPU (--precision fp16 runs fused)"
+                )
             exclude(option, "memory" if not memory.fits else "batch", reason)
             continue
         speed = option.speed
