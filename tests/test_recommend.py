@@ -409,3 +409,13 @@ def test_a_gpu_left_out_for_unfused_attention_says_so_and_how_to_fuse_it() -> No
     assert "attention on PyTorch's math path" in turing.reason
     assert "--precision fp16 runs fused" in turing.reason
     assert all("math path" not in e.reason for e in ranking.excluded if e.gpu == "rtx-3090")
+
+
+def test_tensor_parallel_serving_counts_sequences_over_the_group_not_per_gpu() -> None:
+    ask = {"mode": "inference", "concurrency": 8, "context": 4096, "acquire": "rent"}
+    ranking = wg.recommend("llama-3.1-70b", gpus=["b200"], gpu_count=2, **ask)
+    (pair,) = ranking.ranking
+    (memory,) = wg.fit("llama-3.1-70b", gpus=["b200"], gpu_count=2, mode="inference",
+                       concurrency=8, context=4096)  # fmt: skip
+    assert f"at most {memory.max_batch_size} sequences served over the 2 GPUs" in pair.reasons[0]
+    assert "per GPU" not in pair.reasons[0]

@@ -454,10 +454,19 @@ def _candidate(
 ) -> Candidate:
     o = p.option
     m = o.memory
-    reasons = [
-        f"fits: largest batch {m.max_batch_size} per GPU; {_gib(m.device_total_bytes)} of "
-        f"{_gib(m.capacity_bytes)} at batch {m.batch_size}"
-    ]
+    if m.run.mode == "inference" and o.count > 1:
+        # tensor parallel: the GPUs serve the sequences together, each holding a share
+        fits = (
+            f"fits: at most {m.max_batch_size} sequences served over the {o.count} GPUs "
+            f"(tensor parallel); each GPU holds {_gib(m.device_total_bytes)} of "
+            f"{_gib(m.capacity_bytes)} at {m.batch_size} sequences"
+        )
+    else:
+        fits = (
+            f"fits: largest batch {m.max_batch_size} per GPU; {_gib(m.device_total_bytes)} "
+            f"of {_gib(m.capacity_bytes)} at batch {m.batch_size}"
+        )
+    reasons = [fits]
     if p.source == "measured" and o.measured is not None:
         reasons.append(
             f"measured {p.throughput:,.0f} {unit} at batch {o.measured.batch_size} (whichgpu "
