@@ -42,7 +42,7 @@ from whichgpu.bench.runner import inspect
 from whichgpu.bench.search import Verdict, search_largest
 from whichgpu.bench.timing import Timing, interquartile_range, is_steady, measure
 from whichgpu.bench.worker import measure_task, probe_task
-from whichgpu.errors import UsageError
+from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.schema import BenchResult
 from whichgpu.units import GIB, KIB, MIB
 from whichgpu.workloads import run_config, select_workload
@@ -759,3 +759,13 @@ def test_a_real_two_gpu_run() -> None:
     )
     assert two.n_gpus == 2 and two.scaling_efficiency is not None
     assert two.environment.interconnect
+
+
+def test_seq_len_search_of_a_model_without_one_says_how_to_declare_it() -> None:
+    fixture = Path(__file__).parent / "fixtures" / "user_model.py"
+    options = BenchOptions(find_max_seq_len=True, rule=QUICK)
+    target = WorkloadRef.of(model=f"{fixture}:build")
+    with pytest.raises(UnsupportedWorkload, match=r"declares no sequence length.*@model_defaults"):
+        run_bench(target, run_config(batch_size=2), FakeDevice(), options)
+    with pytest.raises(UnsupportedWorkload, match="takes fixed-size 3x224x224 image inputs"):
+        run_bench(WorkloadRef.of("resnet50"), run_config(batch_size=2), FakeDevice(), options)

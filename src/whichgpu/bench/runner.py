@@ -232,6 +232,12 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
             "workload's default); it cannot be combined with --find-max-batch."
         )
     if options.find_max_seq_len and not info.is_sequence_model:
+        if info.family == "user":
+            raise UnsupportedWorkload(
+                f"{info.name} declares no sequence length, so --find-max-seq-len does not "
+                "apply; mark the function with @model_defaults(seq_len=N) (from "
+                "whichgpu.workloads)."
+            )
         raise UnsupportedWorkload(
             f"{info.name} takes fixed-size {info.input_desc} inputs; --find-max-seq-len "
             "does not apply."
