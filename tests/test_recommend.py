@@ -419,3 +419,14 @@ def test_tensor_parallel_serving_counts_sequences_over_the_group_not_per_gpu() -
                        concurrency=8, context=4096)  # fmt: skip
     assert f"at most {memory.max_batch_size} sequences served over the 2 GPUs" in pair.reasons[0]
     assert "per GPU" not in pair.reasons[0]
+
+
+def test_a_presets_min_batch_holds_for_its_own_workload_only() -> None:
+    own = wg.recommend(preset="kaggle", gpus=["gtx-1060-6gb", "rtx-4060"])
+    assert any(e.kind == "batch" for e in own.excluded)  # ViT's largest batch there is 32
+    other = wg.recommend("bert-base", preset="kaggle", gpus=["gtx-1060-6gb", "rtx-4060"])
+    assert not any(e.kind == "batch" for e in other.excluded)  # both would be, at 64
+    assert any("--min-batch 64 is for its own workload" in n for n in other.assumptions)
+    # and when a min batch rules GPUs out and nothing is left, the advice names it
+    none = wg.recommend("bert-large", gpus=["rtx-4060"], min_batch=512, acquire="rent")
+    assert "a smaller --min-batch than 512" in none.answer

@@ -797,7 +797,14 @@ def recommend(
         acquire = acquire or asked.get("mode")
         budget_usd = budget_usd if budget_usd is not None else asked.get("budget_usd")
         within_hours = within_hours if within_hours is not None else asked.get("within_hours")
-        min_batch = min_batch if min_batch is not None else asked.get("min_batch")
+        if min_batch is None and asked.get("min_batch") is not None:
+            if workload == chosen_preset.workload:
+                min_batch = asked["min_batch"]
+            else:  # a batch size means something only for the preset's own workload
+                notes.append(
+                    f"the preset's --min-batch {asked['min_batch']} is for its own workload "
+                    f"({chosen_preset.workload}); give --min-batch for yours"
+                )
         gpu_count = gpu_count if gpu_count is not None else asked.get("gpus")
         if vendor is None and asked.get("vendor"):
             vendor = asked["vendor"]

@@ -403,6 +403,11 @@ def energy(
         if gpu is None:
             raise UsageError("Give the machine's power (--watts) or its GPU (--gpu).")
         watts = cost.machine_power_w(gpu, _count(count), cpu_w=cpu_watts)
+    elif gpu is not None or cpu_watts is not None:
+        raise UsageError(
+            "Give the machine's power (--watts) or what it is built of (--gpu, --count, "
+            "--cpu-watts), not both."
+        )
     result = cost.job_energy(
         watts,
         hours,

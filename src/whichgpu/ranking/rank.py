@@ -201,7 +201,7 @@ def rank(
             unfused = memory.overheads.get("attention_kernels", 0)
             if unfused:
                 reason += (
-                    f"; {_gib(unfused)} of it is attention on PyTorch's math path, as no fused "
+                    f"; attention on PyTorch's math path adds {_gib(unfused)}, as no fused "
                     f"kernel takes {run.precision} on this GPU (--precision fp16 runs fused)"
                 )
             exclude(option, "memory" if not memory.fits else "batch", reason)
@@ -617,6 +617,12 @@ def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_g
             steps.append("--used")
     if counts.get("price") and not counts.get("budget"):
         steps.append("--prices FILE with your own prices")
+    if counts.get("batch") and q.min_batch is not None:
+        steps.append(f"a smaller --min-batch than {q.min_batch}")
+    if counts.get("time") and q.within_hours is not None:
+        steps.append(f"a later --within than {q.within_hours:,.0f} h")
+    if counts.get("build"):
+        steps.append("--gpu-only to price the cards alone (you size the machine)")
     return f"To widen the search, try: {'; '.join(steps)}." if steps else ""
 
 
