@@ -430,3 +430,17 @@ def test_a_presets_min_batch_holds_for_its_own_workload_only() -> None:
     # and when a min batch rules GPUs out and nothing is left, the advice names it
     none = wg.recommend("bert-large", gpus=["rtx-4060"], min_batch=512, acquire="rent")
     assert "a smaller --min-batch than 512" in none.answer
+
+
+def test_a_deadline_met_only_at_the_predicted_speed_is_flagged() -> None:
+    ranking = wg.recommend(
+        "llama-3.2-1b", tokens=1.2e9, within_hours=12, acquire="rent", gpus=["h100-sxm"]
+    )
+    (h100,) = ranking.ranking
+    assert h100.time_s is not None and h100.time_s / 3600 < 12
+    slow = [r for r in h100.reasons if "at the slow end of its band" in r]
+    assert slow and "past the 12 h deadline" in slow[0]
+    relaxed = wg.recommend(
+        "llama-3.2-1b", tokens=1.2e9, within_hours=48, acquire="rent", gpus=["h100-sxm"]
+    )
+    assert not any("slow end" in r for r in relaxed.ranking[0].reasons)

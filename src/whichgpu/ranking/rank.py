@@ -486,6 +486,12 @@ def _candidate(
         done = f"finishes {q.job.describe()} in {p.time_s / SECONDS_PER_HOUR:,.1f} h"
         if p.electricity_usd is not None and p.energy_kwh is not None:
             done += f"; electricity {p.energy_kwh:,.1f} kWh, ${p.electricity_usd:,.2f}"
+        slow_h = p.time_s * p.throughput / p.low / SECONDS_PER_HOUR if p.low > 0 else None
+        if q.within_hours is not None and slow_h is not None and slow_h > q.within_hours:
+            done += (
+                f"; at the slow end of its band it takes {slow_h:,.1f} h, past the "
+                f"{q.within_hours:,.0f} h deadline"
+            )
         reasons.append(done)
     first = everyone[0]
     here = _metric_text(p, metric, unit, q)
