@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import whichgpu.api as wg
+from tests.conftest import run_cli
 from whichgpu.cli import main
 from whichgpu.report.html import (
     Cell,
@@ -300,3 +301,19 @@ def test_speeds_at_a_given_batch_are_labelled_with_it(tmp_path: Path) -> None:
     batches = render_html(data).split('id="results-batch"')[1].split("</table>")[0]
     assert ">256<" not in batches  # the given batch of the 4090 run
     assert ">0<" in batches
+
+
+def test_report_asks_the_question_recommend_asks(tmp_path: Path) -> None:
+    page = tmp_path / "kaggle.html"
+    result = run_cli(
+        "report", "--for", "kaggle", "--used", "--vendor", "nvidia", "--sort", "throughput",
+        "--min-batch", "32", "--out", str(page),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = wg.report(preset="kaggle", used=True, sort="throughput", min_batch=32)
+    assert data.ranking.preset == "kaggle" and data.ranking.metric == "throughput"
+    assert data.ranking.workload == "vit-b-16"
+    assert all(c.max_batch_size >= 32 for c in data.ranking.ranking)
+    assert "vit-b-16" in page.read_text(encoding="utf-8")
+    # the speeds are of the preset's run: its workload, on the ranked GPUs
+    assert {p.gpu for p in data.speeds} >= {c.gpu for c in data.ranking.ranking}

@@ -1095,11 +1095,21 @@ def report(
     store: Path | str | None = None,
     prices: Sequence[Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
+    preset: str | None = None,
+    used: bool = False,
+    gpu_only: bool = False,
+    provider: str | None = None,
+    within_hours: float | None = None,
+    min_batch: int | None = None,
+    sort: str | None = None,
+    vendor: str | None = None,
     **run_options: Any,
 ) -> ReportData:
     """Everything ``whichgpu report`` shows, computed once and returned as ``ReportData``.
 
-    The recommendation (``recommend`` with the same question), then for its candidates (or
+    The recommendation (``recommend`` with the same question: ``preset``, ``used``,
+    ``gpu_only``, ``provider``, ``within_hours``, ``min_batch``, ``sort`` and ``vendor`` are
+    its), then for its candidates (or
     ``gpus``): throughput per GPU normalised to ``reference`` (default: the leading candidate;
     a stored ``bench`` result of the same run replaces the prediction and is marked measured),
     memory and the largest batch (``fit``), performance per dollar of the GPU alone, of 1, 2,
@@ -1118,13 +1128,20 @@ def report(
     from whichgpu.schema import SCHEMA_VERSION, ValueTable
     from whichgpu.store import ResultPivot, ResultStore, pivot_results
 
-    chosen = _select(workload, config, task, model)
     ranking = recommend(
         workload,
         config=config,
         task=task,
         model=model,
+        preset=preset,
         acquire=acquire,
+        used=used,
+        gpu_only=gpu_only,
+        provider=provider,
+        within_hours=within_hours,
+        min_batch=min_batch,
+        sort=sort,
+        vendor=vendor,
         budget_usd=budget_usd,
         gpu_count=gpu_count,
         gpus=gpus,
@@ -1141,6 +1158,11 @@ def report(
         progress=progress,
         **run_options,
     )
+    if workload is None and config is None and model is None:
+        workload = ranking.workload  # the preset's
+    chosen = _select(workload, config, task, model)
+    # the speeds and memory of the run the ranking answered (a preset's options included)
+    run_options = ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"})
     catalog = load_catalog(prices)
     notes: list[str] = []
     shown: list[str] = []

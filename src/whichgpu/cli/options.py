@@ -209,3 +209,70 @@ RegionOption = Annotated[
         rich_help_panel=QUESTION_PANEL,
     ),
 ]
+PresetOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--for",
+        help="A persona of the seed guides: learning, kaggle, cv-research, nlp-research, "
+        "llm-finetune, inference, startup-cluster. Sets a workload and constraints; your "
+        "flags win.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+UsedOption = Annotated[
+    bool,
+    typer.Option(
+        "--used",
+        help="Open to used cards: a GPU's used price where it is lower than new.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+GpuOnlyOption = Annotated[
+    bool,
+    typer.Option(
+        "--gpu-only",
+        help="You have the computer: count the GPUs' price only, no base system.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+ProviderOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--provider", help="Rent from this provider only.", rich_help_panel=QUESTION_PANEL
+    ),
+]
+WithinOption = Annotated[
+    Optional[float],  # noqa: UP045
+    typer.Option(
+        "--within",
+        help="Deadline in hours: leave out what would not finish the job (in work: --samples, "
+        "--tokens, --epochs) in time.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+MinBatchOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--min-batch",
+        help="Leave out GPUs whose largest batch is smaller.",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+SortOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--sort",
+        help="cost, perf-per-dollar, time or throughput (default: cost with a job size, else "
+        "perf-per-dollar).",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]
+VendorOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--vendor",
+        help="Only this maker's GPUs: nvidia, amd, intel, google, apple; any lifts a "
+        "preset's (learning, kaggle and llm-finetune keep to nvidia).",
+        rich_help_panel=QUESTION_PANEL,
+    ),
+]

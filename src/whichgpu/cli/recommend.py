@@ -22,89 +22,33 @@ def recommend(
             "model as FILE.py:FUNCTION or config.json (as --model / --config)."
         ),
     ] = None,
-    preset: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--for",
-            help="A persona of the seed guides: learning, kaggle, cv-research, nlp-research, "
-            "llm-finetune, inference, startup-cluster. Sets a workload and constraints; your "
-            "flags win.",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
+    preset: o.PresetOption = None,
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
-    used: Annotated[
-        bool,
-        typer.Option(
-            "--used",
-            help="Open to used cards: a GPU's used price where it is lower than new.",
-            rich_help_panel=_ASK,
-        ),
-    ] = False,
-    gpu_only: Annotated[
-        bool,
-        typer.Option(
-            "--gpu-only",
-            help="You have the computer: count the GPUs' price only, no base system.",
-            rich_help_panel=_ASK,
-        ),
-    ] = False,
+    used: o.UsedOption = False,
+    gpu_only: o.GpuOnlyOption = False,
     budget: o.BudgetOption = None,
-    provider: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option("--provider", help="Rent from this provider only.", rich_help_panel=_ASK),
-    ] = None,
+    provider: o.ProviderOption = None,
     gpus: o.MachineGpusOption = None,
     hours: o.HoursOption = None,
     samples: o.SamplesOption = None,
     tokens: o.TokensOption = None,
     epochs: o.EpochsOption = None,
     dataset_size: o.DatasetSizeOption = None,
-    within: Annotated[
-        Optional[float],  # noqa: UP045
-        typer.Option(
-            "--within",
-            help="Deadline in hours: leave out what would not finish the job in time.",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
-    min_batch: Annotated[
-        Optional[int],  # noqa: UP045
-        typer.Option(
-            "--min-batch",
-            help="Leave out GPUs whose largest batch is smaller.",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
+    within: o.WithinOption = None,
+    min_batch: o.MinBatchOption = None,
     region: o.RegionOption = None,
     top: Annotated[
         int, typer.Option("--top", help="Candidates to list.", rich_help_panel=_ASK)
     ] = 10,
-    sort: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--sort",
-            help="cost, perf-per-dollar, time or throughput (default: cost "
-            "with a job size, else perf-per-dollar).",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
+    sort: o.SortOption = None,
     store: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(
             "--store", help="Results store whose bench measurements to use.", metavar="PATH"
         ),
     ] = None,
-    vendor: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--vendor",
-            help="Only this maker's GPUs: nvidia, amd, intel, google, apple; any lifts a "
-            "preset's (learning, kaggle and llm-finetune keep to nvidia).",
-            rich_help_panel=_ASK,
-        ),
-    ] = None,
+    vendor: o.VendorOption = None,
     gpu: o.GpuListOption = None,
     stack: o.StackOption = None,
     config: o.ConfigOption = None,

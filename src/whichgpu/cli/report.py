@@ -44,16 +44,24 @@ def report(
             "model as FILE.py:FUNCTION or config.json (as --model / --config)."
         ),
     ] = None,
+    preset: o.PresetOption = None,
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
+    used: o.UsedOption = False,
+    gpu_only: o.GpuOnlyOption = False,
     budget: o.BudgetOption = None,
+    provider: o.ProviderOption = None,
     gpus: o.MachineGpusOption = None,
     hours: o.HoursOption = None,
     samples: o.SamplesOption = None,
     tokens: o.TokensOption = None,
     epochs: o.EpochsOption = None,
     dataset_size: o.DatasetSizeOption = None,
+    within: o.WithinOption = None,
+    min_batch: o.MinBatchOption = None,
     region: o.RegionOption = None,
+    sort: o.SortOption = None,
+    vendor: o.VendorOption = None,
     top: Annotated[
         int,
         typer.Option("--top", help="Candidates ranked and charted.", rich_help_panel=_ASK),
@@ -129,6 +137,9 @@ def report(
 ) -> None:
     """Write one HTML report: the answer, speed, memory, value per dollar and provenance.
 
+    It asks the question `whichgpu recommend` asks, with the same options (--for, --used,
+    --vendor, --within, --sort …), and shows the answer with everything behind it.
+
     The page is self-contained (styles, the sorting script and the SVG charts are inline;
     it fetches nothing), its tables and charts read without JavaScript, and it prints to PDF.
     It holds the recommendation and its reasons; throughput per GPU relative to a reference,
@@ -189,7 +200,15 @@ def report(
             config=config,
             task=task,
             model=model,
+            preset=preset,
             acquire="rent" if rent else "buy" if buy else None,
+            used=used,
+            gpu_only=gpu_only,
+            provider=provider,
+            within_hours=within,
+            min_batch=min_batch,
+            sort=sort,
+            vendor=vendor,
             budget_usd=budget,
             gpus=gpu,
             gpu_count=gpus,
