@@ -584,6 +584,9 @@ def test_cli_energy_json() -> None:
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["energy_kwh"] == pytest.approx(45.0) and doc["co2_kg"] is not None
+    both = run_cli("cost", "energy", "--watts", "300", "--gpu", "4090", "--hours", "10")
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert "Traceback" not in both.stderr
 
 
 @pytest.mark.parametrize(
