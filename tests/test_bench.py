@@ -769,3 +769,10 @@ def test_seq_len_search_of_a_model_without_one_says_how_to_declare_it() -> None:
         run_bench(target, run_config(batch_size=2), FakeDevice(), options)
     with pytest.raises(UnsupportedWorkload, match="takes fixed-size 3x224x224 image inputs"):
         run_bench(WorkloadRef.of("resnet50"), run_config(batch_size=2), FakeDevice(), options)
+
+
+def test_inference_on_several_gpus_is_refused_before_anything_runs() -> None:
+    device = FakeDevice()
+    run = run_config(mode="inference", gpus=2, context=64, new_tokens=4)
+    with pytest.raises(UsageError, match="tensor parallel over them is not measured"):
+        run_bench(WorkloadRef.of("gpt2"), run, device, BenchOptions(rule=QUICK))

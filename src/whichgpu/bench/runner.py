@@ -254,6 +254,12 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
         raise UsageError("--memory-limit must be more than 0.")
     if run.gpus > 1 and device.kind == "mps":
         raise UsageError("MPS is one GPU; --gpus does not apply.")
+    if run.gpus > 1 and run.mode == "inference":
+        raise UsageError(
+            "bench runs several GPUs as data-parallel training; serving one model tensor "
+            "parallel over them is not measured. Bench the inference on one GPU (drop "
+            "--gpus), or use `whichgpu predict --mode inference --gpus N` for an estimate."
+        )
 
 
 class _Bench:

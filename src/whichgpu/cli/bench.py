@@ -93,7 +93,7 @@ def bench(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.ConcurrencyOption = None,
-    gpus: o.GpusOption = None,
+    gpus: o.BenchGpusOption = None,
     find_max_batch: Annotated[
         bool,
         typer.Option(

@@ -105,8 +105,20 @@ GpusOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
         "--gpus",
-        help="GPUs of one node training together, data parallel (default 1). Figures are per "
-        "GPU and the batch is each GPU's own (global batch = GPUs x batch).",
+        help="GPUs of one node (default 1). Training runs data parallel: the batch is each "
+        "GPU's own (global batch = GPUs x batch), --sharding splits the model state. "
+        "Inference serves one copy of a language model tensor parallel. Memory is per GPU; "
+        "throughput is of all of them together.",
+        rich_help_panel=_RUN,
+    ),
+]
+BenchGpusOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--gpus",
+        help="GPUs of this node that then train together (DDP, one process each; default 1): "
+        "each runs the batch, throughput is of all of them, and the scaling efficiency is "
+        "against the one-GPU run measured first.",
         rich_help_panel=_RUN,
     ),
 ]
