@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from whichgpu.api import fit
+from whichgpu.api import fit, predict
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack, shipped_stacks
 from whichgpu.errors import UsageError
@@ -301,3 +301,19 @@ def test_a_gpu_that_is_not_nvidias_says_it_is_sized_with_the_cuda_model() -> Non
     assert estimates["mi300x"].assumptions[0].startswith("ROCm GPU sized with the CUDA model")
     assert "rough guide only" in estimates["apple-m4-max"].assumptions[0]
     assert not any("CUDA model" in a for a in estimates["rtx-4090"].assumptions)
+
+
+def test_a_package_of_two_devices_is_sized_and_timed_as_one_of_them() -> None:
+    # an MI250X is two GCDs of 64 GB each to PyTorch: one process fills one of them
+    (mi250x,) = fit("llama-3.2-1b", gpus=["mi250x"], seq_len=2048)
+    assert mi250x.capacity_bytes < 64e9
+    assert any("appears to PyTorch as 2 devices of 64 GB" in a for a in mi250x.assumptions)
+    whole = load_catalog().get("mi250x")
+    assert whole is not None and whole.devices == 2 and whole.memory_gb == 128
+    one = whole.one_device()
+    assert (one.memory_gb, one.fp16_tensor_tflops, one.sm_count) == (64, 191.5, 110)
+    (speed,) = predict("llama-3.2-1b", gpus=["mi250x"], seq_len=2048)
+    assert speed.mfu is not None and speed.throughput is not None
+    assert any("2 devices" in a for a in speed.assumptions)
+    # the MFU is against one device's peak: the module's would halve it
+    assert speed.mfu > 0.2

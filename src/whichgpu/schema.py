@@ -146,6 +146,27 @@ class FormFactor(str, Enum):
     SOC = "soc"
 
 
+_PER_DEVICE_FIELDS = (
+    "memory_gb",
+    "memory_usable_mib",
+    "memory_cuda_total_mib",
+    "memory_bandwidth_gbps",
+    "l2_cache_mib",
+    "fp64_tflops",
+    "fp32_tflops",
+    "fp16_tflops",
+    "tf32_tensor_tflops",
+    "fp16_tensor_tflops",
+    "fp16_acc16_tensor_tflops",
+    "bf16_tensor_tflops",
+    "fp8_tensor_tflops",
+    "fp4_tensor_tflops",
+    "int8_tensor_tops",
+    "sparse_fp16_tensor_tflops",
+    "tdp_w",
+)
+"""``GpuSpec`` figures of a package that its devices share out (``GpuSpec.one_device``)."""
+
 _BASEBOARD_FORMS = (FormFactor.SXM, FormFactor.OAM, FormFactor.SUPERCHIP, FormFactor.MEZZANINE)
 
 
@@ -176,6 +197,7 @@ SPEC_FIELDS: tuple[str, ...] = (
     "gfx_target",
     "launch_date",
     "form_factor",
+    "devices",
     "memory_gb",
     "memory_usable_mib",
     "memory_cuda_total_mib",
@@ -244,6 +266,10 @@ class GpuSpec(_Tabular):
     """Launch (first availability or announcement where that is all that is published)."""
     form_factor: FormFactor | None = None
     """PCIe card, SXM/OAM module, superchip, SoC."""
+    devices: int | None = Field(default=None, ge=1)
+    """Devices the package appears as to PyTorch, each its own GPU with its own memory (an
+    MI250X's two GCDs); None: one. The memory, rates, bandwidth and power here are the whole
+    package's; ``one_device`` gives one device's share, what one process runs on."""
 
     memory_gb: float | None = None
     """Memory as sold, decimal GB (a "24 GB" card is 24)."""
@@ -325,6 +351,23 @@ class GpuSpec(_Tabular):
         """Whether it is a module (SXM, OAM, a superchip, a mezzanine) that sits on its vendor's
         baseboard in a server sold whole, rather than a PCIe card or a whole computer (SoC)."""
         return self.form_factor in _BASEBOARD_FORMS
+
+    def one_device(self) -> GpuSpec:
+        """The spec of one of ``devices`` devices (itself when the package is one): the memory,
+        rates, bandwidth, compute units, L2 and board power divided evenly among them, as
+        PyTorch sees each (an MI250X GCD: 64 GB, 1.6 TB/s, 110 CUs)."""
+        n = self.devices or 1
+        if n == 1:
+            return self
+        shared: dict[str, float | int | None] = {
+            name: None if (value := getattr(self, name)) is None else value / n
+            for name in _PER_DEVICE_FIELDS
+        }
+        for name in ("sm_count", "memory_bus_width_bits"):
+            whole = getattr(self, name)
+            shared[name] = None if whole is None else whole // n
+        name = f"{self.name} (one of its {n} devices)"
+        return self.model_copy(update={**shared, "devices": 1, "name": name})
 
     @property
     def amp_tensor_tflops(self) -> float | None:

@@ -82,7 +82,8 @@ class NameIndex:
         )
 
     def resolve(self, query: str, *, memory_gb: float | None = None) -> GpuSpec:
-        """The one record ``query`` names; ``memory_gb`` narrows a family name to a variant."""
+        """The one record ``query`` names; ``memory_gb`` (of one device, as it reports itself)
+        narrows a family name to a variant."""
         query = query.strip()
         if query in self._by_id:
             return self._by_id[query]
@@ -96,7 +97,7 @@ class NameIndex:
             narrowed = tuple(
                 i
                 for i in ids
-                if (mem := self._by_id[i].memory_gb) is not None
+                if (mem := self._by_id[i].one_device().memory_gb) is not None
                 and abs(mem - memory_gb) <= MEMORY_MATCH_TOLERANCE * mem
             )
             ids = narrowed or ids

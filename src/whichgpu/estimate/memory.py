@@ -114,8 +114,10 @@ def capacity_of(gpu: GpuSpec, catalog: Catalog) -> Capacity:
 
     "Like it" is the narrowest group with a measured total: the same maker, market segment and
     memory family (GDDR cards sold with ECC on lose about 6-8 % to it, GeForce cards and HBM
-    parts 1-5 %), else the same maker, else any GPU.
+    parts 1-5 %), else the same maker, else any GPU. A package that appears as several
+    devices (``GpuSpec.devices``) is one device's share: what one process can fill.
     """
+    gpu = gpu.one_device()
     if gpu.memory_cuda_total_mib:
         prov = gpu.provenance.get("memory_cuda_total_mib")
         source = f" ({prov.source})" if prov else ""
@@ -774,7 +776,22 @@ and the overheads are those of PyTorch on CUDA."""
 
 def _device_caveat(gpu: GpuSpec) -> tuple[str, ...]:
     caveat = _DEVICE_CAVEATS.get(gpu.vendor)
-    return (caveat,) if caveat else ()
+    notes = (caveat,) if caveat else ()
+    return notes + split_package_note(gpu)
+
+
+def split_package_note(gpu: GpuSpec) -> tuple[str, ...]:
+    """What an answer about a package of several devices (an MI250X) says it is about: one of
+    them, as one process sees it."""
+    n = gpu.devices or 1
+    if n == 1:
+        return ()
+    one = gpu.one_device()
+    return (
+        f"{gpu.name} appears to PyTorch as {n} devices of {one.memory_gb:g} GB each: the "
+        f"answer is for one of them, as one process runs on it (--gpus {n} uses the whole "
+        "package)",
+    )
 
 
 def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ from whichgpu.estimate.data_parallel import (
     gpu_link,
     load_links,
 )
+from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.serving import kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     GpuRates,
@@ -196,6 +197,7 @@ class ThroughputPredictor:
         architecture = self.params.coverage.architecture_note(gpu.architecture)
         if architecture is not None:
             assumptions += (architecture,)
+        assumptions += split_package_note(gpu)
         base = {
             "gpu": gpu.id,
             "gpu_name": gpu.name,

@@ -502,7 +502,9 @@ class GpuRates:
 
 
 def gpu_rates(gpu: GpuSpec) -> GpuRates:
-    """The catalog figures the model uses; ``UsageError`` naming what is missing."""
+    """The catalog figures the model uses, of one device (``GpuSpec.one_device``: what one
+    process runs on); ``UsageError`` naming what is missing."""
+    gpu = gpu.one_device()
     missing = [
         name
         for name in ("fp32_tflops", "memory_bandwidth_gbps", "sm_count")
