@@ -21,6 +21,7 @@ from whichgpu.workloads import (
 from whichgpu.workloads.user import config_workload, read_user_config
 
 FIXTURES = Path(__file__).parent / "fixtures"
+CONFIGS = Path(__file__).parent.parent / "src" / "whichgpu" / "workloads" / "configs"
 
 
 @pytest.mark.parametrize(
@@ -162,6 +163,33 @@ def test_older_class_names_and_task_switches(tmp_path: Path) -> None:
     odd.write_text('{"model_type": "t5", "architectures": ["T5Model"], "vocab_size": 8}')
     with pytest.raises(UnsupportedWorkload, match="pass --task"):
         read_user_config(odd)
+    # BERT's own config names BertForPreTraining: masked LM (with its next-sentence head)
+    config, task = read_user_config(CONFIGS / "bert-large.json")
+    assert task == "masked-lm" and config["architectures"] == ["BertForPreTraining"]
+    # other heads and the base model switch to the family's class for the task
+    for head in ("BertForQuestionAnswering", "BertModel"):
+        bert = tmp_path / f"{head}.json"
+        bert.write_text(json.dumps({"model_type": "bert", "architectures": [head]}))
+        config, _ = read_user_config(bert, "masked-lm")
+        assert config["architectures"] == ["BertForMaskedLM"], head
+    config, _ = read_user_config(gpt2, "causal-lm")
+    assert config["architectures"] == ["GPT2LMHeadModel"]  # not 'GPT2ForCausalLM'
+
+
+def test_a_bert_pretraining_config_trains_with_both_heads(tmp_path: Path) -> None:
+    tiny = {
+        "model_type": "bert", "architectures": ["BertForPreTraining"], "vocab_size": 64,
+        "hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+        "intermediate_size": 32, "max_position_embeddings": 64,
+    }  # fmt: skip
+    path = tmp_path / "bert.json"
+    path.write_text(json.dumps(tiny))
+    workload = config_workload(path)
+    built = workload.build(RunConfig(precision="fp32"))
+    batch = built.make_batch(2, 8)
+    assert set(batch) == {"input_ids", "labels", "next_sentence_label"}
+    loss = built.loss(built.model, batch)
+    assert loss.ndim == 0 and float(loss.detach()) > 0
 
 
 def _bert_params(vocab: int, width: int, layers: int, pooler: bool) -> int:

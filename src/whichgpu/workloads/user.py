@@ -82,9 +82,16 @@ TASK_CLASS_SUFFIX: dict[str, str] = {
     "masked-lm": "ForMaskedLM",
 }
 """The class-name ending of each task in ``transformers`` (``LlamaForCausalLM``)."""
-OLDER_CLASS_SUFFIX: dict[str, Task] = {"LMHeadModel": "causal-lm"}
-"""Endings of older model classes with the same task (``GPT2LMHeadModel``, ``CTRLLMHeadModel``,
-which have no ``…ForCausalLM`` twin)."""
+OLDER_CLASS_SUFFIX: dict[str, Task] = {"LMHeadModel": "causal-lm", "ForPreTraining": "masked-lm"}
+"""Endings of other model classes with one of the tasks (``GPT2LMHeadModel``, which has no
+``…ForCausalLM`` twin; ``BertForPreTraining``, masked-language modelling with BERT's
+next-sentence head, trained on both)."""
+_AUTO_MAPPINGS: dict[str, str] = {
+    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
+    "seq-cls": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
+    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
+}
+"""transformers' tables of the class each model type uses for a task."""
 DEFAULT_SEQ_LEN = 2048
 
 
@@ -98,14 +105,27 @@ def _task_of(architecture: str) -> Task | None:
     return None
 
 
-def _class_for(architecture: str, task: Task) -> str:
+def _class_for(architecture: str, task: Task, model_type: str) -> str:
     """The class of ``architecture``'s model family for ``task``: itself when it already does
-    that task, else its stem with the task's ending."""
+    that task, else the class transformers' auto classes take for ``model_type`` and the task
+    (``gpt2`` causal LM: ``GPT2LMHeadModel``), else its stem (before ``For…``, or a base
+    ``…Model``) with the task's ending."""
     if _task_of(architecture) == task:
         return architecture
-    endings = [*TASK_CLASS_SUFFIX.values(), *OLDER_CLASS_SUFFIX]
-    stem = next((architecture[: -len(e)] for e in endings if architecture.endswith(e)), "")
-    return (stem or architecture) + TASK_CLASS_SUFFIX[task]
+    names: Mapping[str, str] = {}
+    try:
+        from transformers.models.auto import modeling_auto
+
+        names = getattr(modeling_auto, _AUTO_MAPPINGS[task], {})
+    except ImportError:  # fit --fast without transformers: the stem's class below
+        pass
+    if model_type in names:
+        return names[model_type]
+    if "For" in architecture:
+        stem = architecture[: architecture.rindex("For")]
+    else:
+        stem = architecture.removesuffix("LMHeadModel").removesuffix("Model") or architecture
+    return stem + TASK_CLASS_SUFFIX[task]
 
 
 def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, Any], Task]:
@@ -128,7 +148,8 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
             '"architectures": ["LlamaForCausalLM"]); add it to the file.'
         )
     if task is not None:
-        return {**config, "architectures": [_class_for(architectures[0], task)]}, task
+        chosen = _class_for(architectures[0], task, str(config["model_type"]))
+        return {**config, "architectures": [chosen]}, task
     found = _task_of(architectures[0])
     if found is None:
         raise UnsupportedWorkload(
@@ -164,6 +185,9 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
             device = model_device(model)
             ids = torch.randint(0, vocab, (batch_size, seq), device=device)
             if resolved_task == "masked-lm":
+                if architectures[0].endswith("ForPreTraining"):  # and its next-sentence head
+                    pairs = torch.randint(0, 2, (batch_size,), device=device)
+                    return {"input_ids": ids, "labels": ids, "next_sentence_label": pairs}
                 return {"input_ids": ids, "labels": ids}
             labels = torch.randint(
                 0, int(config.get("num_labels", 2)), (batch_size,), device=device
