@@ -413,3 +413,31 @@ def test_tensor_parallel_decode_still_launches_every_kernel() -> None:
     # not divided by 8; more operators become launch-bound once their work is split
     assert launch_one <= launch_eight < 1.1 * launch_one
     assert one.decode_step_s / 8 < eight.decode_step_s < one.decode_step_s
+
+
+def test_a_decode_step_of_a_mixture_of_experts_reads_the_routed_experts_only() -> None:
+    from whichgpu.estimate.serving import experts_read_share
+
+    assert experts_read_share(None, 1) == 1.0
+    assert experts_read_share((2, 8), 1) == pytest.approx(0.25)
+    assert experts_read_share((2, 8), 2) == pytest.approx(1 - 0.75**2)
+    assert experts_read_share((2, 8), 64) == pytest.approx(1.0, abs=1e-6)
+
+    ask = {"mode": "inference", "context": 1024, "new_tokens": 128, "gpus": ["h200-sxm"]}
+    one = wg.predict("mixtral-8x7b", concurrency=1, **ask)[0]
+    many = wg.predict("mixtral-8x7b", concurrency=64, **ask)[0]
+    assert one.decode_step_s is not None and many.decode_step_s is not None
+    assert any("mixture of experts" in a and "2/8" in a for a in one.assumptions)
+    # one sequence streams a quarter of the experts' weights (bf16), 64 nearly all: the
+    # difference is at least the three quarters left unread, at the peak bandwidth
+    config = wg.read_config("mixtral-8x7b")
+    expert_bytes = (
+        2 * config["num_hidden_layers"] * config["num_local_experts"]
+        * 3 * config["hidden_size"] * config["intermediate_size"]
+    )  # fmt: skip
+    bandwidth = load_catalog().resolve("h200-sxm").memory_bandwidth_gbps
+    assert bandwidth is not None
+    unread_s = 0.75 * expert_bytes / (bandwidth * 1e9)
+    assert many.decode_step_s - one.decode_step_s > unread_s
+    dense = wg.predict("llama-3.1-8b", concurrency=1, **ask)[0]
+    assert not any("mixture of experts" in a for a in dense.assumptions)

@@ -216,6 +216,9 @@ class _Step:
     """KV-cache bytes per token (inference of a language model), else None."""
     kv_heads: int | None = None
     """The model's key/value heads (inference of a language model), else None."""
+    routed: tuple[int, int] | None = None
+    """A mixture-of-experts language model's (experts per token, experts per layer), in
+    inference, else None."""
 
 
 def _prepare(
@@ -237,7 +240,10 @@ def _prepare(
     profile, method = loaded or scalable_profile(chosen, run, progress)
     seq_limit = chosen.info.max_seq_len
     kv_per_token = kv_head_count = None
+    routed = None
     if "kv_cache" in profile.choices:  # inference of a language model
+        from whichgpu.estimate.serving import routed_experts
+
         context, new_tokens = inference_context(chosen.info, run)
         if seq_limit is not None:
             seq_limit -= new_tokens
@@ -245,6 +251,7 @@ def _prepare(
             update={"seq_len": context, "context": context, "new_tokens": new_tokens}
         )
         kv_per_token, kv_head_count = _kv_cache_shape(chosen, config, run)
+        routed = routed_experts(_config_doc(chosen, config))
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
@@ -254,7 +261,7 @@ def _prepare(
             "estimate one GPU."
         )
     memory = _step_memory(chosen, run, profile)
-    return _Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count)
+    return _Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count, routed)
 
 
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
@@ -459,7 +466,12 @@ def predict(
     step = _prepare(chosen, run, config, progress)
     state = _exchange_state(chosen, config, step)
     predictor = ThroughputPredictor(
-        step.profile, step.run, family=chosen.info.family, method=step.method, state=state
+        step.profile,
+        step.run,
+        family=chosen.info.family,
+        method=step.method,
+        state=state,
+        routed=step.routed,
     )
     catalog = load_catalog()
     measured = _calibration_source(calibrate, store) if calibrate is not None else None
@@ -893,7 +905,12 @@ def recommend(
                 calibration = _calibration(chosen, step, newest, software)
         state = _exchange_state(chosen, config, step)
         predictor = ThroughputPredictor(
-            step.profile, step.run, family=chosen.info.family, method=step.method, state=state
+            step.profile,
+            step.run,
+            family=chosen.info.family,
+            method=step.method,
+            state=state,
+            routed=step.routed,
         )
         units_per_sample = (
             (step.run.new_tokens or 1) if predictor.serving else (step.run.seq_len or 1)

@@ -21,7 +21,7 @@ from whichgpu.estimate.data_parallel import (
     load_links,
 )
 from whichgpu.estimate.memory import split_package_note
-from whichgpu.estimate.serving import kv_heads_on_one_gpu
+from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     GpuRates,
     PerfParameters,
@@ -32,6 +32,7 @@ from whichgpu.estimate.throughput import (
     op_table,
     peak_flops_per_s,
     peak_limited_s,
+    read_experts,
     restrict,
     split_work,
     step_time,
@@ -77,6 +78,7 @@ class ThroughputPredictor:
         method: str,
         state: StepState | None = None,
         params: PerfParameters | None = None,
+        routed: tuple[int, int] | None = None,
     ) -> None:
         self.profile = profile
         self.run = run
@@ -101,6 +103,8 @@ class ThroughputPredictor:
         )
         self.method = f"{method}; {self.params.method}"
         self.state = state or StepState()
+        self.routed = routed
+        """A mixture-of-experts model's (experts per token, experts per layer), else None."""
         self.serving = "kv_cache" in profile.choices
         self.inference = load_inference_parameters() if run.mode == "inference" else None
         self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
@@ -148,6 +152,14 @@ class ThroughputPredictor:
                 f"{self.inference.decode_memory_efficiency:.0%} of DRAM bandwidth: "
                 f"{self.inference.source}; the speed factor applies to the prefill only",
             )
+            if self.routed is not None:
+                active, total = self.routed
+                notes += (
+                    f"mixture of experts: a decode step reads the experts its sequences' tokens "
+                    f"are routed to, 1 - (1 - {active}/{total})^sequences of their weights "
+                    "(routing taken as uniform; real routers favour some experts and read "
+                    "fewer), the prefill all of them",
+                )
         elif run.mode == "inference":
             notes += ("inference: one forward pass without gradients per batch",)
         if run.gpus > 1 and run.mode == "inference":
@@ -230,7 +242,15 @@ class ThroughputPredictor:
         if self.serving and self.inference is not None:
             n = self.run.gpus  # tensor parallel: each GPU runs every operator on 1/n of it
             kv_share = self.state.attention_bytes_share(n)
-            prefill_table = split_work(restrict(table, ("prefill",)), n, kv_share)
+            # the experts a pass reads: those its tokens are routed to (all, in a prefill)
+            prefill_tokens = memory.batch_size * (memory.seq_len or 1)
+            prefill_table = split_work(
+                read_experts(
+                    restrict(table, ("prefill",)), experts_read_share(self.routed, prefill_tokens)
+                ),
+                n,
+                kv_share,
+            )
             prefill, capped = _faster(
                 step_time(prefill_table, rates, precision, self.params),
                 self.factor,
@@ -240,7 +260,14 @@ class ThroughputPredictor:
             decode_params = replace(
                 self.params, memory_efficiency=self.inference.decode_memory_efficiency
             )
-            decode_table = split_work(restrict(table, ("decode",)), n, kv_share)
+            decode_table = split_work(
+                read_experts(
+                    restrict(table, ("decode",)),
+                    experts_read_share(self.routed, memory.batch_size),
+                ),
+                n,
+                kv_share,
+            )
             decode = step_time(decode_table, rates, precision, decode_params)
             new_tokens = self.run.new_tokens or 1
             prefill_s, decode_s = prefill.step_time_s, decode.step_time_s

@@ -53,6 +53,30 @@ def kv_heads(config: Mapping[str, Any]) -> int:
     return int(config.get("num_key_value_heads") or heads)
 
 
+def routed_experts(config: Mapping[str, Any]) -> tuple[int, int] | None:
+    """(experts each token is routed to, experts per layer) of a mixture-of-experts config
+    (Mixtral's ``num_experts_per_tok`` of ``num_local_experts``, Qwen-MoE's ``num_experts``);
+    None for a dense model."""
+    config = _text_config(config)
+    total = config.get("num_local_experts") or config.get("num_experts")
+    active = config.get("num_experts_per_tok")
+    if not total or not active:
+        return None
+    return int(active), int(total)
+
+
+def experts_read_share(routed: tuple[int, int] | None, tokens: int) -> float:
+    """Expected share of a layer's expert weights that ``tokens`` tokens read between them,
+    each routed to ``active`` of ``total`` experts, uniformly and independently:
+    ``1 - (1 - active/total) ** tokens`` (a decode step of one sequence of Mixtral reads 2 of
+    8 experts; of 16 sequences, nearly all). 1 for a dense model. Real routers favour some
+    experts, so fewer are read: the share errs high (slow)."""
+    if routed is None:
+        return 1.0
+    active, total = routed
+    return 1.0 - (1.0 - min(active, total) / total) ** max(tokens, 1)
+
+
 def kv_heads_on_one_gpu(kv_head_count: int, gpus: int) -> int:
     """KV heads one of ``gpus`` tensor-parallel GPUs holds: ``ceil(kv_heads / gpus)``. With
     fewer KV heads than GPUs (GQA) every GPU keeps a whole head, as vLLM replicates them; a

@@ -56,6 +56,9 @@ Engine = Literal["tensor", "tf32", "vector"]
 """Where a matrix operator runs: FP16/BF16 tensor cores, TF32 tensor cores, FP32 vector units."""
 
 MATRIX_KINDS = ("gemm", "conv", "attention")
+EXPERT_OPS = ("aten._grouped_mm",)
+"""The operators that run a mixture-of-experts layer's experts (transformers' grouped
+experts: one grouped GEMM over the experts the tokens were routed to)."""
 """Operator kinds that run on the matrix engines; all others are bandwidth bound."""
 
 _HALF = ("float16", "bfloat16")
@@ -342,6 +345,8 @@ class OpTable:
     counts: npt.NDArray[np.float64] | None = None
     """How many identical operators each row stands for (None: one each; see
     ``merge_repeats``)."""
+    is_experts: npt.NDArray[np.bool_] | None = None
+    """Which operators run a mixture-of-experts layer's experts (None: none)."""
 
     @property
     def weights(self) -> npt.NDArray[np.float64]:
@@ -352,6 +357,9 @@ class OpTable:
 def merge_repeats(table: OpTable) -> OpTable:
     """``table`` with identical operators (the layers of a deep model) as one row each and
     their count: the same step time, computed many times faster (the fit's inner loop)."""
+    experts = (
+        table.is_experts.tolist() if table.is_experts is not None else [False] * len(table.kinds)
+    )
     keys = list(
         zip(
             table.kinds,
@@ -359,10 +367,11 @@ def merge_repeats(table: OpTable) -> OpTable:
             table.flops.tolist(),
             table.bytes_moved.tolist(),
             table.phases.tolist(),
+            experts,
             strict=True,
         )
     )
-    first: dict[tuple[str, str, float, float, str], int] = {}
+    first: dict[tuple[str, str, float, float, str, bool], int] = {}
     counts: dict[int, float] = {}
     for i, key in enumerate(keys):
         row = first.setdefault(key, i)
@@ -388,6 +397,7 @@ def _select(
         is_fp32=table.is_fp32[rows],
         phases=table.phases[rows],
         counts=counts,
+        is_experts=None if table.is_experts is None else table.is_experts[rows],
     )
 
 
@@ -405,6 +415,7 @@ class _OpColumns:
     is_half: npt.NDArray[np.bool_]
     is_fp32: npt.NDArray[np.bool_]
     phases: npt.NDArray[np.str_]
+    is_experts: npt.NDArray[np.bool_]
 
 
 _COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
@@ -427,6 +438,7 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
         is_half=np.array([op.dtype in _HALF for op in ops], dtype=bool),
         is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
         phases=np.array([op.phase for op in ops]),
+        is_experts=np.array([op.name in EXPERT_OPS for op in ops], dtype=bool),
     )
     if len(_COLUMNS) >= 16:
         _COLUMNS.clear()
@@ -450,7 +462,19 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         is_half=columns.is_half,
         is_fp32=columns.is_fp32,
         phases=columns.phases,
+        is_experts=columns.is_experts,
     )
+
+
+def read_experts(table: OpTable, share: float) -> OpTable:
+    """``table`` with its mixture-of-experts operators (``is_experts``) moving ``share`` of
+    their bytes: the experts the step's tokens are routed to (``serving.experts_read_share``).
+    Their bytes are the experts' weights where few tokens pass (a decode step), so the whole
+    count is scaled; their FLOPs, counted for the routed tokens only, are unchanged."""
+    if table.is_experts is None or share >= 1.0 or not table.is_experts.any():
+        return table
+    scale = np.where(table.is_experts, share, 1.0)
+    return replace(table, bytes_moved=table.bytes_moved * scale)
 
 
 def split_work(table: OpTable, parts: int, attention_bytes_share: float | None = None) -> OpTable:
