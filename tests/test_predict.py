@@ -441,3 +441,18 @@ def test_a_decode_step_of_a_mixture_of_experts_reads_the_routed_experts_only() -
     assert many.decode_step_s - one.decode_step_s > unread_s
     dense = wg.predict("llama-3.1-8b", concurrency=1, **ask)[0]
     assert not any("mixture of experts" in a for a in dense.assumptions)
+
+
+def test_bf16_on_a_gpu_without_bf16_tensor_cores_says_fp16_would_use_them() -> None:
+    bf16 = {e.gpu: e for e in wg.predict("resnet50", gpus=["v100-sxm2-32gb", "a100-80gb"])}
+    fp16 = wg.predict("resnet50", gpus=["v100-sxm2-32gb"], precision="fp16")[0]
+    volta = bf16["tesla-v100-sxm2-32gb"]
+    assert any("FP16 tensor cores but none for BF16" in a for a in volta.assumptions)
+    assert not any("none for BF16" in a for a in fp16.assumptions)
+    assert not any("none for BF16" in a for a in bf16["a100-sxm4-80gb"].assumptions)
+    assert volta.throughput is not None and fp16.throughput is not None
+    assert fp16.throughput > 1.5 * volta.throughput
+    ranking = wg.recommend("resnet50", gpus=["2080ti"])
+    assert ranking.ranking
+    for c in ranking.ranking:
+        assert any("none for BF16" in r for r in c.reasons)

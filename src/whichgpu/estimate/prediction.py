@@ -66,6 +66,21 @@ class StepState:
         return kv_heads_on_one_gpu(self.kv_heads, gpus) / self.kv_heads
 
 
+def half_precision_note(gpu: GpuSpec, precision: str) -> tuple[str, ...]:
+    """What a bf16 run on a GPU with FP16 tensor cores but none for BF16 (Volta, Turing)
+    should know: it is timed on the FP32 units, and fp16 would use the tensor cores."""
+    if not precision.startswith("bf16") or gpu.bf16_tensor_tflops is not None:
+        return ()
+    if gpu.fp16_tensor_tflops is None:
+        return ()
+    return (
+        f"{gpu.name} has FP16 tensor cores but none for BF16: bf16 matrix products are timed "
+        "on its FP32 units (PyTorch may emulate bf16 more slowly still); --precision fp16 "
+        f"runs them on the tensor cores ({gpu.fp16_tensor_tflops:g} against "
+        f"{gpu.fp32_tflops:g} TFLOPS)",
+    )
+
+
 class ThroughputPredictor:
     """Predicts one workload's run on GPU after GPU (the per-run parts computed once)."""
 
@@ -210,6 +225,7 @@ class ThroughputPredictor:
         if architecture is not None:
             assumptions += (architecture,)
         assumptions += split_package_note(gpu)
+        assumptions += half_precision_note(gpu, self.run.precision)
         base = {
             "gpu": gpu.id,
             "gpu_name": gpu.name,

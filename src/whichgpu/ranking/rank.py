@@ -31,6 +31,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
+from whichgpu.estimate.prediction import half_precision_note
 from whichgpu.report.numbers import significant
 from whichgpu.schema import (
     EXCLUSION_LABELS,
@@ -221,7 +222,7 @@ def rank(
         else:
             exclude(option, "speed", option.speed_unknown or "its speed cannot be predicted")
             continue
-        extra: list[str] = []
+        extra: list[str] = list(half_precision_note(option.gpu, run.precision))
         if option.gpu.vendor != Vendor.NVIDIA:
             extra.append(
                 f"made by {option.gpu.vendor.value.upper()}: the estimates assume PyTorch's "
