@@ -444,3 +444,13 @@ def test_a_deadline_met_only_at_the_predicted_speed_is_flagged() -> None:
         "llama-3.2-1b", tokens=1.2e9, within_hours=48, acquire="rent", gpus=["h100-sxm"]
     )
     assert not any("slow end" in r for r in relaxed.ranking[0].reasons)
+
+
+def test_machines_left_out_under_ddp_point_to_sharding() -> None:
+    ask = {"seq_len": 2048, "acquire": "rent", "tokens": 1e9, "gpus": ["b200", "h100-sxm"]}
+    plain = wg.recommend("llama-3.1-8b", gpu_count="auto", **ask)
+    assert any(e.kind == "memory" and e.count > 1 for e in plain.excluded)
+    assert "--sharding fsdp (or zero3) splits" in plain.answer
+    sharded = wg.recommend("llama-3.1-8b", gpu_count="auto", sharding="fsdp", **ask)
+    assert "--sharding fsdp (or zero3) splits" not in sharded.answer
+    assert any(c.count > 1 for c in sharded.ranking)

@@ -393,9 +393,31 @@ def rank(
         vendor=q.vendor,
         ranking=candidates,
         excluded=tuple(excluded),
-        answer=_answer(candidates, excluded, q, metric, run),
+        answer=" ".join(
+            (
+                _answer(candidates, excluded, q, metric, run),
+                # when nothing qualifies, the answer's advice already names the sharding
+                *(_sharding_hint(excluded, run) if candidates else ()),
+            )
+        ),
         closeness=closeness,
         assumptions=_assumptions(q, metric, priced),
+    )
+
+
+def _sharding_hint(excluded: list[Exclusion], run: RunConfig) -> tuple[str, ...]:
+    """A note when machines of several GPUs were left out for memory because each of their
+    GPUs holds the whole model state (data parallel without sharding it)."""
+    if run.mode != "train" or run.sharding not in ("ddp", "zero2"):
+        return ()
+    counts = sorted({e.count for e in excluded if e.kind == "memory" and e.count > 1})
+    if not counts:
+        return ()
+    sizes = ", ".join(str(c) for c in counts)
+    return (
+        f"Machines of {sizes} GPUs were left out for memory: under {run.sharding} every GPU "
+        "holds the whole model state; --sharding fsdp (or zero3) splits the weights, "
+        "gradients and optimizer state over them.",
     )
 
 
