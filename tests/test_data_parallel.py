@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,24 +184,31 @@ def test_split_work_reads_the_kv_heads_a_gpu_holds() -> None:
 def test_tensor_parallel_decode_reads_replicated_kv_heads_whole(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # Qwen2.5-7B has 4 KV heads: on 8 GPUs each holds one, a quarter of the cache, and its
-    # decode reads all of it, not 1/8 of the cache as an even split would have it
-    ask = {"mode": "inference", "batch_size": 32, "context": 8192, "new_tokens": 128}
-    four = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=4, **ask)[0]
-    eight = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)[0]
-    (memory,) = wg.fit("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)
-    assert not any("do not split evenly" in a for a in four.assumptions)
-    assert any("4 KV heads do not split evenly over 8 GPUs" in a for a in eight.assumptions)
+    # tiny-llama has 2 KV heads: on 4 GPUs each holds (and reads) one, half of the cache,
+    # not a quarter as an even split would have it; on 2 GPUs, also one
+    config = str(Path(__file__).parent / "fixtures" / "tiny-llama.json")
+    ask = {"mode": "inference", "batch_size": 4096, "context": 200, "new_tokens": 16}
+    two = wg.predict(config=config, gpus=["h100-sxm"], gpu_count=2, **ask)[0]
+    four = wg.predict(config=config, gpus=["h100-sxm"], gpu_count=4, **ask)[0]
+    (memory,) = wg.fit(config=config, gpus=["h100-sxm"], gpu_count=4, **ask)
+    assert not any("fewer than the" in a for a in two.assumptions)
+    assert any("2 KV heads are fewer than the 4 GPUs" in a for a in four.assumptions)
     monkeypatch.setattr(prediction, "kv_heads_on_one_gpu", lambda heads, gpus: heads / gpus)
-    even = wg.predict("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, **ask)[0]
-    assert eight.decode_step_s is not None and even.decode_step_s is not None
-    assert four.decode_step_s is not None and memory.kv_cache_bytes is not None
+    even = wg.predict(config=config, gpus=["h100-sxm"], gpu_count=4, **ask)[0]
+    assert four.decode_step_s is not None and even.decode_step_s is not None
+    assert two.decode_step_s is not None and memory.kv_cache_bytes is not None
     # the half of its cache an even split leaves out takes at least its time at peak bandwidth
     bandwidth = load_catalog().resolve("h100-sxm").memory_bandwidth_gbps
     assert bandwidth is not None
     unread_s = memory.kv_cache_bytes / 2 / (bandwidth * GB)
-    assert eight.decode_step_s - even.decode_step_s >= unread_s
-    assert eight.decode_step_s < four.decode_step_s  # the weights still split
+    assert four.decode_step_s - even.decode_step_s >= unread_s
+
+
+def test_tensor_parallel_over_gpus_the_heads_do_not_split_over_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"28 attention heads \(4 key/value heads\)"):
+        wg.fit("qwen2.5-7b", gpus=["h100-sxm"], gpu_count=8, mode="inference")
+    with pytest.raises(UsageError, match="GPU counts that work: 2, 4, 8"):
+        wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=3, mode="inference")
 
 
 def test_pcie_width_is_what_the_machine_gives_each_card_as_cost_build_says() -> None:

@@ -134,11 +134,12 @@ def test_tensor_parallel_inference_reports_one_gpus_kv_cache() -> None:
     assert two.kv_bytes_per_token == 65536 and two.kv_cache_bytes == one.kv_cache_bytes // 2
     assert two.breakdown["weights"] * 2 == pytest.approx(one.breakdown["weights"], rel=1e-6)
     assert two.max_batch_size > one.max_batch_size
-    # qwen2.5-7b has 4 KV heads: on 8 GPUs each keeps one, a quarter of the cache, not 1/8
-    (eight,) = fit("qwen2.5-7b", gpus=["h100-sxm"], mode="inference", gpu_count=8)
-    per_token = kv_bytes_per_token(read_config("qwen2.5-7b"), 2)
-    assert eight.kv_bytes_per_token == per_token // 4
-    assert any("1 head(s) of the 4 KV heads" in a for a in eight.assumptions)
+    # tiny-llama has 2 KV heads: on 4 GPUs each keeps one, half of the cache, not 1/4
+    ask = {"mode": "inference", "context": 64, "new_tokens": 16}
+    (four,) = fit(config=str(TINY_LLAMA), gpus=["h100-sxm"], gpu_count=4, **ask)
+    per_token = kv_bytes_per_token(json.loads(TINY_LLAMA.read_text(encoding="utf-8")), 2)
+    assert four.kv_bytes_per_token == per_token // 2
+    assert any("1 head(s) of the 2 KV heads" in a for a in four.assumptions)
 
 
 def test_serving_engine_on_tensor_parallel_gpus_holds_more_sequences() -> None:

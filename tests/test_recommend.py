@@ -454,3 +454,14 @@ def test_machines_left_out_under_ddp_point_to_sharding() -> None:
     sharded = wg.recommend("llama-3.1-8b", gpu_count="auto", sharding="fsdp", **ask)
     assert "--sharding fsdp (or zero3) splits" not in sharded.answer
     assert any(c.count > 1 for c in sharded.ranking)
+
+
+def test_machine_sizes_a_model_cannot_be_served_on_are_left_out_with_a_note() -> None:
+    ranking = wg.recommend(
+        "qwen2.5-7b", mode="inference", gpu_count="auto", acquire="rent", gpus=["h100-sxm"]
+    )
+    assert {c.count for c in ranking.ranking} <= {1, 2, 4}
+    assert any(a.startswith("no machines of 8 GPUs") for a in ranking.assumptions)
+    assert ranking.run.gpus != 8
+    with pytest.raises(UsageError, match="28 attention heads"):
+        wg.recommend("qwen2.5-7b", mode="inference", gpu_count=8, acquire="rent")

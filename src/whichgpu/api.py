@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichgpu.catalog import load_catalog, sort_gpus
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
-from whichgpu.errors import UsageError
+from whichgpu.errors import NotSplittable, UsageError
 from whichgpu.schema import (
     BenchEnvironment,
     BenchResult,
@@ -242,7 +242,7 @@ def _prepare(
     kv_per_token = kv_head_count = None
     routed = None
     if "kv_cache" in profile.choices:  # inference of a language model
-        from whichgpu.estimate.serving import routed_experts
+        from whichgpu.estimate.serving import routed_experts, tensor_parallel_refusal
 
         context, new_tokens = inference_context(chosen.info, run)
         if seq_limit is not None:
@@ -251,11 +251,17 @@ def _prepare(
             update={"seq_len": context, "context": context, "new_tokens": new_tokens}
         )
         kv_per_token, kv_head_count = _kv_cache_shape(chosen, config, run)
-        routed = routed_experts(_config_doc(chosen, config))
+        doc = _config_doc(chosen, config)
+        routed = routed_experts(doc)
+        refusal = tensor_parallel_refusal(doc, run.gpus)
+        if refusal is not None:
+            raise NotSplittable(
+                f"--gpus {run.gpus}: {chosen.info.name} cannot be served so: {refusal}."
+            )
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
-        raise UsageError(
+        raise NotSplittable(
             f"--gpus with --mode inference serves a language model tensor parallel; "
             f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
             "estimate one GPU."
@@ -893,9 +899,15 @@ def recommend(
     run = run_config(**run_options)
     units_per_sample = 1
     for count in counts:
-        run = run_config(gpus=count, **run_options)
-        check_for_workload(run, chosen.info)
-        step = _prepare(chosen, run, config, progress if loaded is None else None, loaded)
+        sized = run_config(gpus=count, **run_options)
+        check_for_workload(sized, chosen.info)
+        try:
+            step = _prepare(chosen, sized, config, progress if loaded is None else None, loaded)
+        except NotSplittable as exc:
+            if len(counts) == 1:
+                raise
+            notes.append(f"no machines of {count} GPUs: {exc}")
+            continue
         loaded = (step.profile, step.method)
         if count == counts[0]:
             measured = _measurements(chosen.info.name, step.run, store)

@@ -89,6 +89,12 @@ class UsageError(WhichGpuError):
     """Arguments that cannot work together."""
 
 
+class NotSplittable(UsageError):
+    """The model cannot run on that many GPUs the way the question asks (a language model
+    whose attention heads do not split over them; a model that does not generate, served
+    "tensor parallel"). A question over several machine sizes leaves such a size out."""
+
+
 class WorkloadError(WhichGpuError):
     """A workload cannot be found or run as asked."""
 

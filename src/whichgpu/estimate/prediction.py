@@ -131,8 +131,8 @@ class ThroughputPredictor:
             return ""
         held = kv_heads_on_one_gpu(heads, gpus)
         return (
-            f"; its {heads} KV heads do not split evenly over {gpus} GPUs, so each holds and "
-            f"reads {held} ({held / heads:.0%} of the KV cache, not 1/{gpus})"
+            f"; its {heads} KV heads are fewer than the {gpus} GPUs, so each holds and reads "
+            f"{held} ({held / heads:.0%} of the KV cache, not 1/{gpus})"
         )
 
     def _assumptions(self) -> tuple[str, ...]:

@@ -77,6 +77,25 @@ def experts_read_share(routed: tuple[int, int] | None, tokens: int) -> float:
     return 1.0 - (1.0 - min(active, total) / total) ** max(tokens, 1)
 
 
+def tensor_parallel_refusal(config: Mapping[str, Any], gpus: int) -> str | None:
+    """Why ``gpus`` GPUs cannot serve the model of ``config`` tensor parallel (None: they
+    can). Serving engines split the attention heads evenly, so their count must divide by the
+    GPUs; the KV heads must too, or (fewer KV heads than GPUs) divide the GPUs, each KV head
+    then replicated (vLLM's checks of its model configuration)."""
+    if gpus <= 1:
+        return None
+    heads = int(_text_config(config).get("num_attention_heads") or kv_heads(config))
+    kv = kv_heads(config)
+    splits = [n for n in range(2, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
+    if heads % gpus == 0 and (kv % gpus == 0 or gpus % kv == 0):
+        return None
+    return (
+        f"its {heads} attention heads ({kv} key/value heads) do not split evenly over {gpus} "
+        "GPUs, which tensor-parallel serving needs; GPU counts that work: "
+        + ", ".join(str(n) for n in splits[:8])
+    )
+
+
 def kv_heads_on_one_gpu(kv_head_count: int, gpus: int) -> int:
     """KV heads one of ``gpus`` tensor-parallel GPUs holds: ``ceil(kv_heads / gpus)``. With
     fewer KV heads than GPUs (GQA) every GPU keeps a whole head, as vLLM replicates them; a
