@@ -456,3 +456,13 @@ def test_bf16_on_a_gpu_without_bf16_tensor_cores_says_fp16_would_use_them() -> N
     assert ranking.ranking
     for c in ranking.ranking:
         assert any("none for BF16" in r for r in c.reasons)
+
+
+def test_tf32_is_never_slower_than_fp32_and_helps_only_where_its_rate_is_higher() -> None:
+    ask = {"seq_len": 128, "batch_size": 32, "gpus": ["3090", "a100-80gb"]}
+    tf32 = {e.gpu: e.throughput for e in wg.predict("bert-large", precision="tf32", **ask)}
+    fp32 = {e.gpu: e.throughput for e in wg.predict("bert-large", precision="fp32", **ask)}
+    # an RTX 3090 rates TF32 tensor and FP32 alike (35.6 TFLOPS): the same speed
+    assert tf32["rtx-3090"] == pytest.approx(fp32["rtx-3090"])
+    a100_tf32, a100_fp32 = tf32["a100-sxm4-80gb"], fp32["a100-sxm4-80gb"]
+    assert a100_tf32 is not None and a100_fp32 is not None and a100_tf32 > 2 * a100_fp32

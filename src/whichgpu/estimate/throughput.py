@@ -562,7 +562,8 @@ def matrix_engines(
     Half-precision matrix operators use the tensor cores of the run's half dtype (FP16 for
     ``fp16``, BF16 otherwise) where the GPU has them; otherwise (Pascal and older; BF16 before
     Ampere) PyTorch's kernels compute in FP32 on the vector units. FP32 matrix operators use
-    TF32 tensor cores only under ``--precision tf32``.
+    TF32 tensor cores only under ``--precision tf32``, and only where they are faster than the
+    FP32 units (not on GeForce Ampere and Ada, which rate both the same).
     """
     n = len(table.kinds)
     peak = np.full(n, rates.vector_flops_per_s)
@@ -574,8 +575,10 @@ def matrix_engines(
     if half_rate is not None:
         peak[table.is_half] = half_rate
         tensor[table.is_half] = True
-    if precision == "tf32" and rates.tf32_flops_per_s is not None:
-        peak[table.is_fp32] = rates.tf32_flops_per_s
+    tf32 = rates.tf32_flops_per_s
+    # GeForce Ampere and Ada rate TF32 at their FP32 rate: no faster engine, so the FP32 one
+    if precision == "tf32" and tf32 is not None and tf32 > rates.vector_flops_per_s:
+        peak[table.is_fp32] = tf32
         tensor[table.is_fp32] = True
     return peak, tensor
 
