@@ -430,10 +430,13 @@ def profile_key(workload: str, run: RunConfig) -> str:
     Training: ``<workload>_train_<precision>_<optimizer>[_ckpt][_<method><rank>]``. Inference:
     ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
     the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
+    A TF32 run is the FP32 step (TF32 is how the GPU multiplies FP32 matrices: the same
+    operators, tensors and bytes), so it takes the FP32 profile.
     """
+    precision = "fp32" if run.precision == "tf32" else run.precision
     if run.mode == "inference":
-        return f"{workload}_inference_{run.precision}_new{run.new_tokens or DEFAULT_NEW_TOKENS}"
-    parts = [workload, run.mode, run.precision, run.optimizer]
+        return f"{workload}_inference_{precision}_new{run.new_tokens or DEFAULT_NEW_TOKENS}"
+    parts = [workload, run.mode, precision, run.optimizer]
     if run.checkpointing:
         parts.append("ckpt")
     if run.method != "full":
