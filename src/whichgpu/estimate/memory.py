@@ -617,20 +617,21 @@ def estimate_on_gpu(
             "fused kernel's padding)",
         )
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
+    shorter: int | None = None
+    if shorter_seq_when_unfit and seq_len is not None and total > capacity.bytes:
+        shorter = _longest_on_ladder(
+            lambda length: reserved_at(1, length) + outside_bytes, capacity.bytes, seq_len
+        )
     max_seq: tuple[int, bool] | None = None
     if search_seq_len and seq_len is not None and run.batch_size is not None:
 
         def length_total(length: int) -> int:
             return reserved_at(batch, length) + outside_bytes
 
-        max_seq = largest_within(
-            length_total, capacity.bytes, seq_limit or MAX_SEQ_LIMIT, {seq_len: total}
-        )
-    shorter: int | None = None
-    if shorter_seq_when_unfit and seq_len is not None and total > capacity.bytes:
-        shorter = _longest_on_ladder(
-            lambda length: reserved_at(1, length) + outside_bytes, capacity.bytes, seq_len
-        )
+        known = {seq_len: total}
+        if shorter is not None and batch == 1:  # a length the ladder found to fit
+            known[shorter] = length_total(shorter)
+        max_seq = largest_within(length_total, capacity.bytes, seq_limit or MAX_SEQ_LIMIT, known)
     kv_bytes = kv_cache_bytes(profile, batch, seq_len)
     served = None
     if serving is not None:
