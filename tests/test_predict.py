@@ -466,3 +466,16 @@ def test_tf32_is_never_slower_than_fp32_and_helps_only_where_its_rate_is_higher(
     assert tf32["rtx-3090"] == pytest.approx(fp32["rtx-3090"])
     a100_tf32, a100_fp32 = tf32["a100-sxm4-80gb"], fp32["a100-sxm4-80gb"]
     assert a100_tf32 is not None and a100_fp32 is not None and a100_tf32 > 2 * a100_fp32
+
+
+def test_a_named_gpu_the_catalog_cannot_time_is_answered_as_unknown_beside_the_others() -> None:
+    both = wg.predict("gpt2", gpus=["h100-sxm", "b300"])
+    by_id = {e.gpu: e for e in both}
+    assert by_id["h100-sxm"].throughput is not None
+    b300 = by_id["b300"]
+    assert b300.throughput is None and b300.fits
+    assert b300.speed_unknown is not None and "sm_count" in b300.speed_unknown
+    result = run_cli("predict", "gpt2", "--gpu", "h100-sxm", "--gpu", "b300")
+    assert result.returncode == 0 and "unknown" in result.stdout
+    with pytest.raises(UsageError, match="sm_count"):  # asked about it alone: an error
+        wg.predict("gpt2", gpus=["b300"])

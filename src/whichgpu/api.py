@@ -488,12 +488,15 @@ def predict(
         )
     out = []
     for gpu in targets:
+        unknown = None
         try:
             rates = gpu_rates(gpu)
-        except UsageError:
-            if named:
+        except UsageError as exc:
+            if not named:
+                continue
+            if len(targets) == 1:
                 raise
-            continue
+            unknown = str(exc)  # the others are answered; this one says why it is not
         if progress is not None:
             progress(gpu.name)
         estimate = estimate_on_gpu(
@@ -509,12 +512,17 @@ def predict(
         )
         if not estimate.fits and not named:
             continue
+        if unknown is not None:
+            out.append(predictor.unknown_on_gpu(gpu, estimate, unknown))
+            continue
         try:
             out.append(predictor.on_gpu(gpu, rates, estimate))
-        except UsageError:  # the catalog lacks what timing several of this GPU needs
-            if named:
+        except UsageError as exc:  # the catalog lacks what timing several of this GPU needs
+            if not named:
+                continue
+            if len(targets) == 1:
                 raise
-            continue
+            out.append(predictor.unknown_on_gpu(gpu, estimate, str(exc)))
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
         from whichgpu.estimate.calibration import matching_measurement
@@ -1219,6 +1227,9 @@ def report(
     measured = _measurements(chosen.info.name, ranking.run.model_copy(update={"gpus": 1}), store)
     rows: list[tuple[ThroughputEstimate, float, float, float, str]] = []
     for e in speeds_predicted:
+        if e.speed_unknown is not None:
+            notes.append(f"{e.gpu_name}: {e.speed_unknown}")
+            continue
         if not e.fits or e.throughput is None:
             notes.append(f"{e.gpu_name}: does not fit at this run, so it has no speed.")
             continue

@@ -1065,6 +1065,9 @@ class ThroughputEstimate(_Tabular):
     N GPUs the gradient ``exchange`` that does not hide behind backward."""
     calibrated_on: str | None = None
     """When corrected by a measurement of the same run on one GPU (``--calibrate``): which."""
+    speed_unknown: str | None = None
+    """Why the speed cannot be predicted on this GPU (a figure the catalog lacks), when a GPU
+    named in the question cannot be timed; ``throughput`` is then None."""
     prefill_s: float | None = None
     """Inference of a language model: time of the prompt's prefill (time to first token), s."""
     decode_step_s: float | None = None

@@ -212,6 +212,34 @@ class ThroughputPredictor:
         note = self.params.coverage.tensor_note(self.run.precision)
         return assumptions if note is None else (*assumptions, note)
 
+    def unknown_on_gpu(self, gpu: GpuSpec, memory: MemoryEstimate, why: str) -> ThroughputEstimate:
+        """The answer for ``gpu`` where its speed cannot be predicted (``why``): its memory
+        estimate's batch and fit, no throughput."""
+        return ThroughputEstimate(
+            gpu=gpu.id,
+            gpu_name=gpu.name,
+            workload=self.profile.workload,
+            run=memory.run,
+            batch_size=memory.batch_size,
+            seq_len=memory.seq_len,
+            fits=memory.fits,
+            n_gpus=self.run.gpus,
+            throughput_unit=self.unit,
+            band=self.band,
+            relative_band=self.relative_band,
+            assumptions=self.assumptions,
+            method=self.method,
+            step_time_s=None,
+            throughput=None,
+            low=None,
+            high=None,
+            mfu=None,
+            scaling_efficiency=None,
+            time_shares={},
+            tensor_flops_share=0.0,
+            speed_unknown=why,
+        )
+
     def on_gpu(self, gpu: GpuSpec, rates: GpuRates, memory: MemoryEstimate) -> ThroughputEstimate:
         """The prediction on ``gpu`` at the batch of ``memory`` (its largest, unless given)."""
         assumptions = self.assumptions

@@ -686,7 +686,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     for i, e in enumerate(estimates):
         if e.throughput is None or e.step_time_s is None:
             blank = [""] * (len(columns) - 4)
-            table.add_row(e.gpu_name, str(e.batch_size), "-", "[red]does not fit[/red]", *blank)
+            what = "[red]does not fit[/red]" if not e.fits else "[yellow]unknown[/yellow]"
+            table.add_row(e.gpu_name, str(e.batch_size), "-", what, *blank)
             continue
         bound = max(e.time_shares, key=lambda k: e.time_shares[k]) if e.time_shares else "-"
         share = f"{bound} {e.time_shares.get(bound, 0):.0%}"
@@ -719,6 +720,9 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             ]
         table.add_row(*cells)
     notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
+    notes += [
+        f"{e.gpu_name}: speed unknown: {e.speed_unknown}" for e in estimates if e.speed_unknown
+    ]
     notes.append(
         "≈: too close to rank above the next GPU down (within the error of one GPU's "
         "prediction against another's: the leave-one-GPU-out band for a measured workload, "
