@@ -250,3 +250,14 @@ def test_every_help_example_parses_and_names_gpus_the_catalog_knows() -> None:
             value = context.params.get(option)
             for name in [value] if isinstance(value, str) else value or []:
                 catalog.resolve(name)  # raises on an unknown or ambiguous name
+
+
+def test_gpus_arch_matches_the_start_of_an_architecture_and_refuses_an_unknown_one() -> None:
+    import whichgpu.api as wg
+
+    assert {g.architecture for g in wg.gpus(arch="ada")} == {"Ada Lovelace"}
+    assert {g.architecture for g in wg.gpus(arch="blackwell")} == {"Blackwell", "Blackwell Ultra"}
+    assert {g.architecture for g in wg.gpus(arch="CDNA")} >= {"CDNA2", "CDNA3"}
+    result = run_cli("gpus", "--arch", "xyz")
+    assert result.returncode == 2 and "Known: Ada Lovelace" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -165,6 +165,11 @@ def gpus(
     ``prices`` are price files laid over the shipped prices (default: the user's file).
     """
     catalog = load_catalog(prices)
+    if arch is not None and not catalog.search(architecture=arch):
+        known = sorted({g.architecture for g in catalog.all() if g.architecture})
+        raise UsageError(
+            f"--arch: no architecture starts with '{arch}'. Known: {', '.join(known)}."
+        )
     found = catalog.search(
         query,
         vendor=_choice(Vendor, vendor, "vendor"),

@@ -66,7 +66,9 @@ class Catalog:
         architecture: str | None = None,
         min_memory_gb: float | None = None,
     ) -> list[GpuSpec]:
-        """Records matching every given filter; ``query`` matches any part of a name or alias."""
+        """Records matching every given filter; ``query`` matches any part of a name or alias,
+        ``architecture`` the start of one (``ada``: Ada Lovelace; ``blackwell``: Blackwell
+        and Blackwell Ultra; ``cdna``: every CDNA)."""
         key = normalize(query) if query else ""
         found: list[GpuSpec] = []
         for spec in self._gpus:
@@ -74,7 +76,9 @@ class Catalog:
                 continue
             if segment is not None and spec.segment is not segment:
                 continue
-            if architecture and (spec.architecture or "").lower() != architecture.lower():
+            if architecture and not normalize(spec.architecture or "").startswith(
+                normalize(architecture)
+            ):
                 continue
             if min_memory_gb is not None and (spec.memory_gb or 0.0) < min_memory_gb:
                 continue

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from whichgpu.catalog import load_catalog, sort_gpus
+from whichgpu.catalog import load_catalog
 from whichgpu.cli.options import JsonOption, PricesOption
 from whichgpu.cli.output import emit, emit_json
 from whichgpu.report import json_doc, terminal
@@ -57,13 +57,18 @@ def gpus(
 
       whichgpu gpus --vendor amd --segment datacenter
     """
-    catalog = load_catalog(prices)
-    found = sort_gpus(
-        catalog.search(
-            query, vendor=vendor, segment=segment, architecture=arch, min_memory_gb=min_memory
-        ),
-        sort,
+    from whichgpu.api import gpus as find_gpus
+
+    found = find_gpus(
+        query,
+        vendor=vendor,
+        segment=segment,
+        arch=arch,
+        min_memory_gb=min_memory,
+        sort=sort,
+        prices=prices,
     )
+    catalog = load_catalog(prices)
     if json:
         emit_json(json_doc.gpu_rows(found))
         return
