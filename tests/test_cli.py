@@ -6,8 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import run_cli
 from whichgpu.catalog import load_catalog
+from whichgpu.errors import UsageError
 
 
 def test_gpus_json_is_the_only_stdout() -> None:
@@ -260,4 +263,6 @@ def test_gpus_arch_matches_the_start_of_an_architecture_and_refuses_an_unknown_o
     assert {g.architecture for g in wg.gpus(arch="CDNA")} >= {"CDNA2", "CDNA3"}
     result = run_cli("gpus", "--arch", "xyz")
     assert result.returncode == 2 and "Known: Ada Lovelace" in result.stderr
+    with pytest.raises(UsageError, match="min_memory_gb must be a number"):
+        wg.gpus(min_memory_gb="big")  # type: ignore[arg-type]
     assert "Traceback" not in result.stderr

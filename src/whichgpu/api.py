@@ -164,6 +164,10 @@ def gpus(
     matches all of them. ``sort`` is a spec field: numbers and dates largest first, text A-Z.
     ``prices`` are price files laid over the shipped prices (default: the user's file).
     """
+    if min_memory_gb is not None and (
+        isinstance(min_memory_gb, bool) or not isinstance(min_memory_gb, int | float)
+    ):
+        raise UsageError(f"min_memory_gb must be a number of GB, not {min_memory_gb!r}.")
     catalog = load_catalog(prices)
     if arch is not None and not catalog.search(architecture=arch):
         known = sorted({g.architecture for g in catalog.all() if g.architecture})

@@ -127,7 +127,12 @@ def trace_scalable(
             raise ProfileNotScalable(
                 f"{workload.info.name}: the trace at batch {point[0]}, length {point[1]} "
                 f"differs in structure from the one at {points[0]}: "
-                f"{_describe(reference, structure)}."
+                f"{_describe(reference, structure)}. whichgpu traces the step at a few sizes "
+                "and needs the same operators at each: a step that depends on its data's "
+                "values (a .item() or .tolist() read, a branch or loop on a tensor, a "
+                "data-dependent shape such as a mask's nonzero) runs different operators; "
+                "keep such code out of the model and loss (compute it from sizes, or move it "
+                "outside the training step)."
             )
     basis = SEQUENCE_BASIS if workload.info.is_sequence_model else FIXED_BASIS
     solve_points = points[:-1]
