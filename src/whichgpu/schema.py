@@ -146,27 +146,6 @@ class FormFactor(str, Enum):
     SOC = "soc"
 
 
-_PER_DEVICE_FIELDS = (
-    "memory_gb",
-    "memory_usable_mib",
-    "memory_cuda_total_mib",
-    "memory_bandwidth_gbps",
-    "l2_cache_mib",
-    "fp64_tflops",
-    "fp32_tflops",
-    "fp16_tflops",
-    "tf32_tensor_tflops",
-    "fp16_tensor_tflops",
-    "fp16_acc16_tensor_tflops",
-    "bf16_tensor_tflops",
-    "fp8_tensor_tflops",
-    "fp4_tensor_tflops",
-    "int8_tensor_tops",
-    "sparse_fp16_tensor_tflops",
-    "tdp_w",
-)
-"""``GpuSpec`` figures of a package that its devices share out (``GpuSpec.one_device``)."""
-
 _BASEBOARD_FORMS = (FormFactor.SXM, FormFactor.OAM, FormFactor.SUPERCHIP, FormFactor.MEZZANINE)
 
 
@@ -232,6 +211,17 @@ SPEC_FIELDS: tuple[str, ...] = (
     "launch_price_usd",
 )
 """Catalog fields that are facts about the hardware; each non-null one has a ``Provenance``."""
+
+_PER_DEVICE_FIELDS: tuple[str, ...] = (
+    "memory_gb",
+    "memory_usable_mib",
+    "memory_cuda_total_mib",
+    "memory_bandwidth_gbps",
+    "l2_cache_mib",
+    *(name for name in SPEC_FIELDS if name.endswith(("_tflops", "_tops"))),
+    "tdp_w",
+)
+"""``GpuSpec`` figures of a package that its devices share out (``GpuSpec.one_device``)."""
 
 
 class GpuSpec(_Tabular):

@@ -13,6 +13,7 @@ instead of the training fit's. Other models' inference is one forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from whichgpu.estimate.data_parallel import (
     all_reduce_s,
@@ -215,20 +216,33 @@ class ThroughputPredictor:
     def unknown_on_gpu(self, gpu: GpuSpec, memory: MemoryEstimate, why: str) -> ThroughputEstimate:
         """The answer for ``gpu`` where its speed cannot be predicted (``why``): its memory
         estimate's batch and fit, no throughput."""
+        return self._no_speed(self._base(gpu, memory, self.assumptions), speed_unknown=why)
+
+    def _base(
+        self, gpu: GpuSpec, memory: MemoryEstimate, assumptions: tuple[str, ...]
+    ) -> dict[str, Any]:
+        """The fields of an answer on ``gpu`` that do not depend on its speed."""
+        return {
+            "gpu": gpu.id,
+            "gpu_name": gpu.name,
+            "workload": self.profile.workload,
+            "run": memory.run,
+            "batch_size": memory.batch_size,
+            "seq_len": memory.seq_len,
+            "fits": memory.fits,
+            "n_gpus": self.run.gpus,
+            "throughput_unit": self.unit,
+            "band": self.band,
+            "relative_band": self.relative_band,
+            "assumptions": assumptions,
+            "method": self.method,
+        }
+
+    @staticmethod
+    def _no_speed(base: dict[str, Any], **extra: Any) -> ThroughputEstimate:
+        """An answer without a speed (the step does not fit, or cannot be timed)."""
         return ThroughputEstimate(
-            gpu=gpu.id,
-            gpu_name=gpu.name,
-            workload=self.profile.workload,
-            run=memory.run,
-            batch_size=memory.batch_size,
-            seq_len=memory.seq_len,
-            fits=memory.fits,
-            n_gpus=self.run.gpus,
-            throughput_unit=self.unit,
-            band=self.band,
-            relative_band=self.relative_band,
-            assumptions=self.assumptions,
-            method=self.method,
+            **base,
             step_time_s=None,
             throughput=None,
             low=None,
@@ -237,7 +251,7 @@ class ThroughputPredictor:
             scaling_efficiency=None,
             time_shares={},
             tensor_flops_share=0.0,
-            speed_unknown=why,
+            **extra,
         )
 
     def on_gpu(self, gpu: GpuSpec, rates: GpuRates, memory: MemoryEstimate) -> ThroughputEstimate:
@@ -254,33 +268,9 @@ class ThroughputPredictor:
             assumptions += (architecture,)
         assumptions += split_package_note(gpu)
         assumptions += half_precision_note(gpu, self.run.precision)
-        base = {
-            "gpu": gpu.id,
-            "gpu_name": gpu.name,
-            "workload": self.profile.workload,
-            "run": memory.run,
-            "batch_size": memory.batch_size,
-            "seq_len": memory.seq_len,
-            "fits": memory.fits,
-            "n_gpus": self.run.gpus,
-            "throughput_unit": self.unit,
-            "band": self.band,
-            "relative_band": self.relative_band,
-            "assumptions": assumptions,
-            "method": self.method,
-        }
+        base = self._base(gpu, memory, assumptions)
         if not memory.fits:
-            return ThroughputEstimate(
-                **base,
-                step_time_s=None,
-                throughput=None,
-                low=None,
-                high=None,
-                mfu=None,
-                scaling_efficiency=None,
-                time_shares={},
-                tensor_flops_share=0.0,
-            )
+            return self._no_speed(base)
         table = op_table(self.profile, memory.batch_size, memory.seq_len)
         precision = self.run.precision
         if self.serving and self.inference is not None:
