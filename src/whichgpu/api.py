@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from whichgpu.bench.jobs import BenchProgress
     from whichgpu.estimate.calibration import Calibration
     from whichgpu.estimate.memory import StepMemory
-    from whichgpu.estimate.prediction import StepState
+    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
 
 
 def scalable_profile(
@@ -98,17 +98,6 @@ def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]
         doc: dict[str, Any] = json.loads(Path(config).read_text(encoding="utf-8"))
         return doc
     return read_config(workload.info.name)
-
-
-def _kv_cache_shape(
-    workload: Workload, config: Path | str | None, run: RunConfig
-) -> tuple[int, int]:
-    """KV-cache bytes per token and KV heads, from the model's config (the user's file or the
-    shipped one)."""
-    from whichgpu.estimate.serving import kv_bytes_per_token, kv_heads, serving_dtype_bytes
-
-    doc = _config_doc(workload, config)
-    return kv_bytes_per_token(doc, serving_dtype_bytes(run.precision)), kv_heads(doc)
 
 
 def _is_registered(workload: Workload) -> bool:
@@ -225,9 +214,8 @@ class _Step:
     """KV-cache bytes per token (inference of a language model), else None."""
     kv_heads: int | None = None
     """The model's key/value heads (inference of a language model), else None."""
-    routed: tuple[int, int] | None = None
-    """A mixture-of-experts language model's (experts per token, experts per layer), in
-    inference, else None."""
+    model_config: dict[str, Any] | None = None
+    """The model's ``config.json`` (inference of a language model), else None."""
 
 
 def _prepare(
@@ -249,9 +237,14 @@ def _prepare(
     profile, method = loaded or scalable_profile(chosen, run, progress)
     seq_limit = chosen.info.max_seq_len
     kv_per_token = kv_head_count = None
-    routed = None
+    doc: dict[str, Any] | None = None
     if "kv_cache" in profile.choices:  # inference of a language model
-        from whichgpu.estimate.serving import routed_experts, tensor_parallel_refusal
+        from whichgpu.estimate.serving import (
+            kv_bytes_per_token,
+            kv_heads,
+            serving_dtype_bytes,
+            tensor_parallel_refusal,
+        )
 
         context, new_tokens = inference_context(chosen.info, run)
         if seq_limit is not None:
@@ -259,9 +252,9 @@ def _prepare(
         run = run.model_copy(
             update={"seq_len": context, "context": context, "new_tokens": new_tokens}
         )
-        kv_per_token, kv_head_count = _kv_cache_shape(chosen, config, run)
         doc = _config_doc(chosen, config)
-        routed = routed_experts(doc)
+        kv_per_token = kv_bytes_per_token(doc, serving_dtype_bytes(run.precision))
+        kv_head_count = kv_heads(doc)
         refusal = tensor_parallel_refusal(doc, run.gpus)
         if refusal is not None:
             raise NotSplittable(
@@ -276,7 +269,7 @@ def _prepare(
             "estimate one GPU."
         )
     memory = _step_memory(chosen, run, profile)
-    return _Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count, routed)
+    return _Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count, doc)
 
 
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
@@ -468,7 +461,6 @@ def predict(
     """
     from whichgpu.estimate.data_parallel import check_one_node
     from whichgpu.estimate.memory import estimate_on_gpu
-    from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
 
     chosen = _select(workload, config, task, model)
@@ -479,15 +471,7 @@ def predict(
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
     step = _prepare(chosen, run, config, progress)
-    state = _exchange_state(chosen, config, step)
-    predictor = ThroughputPredictor(
-        step.profile,
-        step.run,
-        family=chosen.info.family,
-        method=step.method,
-        state=state,
-        routed=step.routed,
-    )
+    predictor = _predictor(chosen, step)
     catalog = load_catalog()
     measured = _calibration_source(calibrate, store) if calibrate is not None else None
     if measured is not None and step.run.mode != "train":
@@ -813,7 +797,6 @@ def recommend(
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.estimate.calibration import calibrate as correct
     from whichgpu.estimate.memory import estimate_on_gpu
-    from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import gpu_rates
     from whichgpu.ranking.presets import get_preset
     from whichgpu.ranking.rank import Option, Question, rank
@@ -932,15 +915,7 @@ def recommend(
             if singles:
                 newest = max(singles, key=lambda r: r.created_at)
                 calibration = _calibration(chosen, step, newest, software)
-        state = _exchange_state(chosen, config, step)
-        predictor = ThroughputPredictor(
-            step.profile,
-            step.run,
-            family=chosen.info.family,
-            method=step.method,
-            state=state,
-            routed=step.routed,
-        )
+        predictor = _predictor(chosen, step)
         units_per_sample = (
             (step.run.new_tokens or 1) if predictor.serving else (step.run.seq_len or 1)
         )
@@ -1444,7 +1419,23 @@ def _calibration(
     return Calibration(result=result, predicted=predicted), band
 
 
-def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) -> StepState | None:
+def _predictor(chosen: Workload, step: _Step) -> ThroughputPredictor:
+    """The throughput predictor of ``step``: what its GPUs exchange, and for a mixture of
+    experts served, how its tokens are routed."""
+    from whichgpu.estimate.prediction import ThroughputPredictor
+    from whichgpu.estimate.serving import routed_experts
+
+    return ThroughputPredictor(
+        step.profile,
+        step.run,
+        family=chosen.info.family,
+        method=step.method,
+        state=_exchange_state(step),
+        routed=None if step.model_config is None else routed_experts(step.model_config),
+    )
+
+
+def _exchange_state(step: _Step) -> StepState | None:
     """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
     data-parallel training, hidden states in tensor-parallel inference."""
     from whichgpu.estimate.prediction import StepState
@@ -1453,8 +1444,8 @@ def _exchange_state(chosen: Workload, config: Path | str | None, step: _Step) ->
 
     if step.run.gpus <= 1:
         return None
-    if step.run.mode == "inference":
-        layers, hidden = layer_shape(_config_doc(chosen, config))
+    if step.model_config is not None:  # a language model served tensor parallel
+        layers, hidden = layer_shape(step.model_config)
         return StepState(
             layers=layers,
             hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),

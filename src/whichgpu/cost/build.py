@@ -37,7 +37,6 @@ from whichgpu.schema import (
 )
 
 _SEVERITY: dict[CheckStatus, int] = {"ok": 0, "warn": 1, "fail": 2}
-"""Widest PCIe link of one slot (x16)."""
 
 
 def worst(statuses: Sequence[CheckStatus]) -> CheckStatus:

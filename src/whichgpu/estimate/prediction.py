@@ -100,18 +100,17 @@ class ThroughputPredictor:
         self.run = run
         self.params = params or load_parameters()
         self.band = error_band(self.params, profile.workload, family)
-        fitted = profile.workload in self.params.workload_factors
+        self.fitted = profile.workload in self.params.workload_factors
         # against another GPU's prediction of the same run: a measured workload's error is
         # its own GPU's; a new workload's is mostly shared by every GPU, and what is left is
         # the error of one GPU's prediction carried to another (the calibrated band)
         self.relative_band = (
             self.band
-            if fitted
+            if self.fitted
             else error_band(self.params, profile.workload, family, calibrated=True)
         )
         self.factor = self.params.speed_factor(profile.workload, family)
         self.factor_origin = self.params.factor_origin(profile.workload, family)
-        self.fitted = profile.workload in self.params.workload_factors
         share = self.params.host_share(profile.workload, family)
         self.host_origin = (
             f"{'this workload' if self.fitted else 'workloads of its type'}: "

@@ -45,12 +45,16 @@ def layer_shape(config: Mapping[str, Any]) -> tuple[int, int]:
     return layers, int(config.get("hidden_size") or config["n_embd"])
 
 
+def attention_heads(config: Mapping[str, Any]) -> int:
+    """Attention (query) heads of a Hugging Face ``config.json`` (GPT-2's ``n_head``)."""
+    config = _text_config(config)
+    return int(config.get("num_attention_heads") or config["n_head"])
+
+
 def kv_heads(config: Mapping[str, Any]) -> int:
     """Key/value heads of a Hugging Face ``config.json`` (``num_key_value_heads``; the
-    attention heads without GQA; GPT-2's ``n_head`` too)."""
-    config = _text_config(config)
-    heads = int(config.get("num_attention_heads") or config["n_head"])
-    return int(config.get("num_key_value_heads") or heads)
+    attention heads without GQA)."""
+    return int(_text_config(config).get("num_key_value_heads") or attention_heads(config))
 
 
 def routed_experts(config: Mapping[str, Any]) -> tuple[int, int] | None:
@@ -84,8 +88,7 @@ def tensor_parallel_refusal(config: Mapping[str, Any], gpus: int) -> str | None:
     then replicated (vLLM's checks of its model configuration)."""
     if gpus <= 1:
         return None
-    heads = int(_text_config(config).get("num_attention_heads") or kv_heads(config))
-    kv = kv_heads(config)
+    heads, kv = attention_heads(config), kv_heads(config)
     splits = [n for n in range(2, heads + 1) if heads % n == 0 and (kv % n == 0 or n % kv == 0)]
     if heads % gpus == 0 and (kv % gpus == 0 or gpus % kv == 0):
         return None
@@ -116,10 +119,8 @@ def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
     dtype_bytes``, from a Hugging Face ``config.json`` (GQA-aware: ``num_key_value_heads``;
     GPT-2's ``n_layer``/``n_head``/``n_embd`` names too; a ``text_config`` is looked into)."""
     config = _text_config(config)
-    layers, _ = layer_shape(config)
-    heads = int(config.get("num_attention_heads") or config["n_head"])
-    hidden = int(config.get("hidden_size") or config["n_embd"])
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    layers, hidden = layer_shape(config)
+    head_dim = int(config.get("head_dim") or hidden // attention_heads(config))
     return layers * 2 * kv_heads(config) * head_dim * dtype_bytes
 
 

@@ -56,10 +56,10 @@ Engine = Literal["tensor", "tf32", "vector"]
 """Where a matrix operator runs: FP16/BF16 tensor cores, TF32 tensor cores, FP32 vector units."""
 
 MATRIX_KINDS = ("gemm", "conv", "attention")
+"""Operator kinds that run on the matrix engines; all others are bandwidth bound."""
 EXPERT_OPS = ("aten._grouped_mm",)
 """The operators that run a mixture-of-experts layer's experts (transformers' grouped
 experts: one grouped GEMM over the experts the tokens were routed to)."""
-"""Operator kinds that run on the matrix engines; all others are bandwidth bound."""
 
 _HALF = ("float16", "bfloat16")
 Rate = float | npt.NDArray[np.float64]

@@ -52,7 +52,6 @@ from whichgpu.schema import (
 )
 from whichgpu.units import GIB, SECONDS_PER_HOUR
 
-"""Build class of the machines that hold GPU modules (SXM, OAM) rather than cards."""
 _BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
 
 
