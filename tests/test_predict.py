@@ -385,8 +385,11 @@ def test_predict_says_when_it_extrapolates_to_a_new_generation_or_engine() -> No
 def test_the_catalog_at_two_gpus_leaves_out_what_the_catalog_cannot_time() -> None:
     # AWS's A10G has no PCIe generation (nor a fast link) in the catalog: several of it
     # cannot be timed
-    ids = {e.gpu for e in predict("resnet50", gpu_count=2)}
+    pairs = predict("resnet50", gpu_count=2)
+    ids = {e.gpu for e in pairs}
     assert "h100-sxm" in ids and "a10g" not in ids
+    # ... and says so
+    assert any("A10G" in note and "pcie_gen" in note for note in pairs.notes)
     assert "a10g" in {e.gpu for e in predict("resnet50")}
     with pytest.raises(UsageError, match="no PCIe generation"):
         predict("resnet50", gpus=["a10g"], gpu_count=2)
@@ -479,3 +482,22 @@ def test_a_named_gpu_the_catalog_cannot_time_is_answered_as_unknown_beside_the_o
     assert result.returncode == 0 and "unknown" in result.stdout
     with pytest.raises(UsageError, match="sm_count"):  # asked about it alone: an error
         wg.predict("gpt2", gpus=["b300"])
+
+
+def test_the_whole_catalog_says_which_gpus_it_leaves_out_and_why() -> None:
+    ranked = wg.predict("gpt2")
+    ids = {e.gpu for e in ranked}
+    assert "tpu-v5p" not in ids and all(e.throughput is not None for e in ranked)
+    # a GPU it fits on but cannot time is named with what the catalog lacks ...
+    untimed = [note for note in ranked.notes if "Cloud TPU v5p" in note]
+    assert len(untimed) == 1 and "fp32_tflops, sm_count" in untimed[0]
+    assert ranked[:3].notes == ranked.notes  # a slice keeps them
+    shown = run_cli("predict", "gpt2")
+    assert shown.returncode == 0
+    assert "Cloud TPU v5p" in " ".join(shown.stdout.split())
+    # ... and a model no single GPU holds is pointed at sharding
+    nothing = wg.predict("llama-3.1-70b")
+    assert list(nothing) == []
+    assert "does not fit on them" in nothing.notes[0] and "--sharding fsdp" in nothing.notes[1]
+    shown = run_cli("predict", "llama-3.1-70b")
+    assert shown.returncode == 0 and "--sharding fsdp" in shown.stdout

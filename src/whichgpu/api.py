@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from whichgpu.catalog import load_catalog, sort_gpus
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
-from whichgpu.errors import NotSplittable, UsageError
+from whichgpu.errors import MissingRates, NotSplittable, UsageError
 from whichgpu.schema import (
     BenchEnvironment,
     BenchResult,
@@ -480,16 +480,16 @@ def predict(
             "prediction with your bench result (whichgpu results show) instead."
         )
     out = []
+    unfit = 0
+    untimed: list[tuple[str, UsageError]] = []  # GPUs that fit but cannot be timed, and why
     for gpu in targets:
-        unknown = None
+        unknown: UsageError | None = None
         try:
             rates = gpu_rates(gpu)
-        except UsageError as exc:
-            if not named:
-                continue
+        except MissingRates as exc:
             if len(targets) == 1:
                 raise
-            unknown = str(exc)  # the others are answered; this one says why it is not
+            unknown = exc  # the others are answered; this one says why it is not
         if progress is not None:
             progress(gpu.name)
         estimate = estimate_on_gpu(
@@ -504,18 +504,20 @@ def predict(
             kv_head_count=step.kv_heads,
         )
         if not estimate.fits and not named:
+            unfit += 1
             continue
-        if unknown is not None:
-            out.append(predictor.unknown_on_gpu(gpu, estimate, unknown))
-            continue
-        try:
-            out.append(predictor.on_gpu(gpu, rates, estimate))
-        except UsageError as exc:  # the catalog lacks what timing several of this GPU needs
-            if not named:
+        if unknown is None:
+            try:
+                out.append(predictor.on_gpu(gpu, rates, estimate))
                 continue
-            if len(targets) == 1:
-                raise
-            out.append(predictor.unknown_on_gpu(gpu, estimate, str(exc)))
+            except UsageError as exc:  # the catalog lacks what timing several of it needs
+                if len(targets) == 1:
+                    raise
+                unknown = exc
+        if named:
+            out.append(predictor.unknown_on_gpu(gpu, estimate, str(unknown)))
+        elif unknown is not None:
+            untimed.append((gpu.name, unknown))
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
         from whichgpu.estimate.calibration import matching_measurement
@@ -525,7 +527,34 @@ def predict(
         out = correct(out, calibration, band)
     out.sort(key=lambda e: -(e.throughput or 0.0))
     _keep_replays()
-    return ResultList(out)
+    alone_unfit = not out and step.run.gpus == 1
+    return ResultList(out, notes=_left_out_notes(unfit, untimed, suggest_sharding=alone_unfit))
+
+
+def _left_out_notes(
+    unfit: int, untimed: Sequence[tuple[str, UsageError]], *, suggest_sharding: bool
+) -> tuple[str, ...]:
+    """What a whole-catalog ``predict`` leaves out, in words: how many GPUs the step does not
+    fit on (and, when it fits on none alone, how to spread it), and the GPUs it fits on whose
+    speed the catalog cannot describe, by what it lacks."""
+    notes = [f"{unfit} catalog GPUs are left out: the step does not fit on them."] if unfit else []
+    if unfit and suggest_sharding:
+        notes.append(
+            "To spread the model over several GPUs, ask with --gpus N and --sharding fsdp "
+            "(whichgpu fit shows the memory per GPU)."
+        )
+    by_gap: dict[str, list[str]] = {}
+    for name, exc in untimed:
+        if isinstance(exc, MissingRates):
+            by_gap.setdefault(", ".join(exc.missing), []).append(name)
+        else:
+            notes.append(f"{name} is left out, as its speed cannot be predicted: {exc}")
+    notes += [
+        f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} left out: the step fits, but "
+        f"the catalog lacks {gap}, so the speed cannot be predicted."
+        for gap, names in by_gap.items()
+    ]
+    return tuple(notes)
 
 
 # --- bench: measure on a real device ---------------------------------------------------------

@@ -12,6 +12,8 @@
      │    ├── UnknownWorkload     no registered workload has that name; carries suggestions
      │    └── UnsupportedWorkload the run configuration cannot work for it (says why)
      ├── UsageError               arguments that cannot work together
+     │    ├── MissingRates        the catalog lacks a figure a speed needs (names the fields)
+     │    └── NotSplittable       the model does not split over that many GPUs as asked
      ├── BenchError               a benchmark could not measure (says what failed and why)
      │    └── BenchTimeout        a probe or run outlived its time limit
      └── StoreError               the results store cannot be read or written (names the file)
@@ -87,6 +89,15 @@ class AmbiguousGpu(GpuLookupError):
 
 class UsageError(WhichGpuError):
     """Arguments that cannot work together."""
+
+
+class MissingRates(UsageError):
+    """The catalog lacks a figure a speed prediction needs for a GPU (an SM count, an FP32
+    rate, a PCIe generation); ``missing`` names the fields."""
+
+    def __init__(self, message: str, missing: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class NotSplittable(UsageError):

@@ -12,6 +12,7 @@ Nothing here imports pandas or renders anything until asked; the renderers are i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, SupportsIndex, TypeVar, overload
 
 if TYPE_CHECKING:
@@ -26,7 +27,16 @@ class ResultList(list[_T]):
     """A list of results (estimates, measurements, catalog GPUs) that renders as a table.
 
     Slicing keeps the type, so ``whichgpu.gpus()[:5]`` still shows as a table.
+
+    ``notes`` says what the list leaves out that the question could have covered (a
+    whole-catalog ``predict`` names the GPUs it cannot time), so an absence is never silent.
     """
+
+    notes: tuple[str, ...]
+
+    def __init__(self, items: Iterable[_T] = (), *, notes: Iterable[str] = ()) -> None:
+        super().__init__(items)
+        self.notes = tuple(notes)
 
     @overload
     def __getitem__(self, index: SupportsIndex) -> _T: ...
@@ -36,7 +46,7 @@ class ResultList(list[_T]):
 
     def __getitem__(self, index: SupportsIndex | slice) -> _T | ResultList[_T]:
         if isinstance(index, slice):
-            return ResultList(super().__getitem__(index))
+            return ResultList(super().__getitem__(index), notes=self.notes)
         return super().__getitem__(index)
 
     def to_frame(self) -> DataFrame:

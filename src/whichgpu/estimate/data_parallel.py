@@ -27,7 +27,7 @@ from importlib import resources
 from typing import Any
 
 from whichgpu.catalog.cost_data import build_class_for, pcie_lanes_per_gpu
-from whichgpu.errors import UsageError
+from whichgpu.errors import MissingRates, UsageError
 from whichgpu.schema import FormFactor, GpuSpec, Interconnect, Sharding
 from whichgpu.units import GB
 
@@ -124,9 +124,10 @@ def gpu_link(gpu: GpuSpec, n_gpus: int, links: LinkData | None = None) -> Link:
                 bus_bytes_per_s=per_direction * data.bus_efficiency[kind],
             )
     if gpu.pcie_gen is None or gpu.pcie_gen not in data.pcie_gbps_per_lane:
-        raise UsageError(
+        raise MissingRates(
             f"The catalog has no PCIe generation for {gpu.name}, so its multi-GPU exchange "
-            "cannot be timed; predict it on one GPU (drop --gpus)."
+            "cannot be timed; predict it on one GPU (drop --gpus).",
+            ("pcie_gen",),
         )
     # the machine's platform shares its GPU lanes out (a desktop's 16: x8 each for two), as
     # whichgpu cost build shows for the same machine

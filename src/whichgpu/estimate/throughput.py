@@ -47,7 +47,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-from whichgpu.errors import UsageError
+from whichgpu.errors import MissingRates
 from whichgpu.schema import GpuSpec, Precision
 from whichgpu.units import GB, tflops_to_flops
 from whichgpu.workloads.stored import ScalableProfile
@@ -535,8 +535,9 @@ def gpu_rates(gpu: GpuSpec) -> GpuRates:
         if getattr(gpu, name) is None
     ]
     if missing:
-        raise UsageError(
-            f"{gpu.name} lacks {', '.join(missing)} in the catalog; its speed cannot be predicted."
+        raise MissingRates(
+            f"{gpu.name} lacks {', '.join(missing)} in the catalog; its speed cannot be predicted.",
+            tuple(missing),
         )
     assert gpu.fp32_tflops is not None and gpu.memory_bandwidth_gbps is not None
     assert gpu.sm_count is not None

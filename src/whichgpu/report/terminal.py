@@ -656,9 +656,12 @@ def closed_form_check_view(rows: Sequence[CrossCheckRow]) -> RenderableType:
 
 
 def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
-    """``whichgpu predict``: one row per GPU, fastest first, with bands and closeness."""
+    """``whichgpu predict``: one row per GPU, fastest first, with bands and closeness, and
+    what the list leaves out (``ResultList.notes``)."""
+    left_out = list(getattr(estimates, "notes", ()))
     if not estimates:
-        return Text("No GPU to predict (none fits, or none has the specs the predictor needs).")
+        why = " ".join(left_out) or "None fits, or none has the specs the predictor needs."
+        return Text(f"No GPU to predict. {why}")
     first = estimates[0]
     many = first.n_gpus > 1
     serving = first.prefill_s is not None
@@ -728,7 +731,11 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         "prediction against another's: the leave-one-GPU-out band for a measured workload, "
         "the calibrated band for one never measured, whose error every GPU largely shares)"
     )
-    return Group(head, table, Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
+    shown: list[RenderableType] = [head, table]
+    if left_out:
+        shown.append(Text(" ".join(left_out)))
+    shown.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
+    return Group(*shown)
 
 
 def throughput_validation_view(validation: ThroughputValidation) -> RenderableType:
