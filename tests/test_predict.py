@@ -472,16 +472,16 @@ def test_tf32_is_never_slower_than_fp32_and_helps_only_where_its_rate_is_higher(
 
 
 def test_a_named_gpu_the_catalog_cannot_time_is_answered_as_unknown_beside_the_others() -> None:
-    both = wg.predict("gpt2", gpus=["h100-sxm", "b300"])
+    both = wg.predict("gpt2", gpus=["h100-sxm", "tpu-v5p"])
     by_id = {e.gpu: e for e in both}
     assert by_id["h100-sxm"].throughput is not None
-    b300 = by_id["b300"]
-    assert b300.throughput is None and b300.fits
-    assert b300.speed_unknown is not None and "sm_count" in b300.speed_unknown
-    result = run_cli("predict", "gpt2", "--gpu", "h100-sxm", "--gpu", "b300")
+    tpu = by_id["tpu-v5p"]
+    assert tpu.throughput is None and tpu.fits
+    assert tpu.speed_unknown is not None and "sm_count" in tpu.speed_unknown
+    result = run_cli("predict", "gpt2", "--gpu", "h100-sxm", "--gpu", "tpu-v5p")
     assert result.returncode == 0 and "unknown" in result.stdout
     with pytest.raises(UsageError, match="sm_count"):  # asked about it alone: an error
-        wg.predict("gpt2", gpus=["b300"])
+        wg.predict("gpt2", gpus=["tpu-v5p"])
 
 
 def test_the_whole_catalog_says_which_gpus_it_leaves_out_and_why() -> None:
