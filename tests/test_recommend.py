@@ -451,6 +451,7 @@ def test_machines_left_out_under_ddp_point_to_sharding() -> None:
     plain = wg.recommend("llama-3.1-8b", gpu_count="auto", **ask)
     assert any(e.kind == "memory" and e.count > 1 for e in plain.excluded)
     assert "--sharding fsdp (or zero3) splits" in plain.answer
+    assert "x H100 SXM" in plain.answer  # the machines left out are named
     sharded = wg.recommend("llama-3.1-8b", gpu_count="auto", sharding="fsdp", **ask)
     assert "--sharding fsdp (or zero3) splits" not in sharded.answer
     assert any(c.count > 1 for c in sharded.ranking)

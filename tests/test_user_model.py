@@ -230,3 +230,11 @@ def _error_of(spec: str) -> Exception:
     except Exception as exc:
         return exc
     raise AssertionError(f"{spec} traced")
+
+
+def test_a_recommendation_at_the_batch_searchs_cap_says_more_fits() -> None:
+    import whichgpu.api as wg
+
+    ranking = wg.recommend(model=f"{FIXTURE}:build", gpus=["h100-sxm"], acquire="rent", hours=10)
+    (first,) = ranking.ranking
+    assert "the batch search stops at 65536: more fits" in first.reasons[0]

@@ -405,18 +405,22 @@ def rank(
 
 
 def _sharding_hint(excluded: list[Exclusion], run: RunConfig) -> tuple[str, ...]:
-    """A note when machines of several GPUs were left out for memory because each of their
+    """A note naming the machines of several GPUs left out for memory because each of their
     GPUs holds the whole model state (data parallel without sharding it)."""
     if run.mode != "train" or run.sharding not in ("ddp", "zero2"):
         return ()
-    counts = sorted({e.count for e in excluded if e.kind == "memory" and e.count > 1})
-    if not counts:
+    machines = [e for e in excluded if e.kind == "memory" and e.count > 1]
+    if not machines:
         return ()
-    sizes = ", ".join(str(c) for c in counts)
+    by_gpu: dict[str, list[int]] = {}
+    for e in machines:
+        by_gpu.setdefault(e.gpu_name, []).append(e.count)
+    named = [f"{', '.join(map(str, sorted(c)))} x {name}" for name, c in by_gpu.items()]
+    shown = "; ".join(named[:3]) + (f"; and {len(named) - 3} more GPUs" if len(named) > 3 else "")
     return (
-        f"Machines of {sizes} GPUs were left out for memory: under {run.sharding} every GPU "
-        "holds the whole model state; --sharding fsdp (or zero3) splits the weights, "
-        "gradients and optimizer state over them.",
+        f"{len(machines)} machines of several GPUs were left out for memory ({shown}): under "
+        f"{run.sharding} every GPU holds the whole model state; --sharding fsdp (or zero3) "
+        "splits the weights, gradients and optimizer state over them.",
     )
 
 
@@ -487,6 +491,11 @@ def _candidate(
         fits = (
             f"fits: largest batch {m.max_batch_size} per GPU; {_gib(m.device_total_bytes)} "
             f"of {_gib(m.capacity_bytes)} at batch {m.batch_size}"
+        )
+    if m.max_batch_capped:
+        fits += (
+            f" (the batch search stops at {m.max_batch_size}: more fits, and the speed is "
+            "taken at that batch)"
         )
     reasons = [fits]
     if p.source == "measured" and o.measured is not None:
