@@ -338,6 +338,13 @@ def test_open_air_cards_stacked_without_gaps_are_flagged() -> None:
     assert _check(one, "cooling").status == "ok"
 
 
+def test_nvlink_bridges_pair_pcie_cards() -> None:
+    pair = _check(cost.build_checks("rtx-3090", 2, catalog=CATALOG), "nvlink")
+    assert "bridge joins the two cards" in pair.reason
+    four = _check(cost.build_checks("rtx-3090", 4, catalog=CATALOG), "nvlink")
+    assert "in pairs only" in four.reason and "over PCIe" in four.reason
+
+
 def test_modules_and_passive_cards() -> None:
     # an 8-GPU HGX board is the standard machine for SXM modules: a server, all checks pass
     sxm = cost.build_checks("h100-sxm", 8, catalog=CATALOG)

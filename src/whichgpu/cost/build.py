@@ -321,11 +321,18 @@ def _nvlink(spec: GpuSpec, count: int) -> BuildCheck:
                 reason=f"NVLink{gen} on the baseboard links the modules (through NVSwitch on "
                 "8-GPU boards): the fast path that data- and tensor-parallel training use.",
             )
+        if count == 2:
+            joined = f"An NVLink{gen} bridge joins the two cards (bought separately)"
+        else:
+            joined = (
+                f"NVLink{gen} bridges join PCIe cards in pairs only: the {count} GPUs "
+                "exchange gradients over PCIe, as whichgpu predict times them"
+            )
         return BuildCheck(
             name="nvlink",
             status="ok",
-            reason=f"NVLink{gen} is available (PCIe cards need bridges); the 2020 guide finds it "
-            "of little use outside large GPU clusters.",
+            reason=f"{joined}; the 2020 guide finds NVLink of little use outside large GPU "
+            "clusters.",
         )
     if link is None or link is Interconnect.NONE:
         return BuildCheck(
