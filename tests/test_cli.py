@@ -115,7 +115,40 @@ def test_error_messages_print_the_users_text_as_written() -> None:
 def test_ambiguous_gpu_lists_candidates() -> None:
     result = run_cli("show", "A100", "--json")
     assert result.returncode == 2
-    assert "a100-sxm4-80gb" in result.stderr and result.stdout == ""
+    assert "a100-sxm4-80gb" in result.stderr
+    # under --json the failure is a JSON document on stdout too
+    error = json.loads(result.stdout)["error"]
+    assert error["kind"] == "AmbiguousGpu" and error["exit_code"] == 2
+    assert "a100-sxm4-80gb" in error["message"]
+
+
+def test_a_parser_error_under_json_is_json_too() -> None:
+    result = run_cli("fit", "resnet50", "--batch-size", "abc", "--json")
+    assert result.returncode == 2
+    assert "--batch-size" in json.loads(result.stdout)["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("recommend", "resnet50", "--budget", "nan"),
+        ("recommend", "resnet50", "--hours=inf"),
+        ("cost", "energy", "--watts", "1e300", "--hours", "10"),
+        ("gpus", "--min-memory", "-inf"),
+    ],
+)
+def test_numbers_no_option_can_use_are_refused(args: tuple[str, ...]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "is not a number whichgpu can use" in result.stderr
+    assert args[-1].split("=")[-1] in result.stderr or args[-3] in result.stderr
+
+
+def test_an_infinite_answer_is_refused_rather_than_written_as_invalid_json() -> None:
+    from whichgpu.cli.output import emit_json
+
+    with pytest.raises(UsageError, match="infinite or undefined"):
+        emit_json({"energy_kwh": float("inf")})
 
 
 def test_compare_needs_two() -> None:

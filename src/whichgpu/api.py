@@ -14,6 +14,7 @@ needs the ``torch`` extra.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -871,10 +872,10 @@ def recommend(
             "--gpu-only prices bought cards without a computer around them; drop it to rent "
             "(or use --buy)."
         )
-    if budget_usd is not None and budget_usd <= 0:
-        raise UsageError(f"--budget must be more than 0, not {budget_usd}.")
-    if within_hours is not None and within_hours <= 0:
-        raise UsageError(f"--within must be more than 0 hours, not {within_hours}.")
+    _require_positive("--budget", budget_usd, "dollars")
+    _require_positive("--within", within_hours, "hours")
+    _require_positive("--min-batch", min_batch, "samples")
+    _require_positive("--top", top, "rows")
     job = _job_size(hours, samples, tokens, epochs, dataset_size)
     if within_hours is not None and (job is None or job.hours is not None):
         if within_given:
@@ -1011,6 +1012,14 @@ def recommend(
     )
 
 
+def _require_positive(option: str, value: float | None, unit: str = "") -> None:
+    """``UsageError`` unless ``value`` (when given) is a finite number above 0."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageError(
+            f"{option} must be a finite number above 0{' ' + unit if unit else ''}, not {value}."
+        )
+
+
 def _job_size(
     hours: float | None,
     samples: float | None,
@@ -1044,8 +1053,7 @@ def _job_size(
         ("--epochs", epochs),
         ("--dataset-size", dataset_size),
     ):
-        if v is not None and v <= 0:
-            raise UsageError(f"{name} must be more than 0, not {v}.")
+        _require_positive(name, v)
     return JobSize(
         hours=hours, samples=samples, tokens=tokens, epochs=epochs, dataset_size=dataset_size
     )

@@ -7,6 +7,7 @@ unknown GPU), never a traceback unless ``--debug`` (or ``WHICHGPU_DEBUG=1``) is 
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from typing import Annotated
@@ -20,7 +21,7 @@ from whichgpu.cli.compare import compare
 from whichgpu.cli.cost import cost_app
 from whichgpu.cli.fit import fit
 from whichgpu.cli.gpus import gpus
-from whichgpu.cli.output import emit_error
+from whichgpu.cli.output import emit_error, emit_json_error
 from whichgpu.cli.predict import predict
 from whichgpu.cli.profile import profile
 from whichgpu.cli.recommend import recommend
@@ -93,34 +94,72 @@ def _is_parser_error(exc: Exception) -> bool:
     return callable(getattr(exc, "show", None)) and hasattr(exc, "exit_code")
 
 
+LARGEST_INPUT = 1e18
+"""No number a user gives (dollars, hours, watts, tokens) is meaningful beyond this; larger
+ones only overflow the arithmetic into infinities."""
+
+
+def check_numbers(args: Sequence[str]) -> None:
+    """Refuse a number that no option can use: NaN, an infinity, or one beyond
+    ``LARGEST_INPUT`` (each would come out as 'nan' or 'inf' in the answer)."""
+    for i, arg in enumerate(args):
+        option, _, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if math.isfinite(number) and abs(number) <= LARGEST_INPUT:
+            continue
+        if not option and i > 0 and args[i - 1].startswith("-"):
+            option = args[i - 1]
+        where = f"{option}: " if option else ""
+        raise UsageError(
+            f"{where}'{value}' is not a number whichgpu can use: give a finite value of a "
+            f"realistic size (at most {LARGEST_INPUT:.0e})."
+        )
+
+
+def _fail(message: str, kind: str, code: int, json_mode: bool) -> int:
+    emit_error(message)
+    if json_mode:
+        emit_json_error(message, kind, code)
+    return code
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the CLI and return its exit code."""
+    """Run the CLI and return its exit code. With ``--json``, a failure also writes
+    ``{"error": {"message", "kind", "exit_code"}}`` to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or debug_enabled()
+    json_mode = "--json" in args
     try:
+        check_numbers(args)
         result = app(args=args, prog_name="whichgpu", standalone_mode=False)
     except typer.Abort:
-        emit_error("Interrupted.")
-        return 130
+        return _fail("Interrupted.", "Interrupted", 130, json_mode)
     except (GpuLookupError, UsageError, PriceFileError, WorkloadError) as exc:
         if debug:
             raise
-        emit_error(str(exc))
-        return EXIT_USAGE
+        return _fail(str(exc), type(exc).__name__, EXIT_USAGE, json_mode)
     except WhichGpuError as exc:
         if debug:
             raise
-        emit_error(str(exc))
-        return EXIT_FAILURE
+        return _fail(str(exc), type(exc).__name__, EXIT_FAILURE, json_mode)
     except Exception as exc:
         if _is_parser_error(exc):
             exc.show()  # type: ignore[attr-defined]
-            return int(getattr(exc, "exit_code", EXIT_USAGE))
+            code = int(getattr(exc, "exit_code", EXIT_USAGE))
+            if json_mode:
+                shown = getattr(exc, "format_message", None)
+                emit_json_error(shown() if callable(shown) else str(exc), "UsageError", code)
+            return code
         if debug:
             raise
-        emit_error(
+        return _fail(
             f"Internal error ({type(exc).__name__}: {exc}). This is a bug in whichgpu; "
-            "rerun with --debug for the traceback and report it."
+            "rerun with --debug for the traceback and report it.",
+            "InternalError",
+            EXIT_FAILURE,
+            json_mode,
         )
-        return EXIT_FAILURE
     return result if isinstance(result, int) else 0

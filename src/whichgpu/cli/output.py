@@ -12,12 +12,30 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.text import Text
 
+from whichgpu.errors import UsageError
 from whichgpu.report.json_doc import dumps
 
 
 def emit_json(data: Any) -> None:
-    """Write one JSON document to stdout, and nothing else."""
-    sys.stdout.write(dumps(data) + "\n")
+    """Write one JSON document to stdout, and nothing else. A figure that came out infinite or
+    undefined (from inputs out of range) is refused rather than written as invalid JSON."""
+    try:
+        text = dumps(data)
+    except ValueError as exc:
+        raise UsageError(
+            "The answer holds a figure that is infinite or undefined, so it cannot be written "
+            "as JSON: an input is out of range (a rate, a power or a duration too large?). "
+            "Give values of a realistic size."
+        ) from exc
+    sys.stdout.write(text + "\n")
+
+
+def emit_json_error(message: str, kind: str, exit_code: int) -> None:
+    """With ``--json``, a failure is a JSON document too: ``{"error": {...}}`` on stdout (the
+    paragraph also goes to stderr), so a script that parses stdout always gets JSON."""
+    sys.stdout.write(
+        dumps({"error": {"message": message, "kind": kind, "exit_code": exit_code}}) + "\n"
+    )
 
 
 PIPE_WIDTH = 160

@@ -51,8 +51,9 @@ GPU_ROW_FIELDS = (
 
 
 def dumps(data: Any) -> str:
-    """Serialise to indented JSON (UTF-8 text, stable key order)."""
-    return json.dumps(data, indent=2, ensure_ascii=False)
+    """Serialise to indented JSON (UTF-8 text, stable key order); ``ValueError`` on an
+    infinite or NaN figure, which JSON cannot hold, rather than writing invalid JSON."""
+    return json.dumps(data, indent=2, ensure_ascii=False, allow_nan=False)
 
 
 def _plain(spec: GpuSpec) -> dict[str, Any]:
