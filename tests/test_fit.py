@@ -328,3 +328,13 @@ def test_the_longest_sequence_is_never_shorter_than_a_ladder_length_found_to_fit
     )  # fmt: skip
     assert not estimate.fits and estimate.fits_at_seq_len is not None
     assert estimate.max_seq_len is not None and estimate.max_seq_len >= estimate.fits_at_seq_len
+
+
+def test_sizes_past_any_machine_are_refused_not_overflowed() -> None:
+    with pytest.raises(UsageError, match="beyond any GPU machine"):
+        fit("resnet50", gpus=["4090"], batch_size=10**11)
+    with pytest.raises(UsageError, match="beyond any GPU machine"):
+        fit("llama-3.2-1b", gpus=["4090"], mode="inference", concurrency=10**11)
+    # within the bound, a step whose counts pass 64 bits says so
+    with pytest.raises(UsageError, match="more bytes and FLOPs than 64-bit integers hold"):
+        predict("llama-3.2-1b", gpus=["4090"], batch_size=2**24, seq_len=2**17)

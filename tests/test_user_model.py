@@ -162,6 +162,7 @@ def test_a_real_step_on_a_resized_example_keeps_labels_valid() -> None:
             "'NOT_A_FUNCTION' in tests/fixtures/user_model.py is an int",
         ),
         (f"{FIXTURE}:needs_two", [], "takes 2 arguments"),
+        (f"{FIXTURE}:no_parameters", [], "has no trainable parameters"),
         (f"{FIXTURE}:raises", [], "raised ValueError: the config file is missing (at "),
         (
             f"{FIXTURE}:returns_the_model_only",
@@ -193,7 +194,8 @@ def test_model_errors_are_clear(
     out, err = capsys.readouterr()
     assert code == 2, err
     assert message in err
-    assert out == "" and "Traceback" not in err and "bug in whichgpu" not in err
+    assert json.loads(out)["error"]["message"] in err  # --json: the error on stdout too
+    assert "Traceback" not in err and "bug in whichgpu" not in err
 
 
 def test_errors_in_a_child_process_are_one_paragraph() -> None:

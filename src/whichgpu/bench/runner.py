@@ -250,7 +250,7 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
             "On the CPU a search needs --memory-limit GIB: the CPU has no device memory to "
             "fill (the limit is checked against the step's live tensor bytes)."
         )
-    if options.memory_limit_bytes is not None and options.memory_limit_bytes <= 0:
+    if options.memory_limit_bytes is not None and not options.memory_limit_bytes > 0:
         raise UsageError("--memory-limit must be more than 0.")
     if run.gpus > 1 and device.kind == "mps":
         raise UsageError("MPS is one GPU; --gpus does not apply.")

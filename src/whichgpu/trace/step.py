@@ -61,6 +61,12 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
 
     ``adamw-8bit`` is bitsandbytes' ``AdamW8bit`` rebuilt in plain PyTorch (``optim8bit``).
     """
+    if not params:
+        raise UnsupportedWorkload(
+            "The model has no trainable parameters, so a training step has nothing to update: "
+            "check that the model's layers are registered as submodules (an nn.Module "
+            "attribute or nn.ModuleList, not a plain list), or use --mode inference."
+        )
     if run.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=True)
     if run.optimizer == "adamw-8bit":

@@ -12,6 +12,10 @@ from whichgpu.schema import RunConfig, WorkloadInfo
 DEFAULT_NEW_TOKENS = 128
 """Tokens generated per sequence when an inference run of a language model gives none."""
 
+LARGEST_SIZE = 2**24
+"""Largest batch, length, rank or count a run may give (16,777,216): past it no GPU machine
+holds the step, and the arithmetic of a stored profile would overflow."""
+
 
 def inference_context(info: WorkloadInfo, run: RunConfig) -> tuple[int, int]:
     """``(context, new_tokens)`` of a language model's inference run, defaults filled in.
@@ -66,6 +70,11 @@ def run_config(**options: Any) -> RunConfig:
         value = getattr(run, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}.")
+        if value is not None and value > LARGEST_SIZE:
+            raise UsageError(
+                f"--{name.replace('_', '-')} {value:,} is beyond any GPU machine: at most "
+                f"{LARGEST_SIZE:,}."
+            )
     if run.mode == "train":
         for name in ("context", "new_tokens", "concurrency"):
             if name in given:

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any, get_args
 import numpy as np
 import numpy.typing as npt
 
+from whichgpu.errors import UsageError
 from whichgpu.files import write_json_gz_atomically
 from whichgpu.schema import (
     AllocEvent,
@@ -108,7 +109,15 @@ class Polynomials:
         point = np.array(monomials(self.basis, batch_size, seq_len), dtype=object)
         totals = numerators.dot(point)  # Python integers: exact at any size
         rounded = np.where(whole, totals, (2 * totals + denominators) // (2 * denominators))
-        out: npt.NDArray[np.int64] = rounded.astype(np.int64)
+        try:
+            out: npt.NDArray[np.int64] = rounded.astype(np.int64)
+        except OverflowError:
+            raise UsageError(
+                f"A step at batch {batch_size:,}"
+                + (f", length {seq_len:,}" if seq_len else "")
+                + " counts more bytes and FLOPs than 64-bit integers hold: far beyond any GPU "
+                "machine. Ask about a smaller batch or length."
+            ) from None
         return out
 
     @functools.cached_property
