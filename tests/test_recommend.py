@@ -466,3 +466,9 @@ def test_machine_sizes_a_model_cannot_be_served_on_are_left_out_with_a_note() ->
     assert ranking.run.gpus != 8
     with pytest.raises(UsageError, match="28 attention heads"):
         wg.recommend("qwen2.5-7b", mode="inference", gpu_count=8, acquire="rent")
+
+
+def test_the_table_writes_large_speeds_in_full_and_hourly_costs_with_their_unit() -> None:
+    shown = run_cli("recommend", "gpt2", "--rent", "--gpu", "4090", "--gpu", "5090")
+    assert shown.returncode == 0, shown.stderr
+    assert "e+0" not in shown.stdout and "cost $/h" in shown.stdout

@@ -202,7 +202,8 @@ def energy_view(job: JobEnergy) -> RenderableType:
     else:
         table.add_row("electricity", "[yellow]unknown (--electricity)[/yellow]")
     if job.co2_kg is not None:
-        table.add_row("CO2", f"{job.co2_kg:,.4g} kg (at {job.grid_gco2_per_kwh:g} g/kWh)")
+        co2 = significant(job.co2_kg, 4, trim=True)
+        table.add_row("CO2", f"{co2} kg (at {job.grid_gco2_per_kwh:g} g/kWh)")
     else:
         table.add_row("CO2", "[yellow]unknown (--grid-gco2)[/yellow]")
     if job.region:

@@ -21,3 +21,11 @@ def significant(value: float | None, digits: int = 3, *, trim: bool = False) -> 
     if trim and "." in text:
         text = text.rstrip("0").rstrip(".")
     return text
+
+
+def count_si(n: float) -> str:
+    """A large count with an SI prefix, three significant figures (``1.24 G``, ``66.0 T``)."""
+    for factor, prefix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{significant(n / factor)} {prefix}"
+    return significant(n)

@@ -55,7 +55,9 @@ def recommend_view(ranking: Ranking) -> RenderableType:
         unit = ranking.ranking[0].throughput_unit
         columns = ["#", "GPU", "batch", unit, "source"]
         columns += ["time h"] if ranking.job is not None and ranking.job.hours is None else []
-        columns += ["cost", ranking.ranking[0].perf_per_dollar_unit]
+        # renting with no job: the cost is the machine's hourly rate
+        hourly = ranking.mode == "rent" and ranking.job is None
+        columns += ["cost $/h" if hourly else "cost", ranking.ranking[0].perf_per_dollar_unit]
         for column in columns:
             table.add_column(column, justify="left" if column in ("GPU", "source") else "right")
         for c in ranking.ranking:
@@ -64,7 +66,7 @@ def recommend_view(ranking: Ranking) -> RenderableType:
                 str(c.rank),
                 escape(name),
                 str(c.batch_size),
-                f"{c.throughput:,.4g}",
+                significant(c.throughput, 4),
                 c.throughput_source,
             ]
             if ranking.job is not None and ranking.job.hours is None:

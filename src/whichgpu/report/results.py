@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from whichgpu.report.layout import Column, FittedTable
-from whichgpu.report.numbers import significant
+from whichgpu.report.numbers import count_si, significant
 from whichgpu.report.terminal import fmt
 from whichgpu.schema import SCHEMA_VERSION, BenchEnvironment, BenchResult
 from whichgpu.store import (
@@ -183,7 +183,7 @@ def _value(name: str, value: Any, result: BenchResult) -> str | Text:
     if name in ("mfu", "utilization", "scaling_efficiency"):
         return f"{value:.1%}"
     if name == "flops_per_step":
-        return f"{value:.4g} FLOP"
+        return f"{count_si(value)}FLOP"  # whole steps: always past 1,000 (a prefix)
     units = {"_w": "W", "_mhz": "MHz", "_c": "°C", "_j_per_sample": "J"}
     for suffix, unit in units.items():
         if name.endswith(suffix):

@@ -11,7 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from whichgpu.report.layout import Column, FittedTable
-from whichgpu.report.numbers import significant
+from whichgpu.report.numbers import count_si, significant
 from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
@@ -211,14 +211,6 @@ def comparison_table(comparison: Comparison) -> RenderableType:
     return Group(*parts)
 
 
-def _count(n: float) -> str:
-    """A large count with an SI suffix (1.24 G)."""
-    for factor, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= factor:
-            return f"{significant(n / factor)} {suffix}"
-    return significant(n)
-
-
 def workload_table(infos: Iterable[WorkloadInfo]) -> Table:
     """``whichgpu workloads``."""
     table = Table(title="Named workloads", title_justify="left", header_style="bold")
@@ -230,7 +222,7 @@ def workload_table(infos: Iterable[WorkloadInfo]) -> Table:
             default += f" x {info.default_seq_len} tokens"
         else:
             default += f" x {info.input_desc}"
-        params = _count(info.params_published) if info.params_published else "—"
+        params = count_si(info.params_published) if info.params_published else "—"
         table.add_row(info.name, info.family, info.task, params, default, info.throughput_unit)
     return table
 
@@ -245,12 +237,13 @@ def profile_view(summary: ProfileSummary) -> RenderableType:
     facts.add_row(
         "parameters", f"{summary.params_total:,} ({summary.params_trainable:,} trainable)"
     )
-    facts.add_row("FLOPs per step", _count(summary.flops_per_step))
+    facts.add_row("FLOPs per step", count_si(summary.flops_per_step))
     facts.add_row(
         "FLOPs per sample",
-        f"{_count(summary.flops_per_sample)} (forward {_count(summary.forward_flops_per_sample)})",
+        f"{count_si(summary.flops_per_sample)} "
+        f"(forward {count_si(summary.forward_flops_per_sample)})",
     )
-    facts.add_row("bytes moved per step", _count(summary.bytes_per_step) + "B")
+    facts.add_row("bytes moved per step", count_si(summary.bytes_per_step) + "B")
     facts.add_row(f"{summary.throughput_unit} per step", f"{summary.units_per_step:,}")
     facts.add_row("peak live tensors", f"{bytes_to_gib(summary.peak_live_bytes):.2f} GiB")
     facts.add_row("trace time", f"{summary.trace_seconds:.1f} s")
