@@ -338,6 +338,15 @@ def test_open_air_cards_stacked_without_gaps_are_flagged() -> None:
     assert _check(one, "cooling").status == "ok"
 
 
+def test_what_cannot_be_built_into_a_machine_is_refused() -> None:
+    with pytest.raises(UsageError, match="rents it in its cloud only"):
+        cost.build_checks("tpu-v5e", 4, catalog=CATALOG)
+    with pytest.raises(UsageError, match="system on a chip"):
+        cost.build_checks("apple-m4-max", 2, catalog=CATALOG)
+    with pytest.raises(UsageError, match="--psu-watts must be a number of watts above 0"):
+        cost.build_checks("rtx-4090", 2, psu_w=-1, catalog=CATALOG)
+
+
 def test_nvlink_bridges_pair_pcie_cards() -> None:
     pair = _check(cost.build_checks("rtx-3090", 2, catalog=CATALOG), "nvlink")
     assert "bridge joins the two cards" in pair.reason

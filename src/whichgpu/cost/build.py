@@ -34,6 +34,7 @@ from whichgpu.schema import (
     FormFactor,
     GpuSpec,
     Interconnect,
+    Vendor,
 )
 
 _SEVERITY: dict[CheckStatus, int] = {"ok": 0, "warn": 1, "fail": 2}
@@ -364,11 +365,21 @@ def check_build(
     """
     if count < 1:
         raise UsageError(f"--count must be at least 1, not {count}.")
+    if spec.vendor is Vendor.GOOGLE:
+        raise UsageError(
+            f"{spec.name} is sold by no one: Google rents it in its cloud only, so there is no "
+            "machine to build. whichgpu cost value and recommend --rent price it by the hour."
+        )
+    if spec.form_factor is FormFactor.SOC:
+        raise UsageError(
+            f"{spec.name} is a system on a chip: it comes as a whole computer, with no slots, "
+            "power supply or PCIe to check. whichgpu cost breakeven prices owning it."
+        )
     if count > build.gpus:
         raise UsageError(f"A {build.id} holds at most {build.gpus} GPUs, not {count}.")
-    for name, value in (("psu_w", psu_w), ("cpu_w", cpu_w)):
-        if value is not None and (not math.isfinite(value) or value < 0):
-            raise UsageError(f"{name} must be zero or more, not {value:g}.")
+    for name, value in (("--psu-watts", psu_w), ("--cpu-watts", cpu_w)):
+        if value is not None and (not math.isfinite(value) or value <= 0):
+            raise UsageError(f"{name} must be a number of watts above 0, not {value:g}.")
     cpu = build.cpu_w if cpu_w is None else cpu_w
     psu = build.psu_w if psu_w is None else psu_w
     power, load, recommended = _power(spec, count, build, rules, cpu, psu)

@@ -320,7 +320,11 @@ def rank(
                 continue
             ppd = throughput * SECONDS_PER_HOUR / hourly
         if option.count > 1 and q.mode == "buy":
-            report = build_checks(option.gpu, option.count, catalog=catalog)
+            try:
+                report = build_checks(option.gpu, option.count, catalog=catalog)
+            except UsageError as exc:  # not a card to build into a machine (a SoC, a TPU)
+                exclude(option, "build", str(exc))
+                continue
             supply = next(c for c in report.checks if c.name == "power")
             if supply.status == "fail" and report.psu_w is not None:
                 exclude(
