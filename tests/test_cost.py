@@ -338,6 +338,11 @@ def test_open_air_cards_stacked_without_gaps_are_flagged() -> None:
     assert _check(one, "cooling").status == "ok"
 
 
+def test_a_horizon_past_any_machines_life_is_refused() -> None:
+    result = run_cli("cost", "breakeven", "--gpu", "4090", "--years", "1000")
+    assert result.returncode == 2 and "at most 30 years" in result.stderr
+
+
 def test_what_cannot_be_built_into_a_machine_is_refused() -> None:
     with pytest.raises(UsageError, match="rents it in its cloud only"):
         cost.build_checks("tpu-v5e", 4, catalog=CATALOG)

@@ -37,7 +37,7 @@ from whichgpu.catalog.cost_data import (
 )
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost.energy import co2_kg, hours_per_year, yearly_energy_kwh
-from whichgpu.cost.inputs import fraction, non_negative, positive
+from whichgpu.cost.inputs import fraction, non_negative, ownership_years, positive
 from whichgpu.cost.pricing import (
     PriceChoice,
     cloud_price,
@@ -92,7 +92,7 @@ def compare_rent_own(
     fraction("The utilisation (--utilization)", utilization)
     non_negative("The electricity price (--electricity)", electricity_usd_per_kwh)
     positive("The cloud rate (--cloud-rate)", cloud_usd_per_hour)
-    positive("The years (--years)", years)
+    ownership_years("The years (--years)", years)
     non_negative("The resale value (--resale-usd)", resale_usd)
     if resale_usd > system_cost_usd:
         raise UsageError(
@@ -374,7 +374,7 @@ def _check_given(
     if electricity_usd_per_kwh is not None:
         non_negative("The electricity price (--electricity)", electricity_usd_per_kwh)
     if years is not None:
-        positive("The years (--years)", years)
+        ownership_years("The years (--years)", years)
     if resale_usd is not None:
         non_negative("The resale value (--resale-usd)", resale_usd)
 

@@ -19,6 +19,22 @@ def positive(name: str, value: float) -> float:
     return value
 
 
+LONGEST_YEARS = 30
+"""The longest ownership a break-even answers for: no GPU machine serves longer (the guides
+advise replacing GPUs after about three years), and the monthly curve grows with the years."""
+
+
+def ownership_years(name: str, value: float) -> float:
+    """``value`` if it is a number of years above 0 and at most ``LONGEST_YEARS``."""
+    positive(name, value)
+    if value > LONGEST_YEARS:
+        raise UsageError(
+            f"{name} must be at most {LONGEST_YEARS} years, not {value:g}: no GPU machine is "
+            "kept that long (the guides replace GPUs after about three years)."
+        )
+    return value
+
+
 def non_negative(name: str, value: float) -> float:
     """``value`` if it is a finite number of at least zero."""
     if not math.isfinite(value) or value < 0:
