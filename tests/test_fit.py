@@ -338,3 +338,8 @@ def test_sizes_past_any_machine_are_refused_not_overflowed() -> None:
     # within the bound, a step whose counts pass 64 bits says so
     with pytest.raises(UsageError, match="more bytes and FLOPs than 64-bit integers hold"):
         predict("llama-3.2-1b", gpus=["4090"], batch_size=2**24, seq_len=2**17)
+
+
+def test_inference_takes_one_prompt_length() -> None:
+    with pytest.raises(UsageError, match="--seq-len 100 and --context 50 disagree"):
+        fit("llama-3.2-1b", gpus=["4090"], mode="inference", seq_len=100, context=50)

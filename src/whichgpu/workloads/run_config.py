@@ -98,6 +98,12 @@ def run_config(**options: Any) -> RunConfig:
             )
         if "optimizer" in given:
             raise UsageError("--optimizer applies to training; inference has no optimizer.")
+        if "seq_len" in given and "context" in given and run.seq_len != run.context:
+            raise UsageError(
+                f"--seq-len {run.seq_len} and --context {run.context} disagree: in inference "
+                "the prompt length is --context (a model that does not generate takes "
+                "--seq-len). Give one of them."
+            )
     if run.method == "full" and run.lora_targets:
         raise UsageError("--lora-targets needs --method lora or qlora.")
     if run.method == "full" and "lora_rank" in given:

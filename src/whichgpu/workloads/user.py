@@ -141,7 +141,13 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
         raise UsageError(f"--config {path} is not valid JSON: {exc}.") from exc
     if "model_type" not in config:
         raise UsageError(f"--config {path} has no 'model_type'; is it a Hugging Face config.json?")
-    architectures = list(config.get("architectures") or [])
+    named = config.get("architectures") or []
+    if not isinstance(named, list) or not all(isinstance(a, str) for a in named):
+        raise UsageError(
+            f"--config {path}: 'architectures' must be a list of class names, e.g. "
+            f'["LlamaForCausalLM"], not {json.dumps(named)}.'
+        )
+    architectures = list(named)
     if not architectures:
         raise UsageError(
             f"--config {path} names no 'architectures' (the model class, e.g. "
