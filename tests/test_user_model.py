@@ -163,6 +163,7 @@ def test_a_real_step_on_a_resized_example_keeps_labels_valid() -> None:
         ),
         (f"{FIXTURE}:needs_two", [], "takes 2 arguments"),
         (f"{FIXTURE}:no_parameters", [], "has no trainable parameters"),
+        (f"{FIXTURE}:reads_a_value", [], "the step cannot depend on tensor values"),
         (f"{FIXTURE}:raises", [], "raised ValueError: the config file is missing (at "),
         (
             f"{FIXTURE}:returns_the_model_only",

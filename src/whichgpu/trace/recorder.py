@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import functools
 import math
+import sysconfig
+import traceback
 import weakref
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -118,18 +121,50 @@ _COPY = {
 }
 
 
-def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Run ``func``; a host read of a fake tensor's value (``.item()``) gives 1 of its type.
+_TORCH_DIR = str(Path(torch.__file__).resolve().parent)
+_THIS_FILE = str(Path(__file__).resolve())
+_LIBRARY_DIRS = tuple(
+    {
+        str(Path(__file__).resolve().parents[1]),  # whichgpu
+        sysconfig.get_paths()["stdlib"],
+        sysconfig.get_paths()["purelib"],
+        sysconfig.get_paths()["platlib"],
+    }
+)
+"""Where library code lives (whichgpu, the standard library, installed packages)."""
 
-    Fake tensors have no values, so ``aten._local_scalar_dense`` cannot answer. The callers that
-    reach it in a step are optimizers computing step sizes (Adafactor reads its step count and
-    parameter norms), where the value changes no shape and no allocation; 1 keeps them finite.
-    A real run is untouched: the stand-in is used only where the fake mode refuses.
+
+def _read_by_user_code() -> bool:
+    """Whether the code that asked PyTorch for a tensor's value is the user's own file (a
+    --model function's loss or forward), rather than a library (an optimizer in whichgpu's
+    step, transformers checking a mask): judged by the innermost frame outside PyTorch and
+    the tracer's own modes."""
+    for frame in reversed(traceback.extract_stack()):
+        name = str(Path(frame.filename).resolve()) if not frame.filename.startswith("<") else ""
+        if not name or name.startswith(_TORCH_DIR) or name == _THIS_FILE:
+            continue
+        if frame.name in ("__torch_function__", "__torch_dispatch__"):  # a mode's hook
+            continue
+        return not ("site-packages" in name or name.startswith(_LIBRARY_DIRS))
+    return False
+
+
+def _call(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """Run ``func``; a host read of a fake tensor's value (``.item()``) by library code gives 1
+    of its type.
+
+    Fake tensors have no values, so ``aten._local_scalar_dense`` cannot answer. The library
+    callers that reach it in a step are optimizers computing step sizes (Adafactor reads its
+    step count and parameter norms) and model code checking a mask, where the value changes no
+    shape and no allocation; 1 keeps them finite. A read by the user's own code (a branch on
+    ``.item()`` in a --model loss) is refused, as the trace would follow an arbitrary branch;
+    the error names its line. A real run is untouched: the stand-in is used only where the
+    fake mode refuses.
     """
     try:
         return func(*args, **kwargs)
     except DataDependentOutputException:
-        if func._overloadpacket.__name__ != "_local_scalar_dense":
+        if func._overloadpacket.__name__ != "_local_scalar_dense" or _read_by_user_code():
             raise
         dtype = args[0].dtype
         if dtype.is_floating_point:
