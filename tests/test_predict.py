@@ -501,3 +501,11 @@ def test_the_whole_catalog_says_which_gpus_it_leaves_out_and_why() -> None:
     assert "does not fit on them" in nothing.notes[0] and "--sharding fsdp" in nothing.notes[1]
     shown = run_cli("predict", "llama-3.1-70b")
     assert shown.returncode == 0 and "--sharding fsdp" in shown.stdout
+
+
+def test_a_calibration_file_that_is_not_measurements_says_so(tmp_path: Path) -> None:
+    broken = tmp_path / "measured.json"
+    broken.write_text('{"results": [')
+    with pytest.raises(UsageError, match="cannot be read as measurements") as caught:
+        wg.predict("resnet50", gpus=["4090"], calibrate=broken)
+    assert "Nothing was imported" not in str(caught.value)

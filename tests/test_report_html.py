@@ -241,7 +241,7 @@ def test_report_out_writes_through_links_and_refuses_what_it_cannot_write(
     assert link.is_symlink() and target.read_text(encoding="utf-8").startswith("<!DOCTYPE html>")
     capsys.readouterr()
     assert main([*args, str(tmp_path)]) == 2
-    assert "is a folder; give a file name" in capsys.readouterr().err
+    assert "is a folder, not a file" in capsys.readouterr().err
     assert main([*args, str(target / "below-a-file.html")]) == 2
     assert "Cannot write" in capsys.readouterr().err
 

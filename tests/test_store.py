@@ -210,6 +210,13 @@ def test_an_ambiguous_prefix_lists_the_candidates(store: ResultStore) -> None:
     assert "abc10000" in str(caught.value) and "vit-b16" in str(caught.value)
     assert isinstance(caught.value, StoreError) and isinstance(caught.value, UsageError)
     assert store.get("abc2") == second
+    # ids that share their first 12 characters are shown long enough to tell apart
+    third = make_result(result_id="0" * 20 + "1" + "0" * 11, minutes=7)
+    fourth = make_result(result_id="0" * 20 + "2" + "0" * 11, minutes=8)
+    store.add_many([third, fourth])
+    with pytest.raises(ResultLookupError) as caught:
+        store.get("0000")
+    assert third.id[:24] in str(caught.value) and fourth.id[:24] in str(caught.value)
 
 
 def test_an_unknown_id_says_where_to_look(store: ResultStore) -> None:
@@ -843,3 +850,324 @@ def test_exports_get_the_permissions_of_any_new_file(store: ResultStore, tmp_pat
         os.umask(old)
     assert target.stat().st_mode & 0o777 == 0o644
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+# --- Never writing over a store, possible values, unknown GPUs, stores that cannot be read ----
+
+
+def _snapshot(store: ResultStore) -> tuple[bytes, list[BenchResult]]:
+    return store.path.read_bytes(), store.list()
+
+
+def test_an_export_is_never_written_over_the_store_or_another_database(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    store.add_many([make_result(), make_result(minutes=1)])
+    before = _snapshot(store)
+    spelled_otherwise = store.path.parent / ".." / store.path.parent.name / store.path.name
+    for target in (store.path, spelled_otherwise, Path(f"{store.path}-wal")):
+        with pytest.raises(UsageError, match="the results store") as refused:
+            store.export(target, "json")
+        assert "Choose another file name" in str(refused.value)
+    link = tmp_path / "link.json"
+    link.symlink_to(store.path)
+    with pytest.raises(UsageError, match="the results store"):
+        store.export(link)
+    # another SQLite file, likely someone's store, is refused by its header
+    other = ResultStore(tmp_path / "team.db")
+    other.add(make_result())
+    kept = other.path.read_bytes()
+    with pytest.raises(UsageError, match="is a SQLite database"):
+        store.export(other.path, "json")
+    assert other.path.read_bytes() == kept
+    assert _snapshot(store) == before
+    assert not [p for p in store.path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_cli_never_writes_an_export_or_a_report_over_the_store(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    named = ResultStore(tmp_path / "named.sqlite")
+    named.add(make_result())
+    before = _snapshot(named)
+    path = str(named.path)
+    for args in (
+        ("results", "export", path, "--store", path, "--format", "json"),
+        ("report", "resnet50", "--gpu", "4090", "--store", path, "--out", path),
+    ):
+        result = run_cli(*args)
+        assert result.returncode == 2, result.stderr
+        assert "is the results store" in result.stderr and "Traceback" not in result.stderr
+    assert _snapshot(named) == before
+    # the default store when no --store is given ($XDG_DATA_HOME/whichgpu/results.sqlite)
+    monkeypatch.delenv("WHICHGPU_STORE")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    default = ResultStore()
+    assert default.path == tmp_path / "data" / "whichgpu" / "results.sqlite"
+    default.add(make_result())
+    before = _snapshot(default)
+    for args in (
+        ("results", "export", str(default.path), "--format", "csv"),
+        ("report", "resnet50", "--gpu", "4090", "--out", str(default.path)),
+    ):
+        result = run_cli(*args)
+        assert result.returncode == 2 and "is the results store" in result.stderr, result.stderr
+    # and any SQLite file, whichever store is in use
+    result = run_cli("report", "resnet50", "--gpu", "4090", "--out", path)
+    assert result.returncode == 2 and "is a SQLite database" in result.stderr
+    assert _snapshot(default) == before and _snapshot(named)[0] == named.path.read_bytes()
+
+
+def test_an_export_of_nothing_never_empties_an_existing_file(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    target = tmp_path / "lab.json"
+    store.add(make_result())
+    store.export(target)
+    kept = target.read_bytes()
+    for where, call in (
+        (
+            "does not exist",
+            lambda: ResultStore(tmp_path / "typo.sqlite").export(target),
+        ),
+        ("matches workload 'nope'", lambda: store.export(target, workload="nope")),
+    ):
+        with pytest.raises(UsageError, match=where) as refused:
+            call()
+        assert "left as it was" in str(refused.value) and "--store" in str(refused.value)
+    assert target.read_bytes() == kept
+    # a new file may hold no results
+    assert store.export(tmp_path / "new.json", workload="nope").results == 0
+    result = run_cli("results", "export", str(target), "--store", str(tmp_path / "typo.sqlite"))
+    assert result.returncode == 2 and "Nothing to export" in result.stderr
+    assert target.read_bytes() == kept
+
+
+def test_folders_and_paths_under_a_file_are_named_as_such(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    store.add(make_result())
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    with pytest.raises(UsageError, match="is a folder, not a file"):
+        store.export(folder)
+    with pytest.raises(UsageError, match="which is a file, not a directory"):
+        store.export(notes / "out.json")
+    with pytest.raises(ImportFileError, match="is a folder, not a file"):
+        store.import_file(folder)
+    with pytest.raises(ImportFileError, match="which is a file, not a directory"):
+        store.import_file(notes / "in.json")
+    for args in (("export", str(folder)), ("import", str(folder)), ("import", f"{notes}/x")):
+        result = run_cli("results", *args, "--store", str(store.path))
+        assert result.returncode == 2, result.stderr
+        assert "Cannot tell the format" not in result.stderr
+        assert "folder" in result.stderr or "not a directory" in result.stderr
+    assert notes.read_text() == "mine\n"
+
+
+def _future(days: float) -> str:
+    moment = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=days)
+    return moment.isoformat().replace("+00:00", "Z")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("mfu", 50.0, "not a fraction from 0 to 1"),
+        ("mfu", -0.1, "not a fraction from 0 to 1"),
+        ("utilization", 3.0, "not a fraction of the time"),
+        ("created_at", "2999-01-01T00:00:00Z", "in the future"),
+        ("created_at", "@2", "in the future"),
+        ("workload", "", "is empty"),
+        ("precision", " ", "is empty"),
+        ("batch_size", 10**30, "beyond the largest number"),
+        ("iterations", 2**31, "beyond the largest number"),
+        ("run.batch_size", 10**12, "beyond the largest number"),
+        ("peak_reserved_bytes", 2**63, "beyond the largest number"),
+        ("sm_clock_mhz", float("nan"), "not a finite number"),
+    ],
+)
+def test_import_refuses_values_no_measurement_has(
+    store: ResultStore, tmp_path: Path, field: str, value: Any, says: str
+) -> None:
+    record = make_result().model_dump(mode="json")
+    if value == "@2":
+        value = _future(2)
+    if "." in field:
+        head, key = field.split(".")
+        record[head][key] = value
+    else:
+        record[field] = value
+    path = tmp_path / "impossible.json"
+    path.write_text(json.dumps({"schema_version": 1, "results": [record]}))
+    message = str(_bad_import(store, path))
+    assert f"results[0], field '{field}'" in message and says in message, message
+
+
+def test_import_accepts_possible_edges_and_a_clock_a_little_ahead(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    record = make_result(mfu=1.0, utilization=0.0).model_dump(mode="json")
+    record["created_at"] = _future(0.5)  # clocks disagree by hours, not years
+    record["peak_reserved_bytes"] = 2**40
+    path = tmp_path / "edges.json"
+    path.write_text(json.dumps({"schema_version": 1, "results": [record]}))
+    assert store.import_file(path).added == 1
+
+
+def test_an_integer_sqlite_cannot_hold_is_an_error_not_an_overflow(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    with pytest.raises(UsageError, match=r"field '(run\.)?batch_size' is 10+, beyond"):
+        store.add(make_result(batch_size=10**30))
+    assert store.list() == []
+    record = make_result().model_dump(mode="json")
+    record["batch_size"] = 10**30
+    source = tmp_path / "big.json"
+    source.write_text(json.dumps([record]))
+    result = run_cli("results", "import", str(source), "--store", str(store.path))
+    assert result.returncode == 2 and "'batch_size'" in result.stderr
+    assert "Traceback" not in result.stderr and "OverflowError" not in result.stderr
+    # the CSV route checks the same
+    csv_file = tmp_path / "big.csv"
+    good = ResultStore(tmp_path / "good.sqlite")
+    good.add(make_result())
+    good.export(csv_file)
+    header, row = csv_file.read_text().splitlines()[:2]
+    cells = next(csv.reader([row]))
+    cells[CSV_COLUMNS.index("batch_size")] = str(10**30)
+    text = io.StringIO()
+    csv.writer(text).writerow(cells)
+    csv_file.write_text(header + "\n" + text.getvalue())
+    message = str(_bad_import(store, csv_file))
+    assert "line 2, field 'batch_size'" in message
+
+
+def _future_gpu_result(**changes: Any) -> BenchResult:
+    """A result as a newer whichgpu could write it: on a GPU this catalog does not know."""
+    return make_result(gpu="not-a-gpu", device_name="NVIDIA Future GPU", minutes=10, **changes)
+
+
+def test_import_keeps_results_on_gpus_the_catalog_does_not_know_and_says_so(
+    store: ResultStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "newer.json"
+    path.write_text(
+        json.dumps(results_doc([_future_gpu_result(), _future_gpu_result(), make_result()]))
+    )
+    summary = store.import_file(path)
+    assert summary.added == 3
+    assert (summary.unknown_gpus, summary.unknown_gpu_results) == (("not-a-gpu",), 2)
+    other = str(tmp_path / "other.sqlite")
+    result = run_cli("results", "import", str(path), "--store", other)
+    assert result.returncode == 0, result.stderr
+    words = " ".join(result.stdout.split())
+    assert "2 results name a GPU this whichgpu's catalog does not know (not-a-gpu)" in words
+    assert "not used for predictions" in words
+    doc = json.loads(run_cli("results", "import", str(path), "--store", other, "--json").stdout)
+    assert doc["unknown_gpus"] == ["not-a-gpu"] and doc["unknown_gpu_results"] == 2
+
+
+def test_predictions_leave_out_results_on_gpus_the_catalog_does_not_know(
+    store: ResultStore,
+) -> None:
+    import whichgpu.api as wg
+
+    unknown = _future_gpu_result()
+    store.add_many([make_result(throughput=1234.5), unknown])
+    ranking = wg.recommend("resnet50", gpus=["rtx-4090", "rtx-3090"], store=store.path)
+    top = {c.gpu: c for c in ranking.ranking}
+    assert top["rtx-4090"].throughput_source == "measured"
+    assert any(
+        "not-a-gpu, which this whichgpu's catalog does not know" in a for a in ranking.assumptions
+    )
+    data = wg.report("resnet50", gpus=["rtx-4090"], results=True, store=store.path)
+    assert [p.source for p in data.speeds] == ["measured"]
+    assert data.results is not None  # the tables still list every stored result
+    with pytest.raises(UsageError, match="'not-a-gpu', which this whichgpu's catalog does not"):
+        wg.predict("resnet50", gpus=["rtx-4090"], calibrate=unknown.id, store=store.path)
+    result = run_cli(
+        "predict",
+        "resnet50",
+        "--gpu",
+        "4090",
+        "--calibrate",
+        unknown.id[:8],
+        "--store",
+        str(store.path),
+    )
+    assert result.returncode == 2 and "not-a-gpu" in result.stderr
+    assert "Unknown GPU" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_calibration_that_is_not_possible_is_refused(store: ResultStore) -> None:
+    import whichgpu.api as wg
+    from whichgpu.estimate.calibration import ImplausibleMeasurement
+
+    absurd = make_result(throughput=1e15, minutes=5)
+    with pytest.raises(ImplausibleMeasurement, match="not physically possible for that GPU") as e:
+        wg.predict("resnet50", gpus=["rtx-4090"], calibrate=absurd)
+    assert "MFU of" in str(e.value) and f"whichgpu results show {absurd.id[:8]}" in str(e.value)
+    slow = make_result(batch_size=8, throughput=10.0, run=RunConfig(precision="bf16", batch_size=8))
+    with pytest.raises(UsageError, match=r"outside the x0\.05 to x20"):
+        wg.predict("resnet50", gpus=["rtx-4090"], calibrate=slow)
+    # recommend leaves the impossible one out, says so, and uses the older possible one
+    older = make_result(throughput=1200.0)
+    store.add_many([absurd, older])
+    ranking = wg.recommend("resnet50", gpus=["rtx-4090", "rtx-3090"], store=store.path)
+    top = {c.gpu: c for c in ranking.ranking}
+    assert top["rtx-4090"].throughput == pytest.approx(1200.0)
+    assert any(older.id[:8] in r for r in top["rtx-3090"].reasons)  # calibrated on it
+    assert any(f"measurement {absurd.id[:8]} is not used" in a for a in ranking.assumptions)
+    result = run_cli(
+        "predict",
+        "resnet50",
+        "--gpu",
+        "4090",
+        "--calibrate",
+        absurd.id[:8],
+        "--store",
+        str(store.path),
+    )
+    assert result.returncode == 2 and "not physically possible" in result.stderr
+
+
+def test_a_store_named_but_unreadable_is_an_error_in_every_command(tmp_path: Path) -> None:
+    import whichgpu.api as wg
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a database\n" * 100)
+    damaged = tmp_path / "damaged.sqlite"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4000)
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    for bad in (notes, damaged, folder):
+        with pytest.raises(StoreError, match=str(bad)):
+            wg.recommend("resnet50", gpus=["rtx-4090"], store=bad)
+    result = run_cli("recommend", "resnet50", "--gpu", "4090", "--store", str(notes))
+    assert result.returncode == 1 and str(notes) in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_cli(
+        "report",
+        "resnet50",
+        "--gpu",
+        "4090",
+        "--store",
+        str(folder),
+        "--out",
+        str(tmp_path / "r.html"),
+    )
+    assert result.returncode == 1 and "is a folder" in result.stderr
+    assert notes.read_text() == "not a database\n" * 100
+    # a store that does not exist holds nothing: the predictions are used
+    assert wg.recommend("resnet50", gpus=["rtx-4090"], store=tmp_path / "none.sqlite").ranking
+
+
+def test_the_output_check_never_reads_a_pipe(tmp_path: Path) -> None:
+    from whichgpu.files import check_output_file
+
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)  # opening it to read its first bytes would wait for a writer forever
+    check_output_file(pipe, "--out", ResultStore(tmp_path / "s.sqlite").own_files())

@@ -127,6 +127,11 @@ def resolve_gpus(names: Sequence[str] | None) -> list[GpuSpec]:
     catalog = load_catalog()
     if isinstance(names, str):
         names = [names]
+    if names is not None and not isinstance(names, Sequence):
+        raise UsageError(
+            f"gpus= takes GPU names (a list such as ['4090', 'h100-sxm']), not {names!r}; for "
+            "a number of GPUs working together, give gpu_count=."
+        )
     if names:
         found: dict[str, GpuSpec] = {}
         for name in names:
@@ -154,10 +159,14 @@ def gpus(
     matches all of them. ``sort`` is a spec field: numbers and dates largest first, text A-Z.
     ``prices`` are price files laid over the shipped prices (default: the user's file).
     """
+    if query is not None and not isinstance(query, str):
+        raise UsageError(f"query= is part of a GPU's name, a string such as '4090', not {query!r}.")
     if min_memory_gb is not None and (
         isinstance(min_memory_gb, bool) or not isinstance(min_memory_gb, int | float)
     ):
         raise UsageError(f"min_memory_gb must be a number of GB, not {min_memory_gb!r}.")
+    if min_memory_gb is not None and not (math.isfinite(min_memory_gb) and min_memory_gb >= 0):
+        raise UsageError(f"--min-memory must be a number of GB from 0 up, not {min_memory_gb}.")
     catalog = load_catalog(prices)
     if arch is not None and not catalog.search(architecture=arch):
         known = sorted({g.architecture for g in catalog.all() if g.architecture})
@@ -522,8 +531,11 @@ def predict(
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
         from whichgpu.estimate.calibration import matching_measurement
+        from whichgpu.store import catalog_gpu
 
-        result = matching_measurement(measured, chosen.info.name, step.run)
+        result = matching_measurement(
+            measured, chosen.info.name, step.run, lambda gpu: catalog_gpu(gpu) is not None
+        )
         calibration, band = _calibration(chosen, step, result, software)
         out = correct(out, calibration, band)
     out.sort(key=lambda e: -(e.throughput or 0.0))
@@ -609,6 +621,7 @@ def bench(
     chosen = _select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     check_for_workload(run, chosen.info)
+    _require_positive("--memory-limit", memory_limit_gib, "GiB")
     defaults = TimingRule()
     options = BenchOptions(
         find_max_batch=find_max_batch,
@@ -940,11 +953,7 @@ def recommend(
             continue
         loaded = (step.profile, step.method)
         if count == counts[0]:
-            measured = _measurements(chosen.info.name, step.run, store)
-            singles = [r for (_, n), r in measured.items() if n == 1]
-            if singles:
-                newest = max(singles, key=lambda r: r.created_at)
-                calibration = _calibration(chosen, step, newest, software)
+            measured, calibration = _measurements(chosen, step, store, software, notes)
         predictor = _predictor(chosen, step)
         units_per_sample = (
             (step.run.new_tokens or 1) if predictor.serving else (step.run.seq_len or 1)
@@ -1016,7 +1025,7 @@ def _require_positive(option: str, value: float | None, unit: str = "") -> None:
     """``UsageError`` unless ``value`` (when given) is a finite number above 0."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise UsageError(
-            f"{option} must be a finite number above 0{' ' + unit if unit else ''}, not {value}."
+            f"{option} must be a finite number above 0{f' ({unit})' if unit else ''}, not {value}."
         )
 
 
@@ -1084,6 +1093,10 @@ def _gpu_counts(spec: int | str | None) -> list[int]:
                 counts = [1, 2, 4, 8]
             elif "-" in text:
                 low, high = (int(x) for x in text.split("-", 1))
+                if low > high:
+                    raise UsageError(
+                        f"--gpus: the range '{spec}' runs backwards; write {high}-{low}."
+                    )
                 counts = [n for n in (1, 2, 4, 8) if low <= n <= high] or [low]
             else:
                 counts = [int(text)]
@@ -1099,20 +1112,30 @@ def _gpu_counts(spec: int | str | None) -> list[int]:
 
 
 def _measurements(
-    workload: str, run: RunConfig, store: Path | str | None
-) -> dict[tuple[str, int], BenchResult]:
-    """Stored bench results of ``workload`` run as ``run`` asks (mode, precision, length,
-    method, optimizer, checkpointing) on catalog GPUs: the newest per (GPU, count). A missing
-    or unreadable store gives none, and the predictions are used."""
-    from whichgpu.errors import StoreError
-    from whichgpu.store import ResultStore
+    chosen: Workload,
+    step: _Step,
+    store: Path | str | None,
+    software: SoftwareStack,
+    notes: list[str],
+) -> tuple[dict[tuple[str, int], BenchResult], tuple[Calibration, float] | None]:
+    """Stored bench results of ``chosen`` run as ``step.run`` asks (mode, precision, length,
+    method, optimizer, checkpointing) on catalog GPUs: the newest per (catalog id, count), and
+    the correction the newest of those on one GPU gives the predictions (as ``predict
+    --calibrate``).
 
-    try:
-        results = ResultStore(Path(store) if store else None).list(workload=workload)
-    except StoreError:
-        return {}
+    Left out, each kind with a note in ``notes``: results on GPUs this whichgpu's catalog
+    does not know (a newer whichgpu's), and results on one GPU that are not possible
+    measurements of the run (``Calibration.check``; an older one of that GPU is used instead).
+    A store that does not exist holds none; one that cannot be read (not SQLite, damaged, a
+    folder) raises its ``StoreError``: a store the user named is never silently ignored."""
+    from whichgpu.estimate.calibration import ImplausibleMeasurement
+    from whichgpu.store import ResultStore, catalog_gpu
+
+    run = step.run
+    results = ResultStore(Path(store) if store else None).list(workload=chosen.info.name)
     same = ("mode", "precision", "method", "optimizer", "checkpointing")
-    found: dict[tuple[str, int], BenchResult] = {}
+    by_key: dict[tuple[str, int], list[BenchResult]] = {}
+    unknown: dict[str, int] = {}
     for r in results:  # newest first
         if r.gpu is None or not r.throughput:
             continue
@@ -1120,8 +1143,42 @@ def _measurements(
             continue
         if run.seq_len is not None and r.seq_len != run.seq_len:
             continue
-        found.setdefault((r.gpu, r.n_gpus), r)
-    return found
+        gpu = catalog_gpu(r.gpu)
+        if gpu is None:
+            unknown[r.gpu] = unknown.get(r.gpu, 0) + 1
+            continue
+        by_key.setdefault((gpu, r.n_gpus), []).append(r)
+    if unknown:
+        count = sum(unknown.values())
+        notes.append(
+            f"{count} stored result{'s' if count > 1 else ''} of this run "
+            f"{'are' if count > 1 else 'is'} not used: measured on "
+            f"{', '.join(sorted(unknown))}, which this whichgpu's catalog does not know (a "
+            "newer whichgpu may: pip install --upgrade whichgpu)"
+        )
+    found: dict[tuple[str, int], BenchResult] = {}
+    calibrations: list[tuple[Calibration, float]] = []
+    for key, candidates in by_key.items():
+        if key[1] > 1:
+            found[key] = candidates[0]
+            continue
+        for r in candidates:  # the newest possible measurement on this GPU is used
+            short = r.id[:8]
+            try:
+                calibrations.append(_calibration(chosen, step, r, software))
+            except ImplausibleMeasurement as exc:
+                notes.append(
+                    f"your measurement {short} is not used: {exc.reason}; check it (whichgpu "
+                    f"results show {short}) and delete it if it is wrong"
+                )
+                continue
+            except UsageError as exc:  # a real measurement the model cannot compare: kept
+                why = str(exc).removeprefix("--calibrate: ")
+                notes.append(f"your measurement {short} corrects no prediction: {why}")
+            found[key] = r
+            break
+    calibration = max(calibrations, key=lambda c: c[0].result.created_at, default=None)
+    return found, calibration
 
 
 # --- report: everything the HTML report shows, gathered once ---------------------------------
@@ -1245,7 +1302,9 @@ def report(
     memory = fit(
         workload, config=config, task=task, model=model, gpus=shown, stack=stack, **run_options
     )
-    measured = _measurements(chosen.info.name, ranking.run.model_copy(update={"gpus": 1}), store)
+    # the measurements the ranking used (its assumptions carry the notes of those left out)
+    one_gpu = _prepare(chosen, ranking.run.model_copy(update={"gpus": 1}), config, None)
+    measured, _ = _measurements(chosen, one_gpu, store, get_stack(stack), [])
     rows: list[tuple[ThroughputEstimate, float, float, float, str]] = []
     for e in speeds_predicted:
         if e.speed_unknown is not None:
@@ -1408,13 +1467,20 @@ def _calibration_source(
     source: Path | str | BenchResult, store: Path | str | None
 ) -> list[BenchResult]:
     """The measurements ``--calibrate`` names: a result, a results file, or a stored id."""
-    from whichgpu.store import ResultStore, format_of, read_results_file
+    from whichgpu.store import ImportFileError, ResultStore, format_of, read_results_file
 
     if isinstance(source, BenchResult):
         return [source]
     path = Path(source)
     if path.exists():
-        return [r for _, r in read_results_file(path, format_of(path))]
+        try:
+            return [r for _, r in read_results_file(path, format_of(path))]
+        except ImportFileError as exc:
+            raise UsageError(
+                f"--calibrate: {path} cannot be read as measurements: "
+                f"{'; '.join(exc.problems[:3])}. Give a file that `whichgpu results export` or "
+                "`bench --json` wrote, or a stored result's id."
+            ) from exc
     if path.suffix.lower() in (".json", ".csv") or len(path.parts) > 1:
         raise UsageError(f"--calibrate: no file {path}. Give a results file or a result id.")
     return [ResultStore(Path(store) if store else None).get(str(source))]
@@ -1446,14 +1512,18 @@ def _calibration(
     alone = ThroughputPredictor(
         step.profile, one_gpu, family=chosen.info.family, method=step.method
     )
-    predicted = alone.on_gpu(reference, gpu_rates(reference), at_batch).throughput
-    if predicted is None:
+    prediction = alone.on_gpu(reference, gpu_rates(reference), at_batch)
+    if prediction.throughput is None:
         raise UsageError(
             f"--calibrate: the measured batch {result.batch_size} does not fit "
             f"{reference.name} in the memory model, so it cannot be compared."
         )
     band = error_band(alone.params, step.profile.workload, chosen.info.family, calibrated=True)
-    return Calibration(result=result, predicted=predicted), band
+    calibration = Calibration(
+        result=result, predicted=prediction.throughput, predicted_mfu=prediction.mfu
+    )
+    calibration.check()  # a measurement that is not possible corrects nothing
+    return calibration, band
 
 
 def _predictor(chosen: Workload, step: _Step) -> ThroughputPredictor:

@@ -15,6 +15,8 @@ What it promises:
 - **Never destructive.** A file that is not a SQLite database, or a database that is not a
   whichgpu store, is refused with a ``StoreError`` that names it, and is left byte for byte as it
   was. A result is never overwritten: adding a different result under a stored id is an error.
+  An export is never written over the store itself, over any SQLite database
+  (``files.check_output_file``), or, with no results to write, over an existing file.
 - **Versioned.** The ``meta`` table records the layout's version (``STORE_VERSION``).
   ``_STEPS[v]`` brings a version-``v`` store to version ``v + 1`` inside the upgrade's
   transaction; an empty file is version 0, so a new store is built by the same steps that upgrade
@@ -23,9 +25,10 @@ What it promises:
 
 Results travel between machines as files: JSON (``{"schema_version": N, "results": [...]}``) or
 CSV (one row per result; the nested parts in JSON columns), written to a temporary file and
-renamed into place. ``pivot_results`` arranges results as Lambda's benchmark tables do: per
-workload and device, the largest batch, the throughput and the throughput relative to a
-reference device.
+renamed into place. An imported record must be a valid ``BenchResult`` and a possible
+measurement (``_implausible``: no MFU above 1, no time in the future, counts SQLite can hold).
+``pivot_results`` arranges results as Lambda's benchmark tables do: per workload and device,
+the largest batch, the throughput and the throughput relative to a reference device.
 """
 
 from __future__ import annotations
@@ -34,8 +37,10 @@ import builtins
 import contextlib
 import csv
 import datetime as dt
+import functools
 import io
 import json
+import math
 import os
 import sqlite3
 import time
@@ -48,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from whichgpu import settings
 from whichgpu.errors import StoreError, UsageError
-from whichgpu.files import write_atomically
+from whichgpu.files import check_output_file, path_problem, write_atomically
 from whichgpu.schema import SCHEMA_VERSION, BenchResult
 
 ExportFormat = Literal["json", "csv"]
@@ -73,6 +78,13 @@ _CSV_FLAT = tuple(name for name in BenchResult.model_fields if name not in CSV_J
 CSV_COLUMNS = (*_CSV_FLAT, *(f"{name}_json" for name in CSV_JSON_FIELDS), "schema_version")
 """Header of an exported CSV file: one column per flat field, then the JSON columns."""
 
+COUNT_LIMIT = 2**31 - 1
+"""Largest count (batch, length, steps, devices) a stored result may hold."""
+BYTES_LIMIT = 2**63 - 1
+"""Largest byte count a stored result may hold: SQLite's largest integer."""
+CLOCK_SKEW = dt.timedelta(days=1)
+"""How far in the future an imported result's ``created_at`` may lie (clocks disagree)."""
+
 _NEWER = "Upgrade whichgpu (pip install --upgrade whichgpu) to read it"
 _ELSEWHERE = f"Point --store (or ${settings.ENV_STORE}) at another file, or move this one away"
 
@@ -94,6 +106,11 @@ class ImportSummary(_Record):
     """Results added to the store."""
     already_present: int
     """Results the store already held (same id, same values), left as they were."""
+    unknown_gpus: tuple[str, ...] = ()
+    """GPUs (catalog ids) the file's results name that this whichgpu's catalog does not know,
+    as a newer whichgpu may write: those results are stored but not used for predictions."""
+    unknown_gpu_results: int = 0
+    """Results of the file on those GPUs."""
 
 
 class ExportSummary(_Record):
@@ -353,6 +370,14 @@ class ResultStore:
         batch = builtins.list(results)
         if not batch:
             return 0
+        for result in batch:
+            beyond = _out_of_range(result.model_dump())
+            if beyond:
+                field, why = beyond[0]
+                raise UsageError(
+                    f"Result {result.id} cannot be stored: field '{field}' {why}. Nothing was "
+                    "added; correct the result first."
+                )
         with self._session(create=True) as conn:
             assert conn is not None
             with _transaction(conn):
@@ -435,10 +460,26 @@ class ResultStore:
 
     # -- files
 
+    def own_files(self) -> builtins.list[tuple[Path, str]]:
+        """The store's file and SQLite's companions of it (write-ahead log, shared memory,
+        rollback journal), each with what it is: files no export or report may replace."""
+        companions = (
+            ("-wal", "write-ahead log"),
+            ("-shm", "shared memory"),
+            ("-journal", "journal"),
+        )
+        return [
+            (self.path, "the results store"),
+            *(
+                (self.path.with_name(self.path.name + suffix), f"the results store's {what}")
+                for suffix, what in companions
+            ),
+        ]
+
     def export(
         self,
         path: Path,
-        fmt: ExportFormat | None = None,
+        fmt: str | None = None,
         *,
         workload: str | None = None,
         gpu: str | None = None,
@@ -449,15 +490,44 @@ class ResultStore:
         The format comes from ``fmt``, else from the file's extension (``.json``, ``.csv``).
         The file is written beside its final name and renamed into place, so it is either the
         old file or the whole new one, never half written. ``import_file`` reads it back.
+
+        Refused with a ``UsageError``, leaving every file as it was: a folder, the store itself
+        (or its companion files), any other SQLite database, and an existing file when no
+        result would be written (a mistyped store or filter would otherwise empty it).
         """
         path = Path(path).expanduser()
+        check_output_file(path, protected=self.own_files())
         fmt = format_of(path, fmt)
         results = self.list(workload=workload, gpu=gpu, device=device)
+        if not results and path.is_file():
+            raise UsageError(self._nothing_to_export(path, workload, gpu, device))
         results.reverse()
         write_results_file(path, results, fmt)
         return ExportSummary(path=str(path), format=fmt, results=len(results))
 
-    def import_file(self, path: Path, fmt: ExportFormat | None = None) -> ImportSummary:
+    def _nothing_to_export(
+        self, path: Path, workload: str | None, gpu: str | None, device: str | None
+    ) -> str:
+        """Why an export found no results, and why that leaves ``path`` as it was."""
+        filters = ", ".join(
+            f"{name} '{value}'"
+            for name, value in (("workload", workload), ("gpu", gpu), ("device", device))
+            if value is not None
+        )
+        if not self.path.exists():
+            why = f"the results store {self.path} does not exist"
+        elif filters:
+            why = f"no result in {self.path} matches {filters}"
+        else:
+            why = f"the results store {self.path} holds no results"
+        return (
+            f"Nothing to export: {why}, so {path} was left as it was rather than replaced by an "
+            f"empty file. Check the store's path (--store, ${settings.ENV_STORE}) and the "
+            "filters (`whichgpu results list` shows what is stored); to empty the file on "
+            "purpose, delete it first."
+        )
+
+    def import_file(self, path: Path, fmt: str | None = None) -> ImportSummary:
         """Add the results of a JSON or CSV file (as ``export`` writes them) to the store.
 
         Every record is validated before anything is written; an invalid one raises
@@ -466,10 +536,20 @@ class ResultStore:
         left as they are, so importing a file twice adds nothing the second time; a record with
         a stored id but other values is an error. JSON may also be what ``--json`` prints:
         a list of results, or one result.
+
+        Results on GPUs this whichgpu's catalog does not know (``gpu`` names no catalog GPU, as
+        a newer whichgpu's results may) are stored, and counted in ``unknown_gpus`` and
+        ``unknown_gpu_results``: predictions cannot use them.
         """
         path = Path(path).expanduser()
+        problem = path_problem(path)
+        if problem is not None:
+            raise ImportFileError(
+                path, [f"it {problem}"], "Give the name of a file `whichgpu results export` wrote"
+            )
         fmt = format_of(path, fmt)
         records = read_results_file(path, fmt)
+        unknown = [r.gpu for _, r in records if r.gpu is not None and catalog_gpu(r.gpu) is None]
         added = present = 0
         if records:
             with self._session(create=True) as conn:
@@ -484,7 +564,13 @@ class ResultStore:
                         ]
                         raise ImportFileError(path, problems)
         return ImportSummary(
-            path=str(path), format=fmt, records=len(records), added=added, already_present=present
+            path=str(path),
+            format=fmt,
+            records=len(records),
+            added=added,
+            already_present=present,
+            unknown_gpus=tuple(sorted(set(unknown))),
+            unknown_gpu_results=len(unknown),
         )
 
     # -- internals
@@ -647,8 +733,12 @@ class ResultStore:
             total = conn.execute("SELECT count(*) FROM results").fetchone()[0]
             raise self._not_found(query, empty=total == 0)
         if len(rows) > 1:
+            width = 12  # long enough to tell the ids shown apart
+            longest = max(len(str(r[0])) for r in rows)
+            while width < longest and len({str(r[0])[:width] for r in rows[:10]}) < len(rows[:10]):
+                width += 4
             shown = [
-                f"{r[0][:12]} ({r[3]} on {f'{r[6]}x ' if r[6] > 1 else ''}{r[5] or r[4]}, "
+                f"{r[0][:width]} ({r[3]} on {f'{r[6]}x ' if r[6] > 1 else ''}{r[5] or r[4]}, "
                 f"{str(r[7])[:10]})"
                 for r in rows[:10]
             ]
@@ -810,9 +900,93 @@ def _validate(
             problems.append(str(exc))
             return None
     try:
-        return BenchResult.model_validate(record)
+        result = BenchResult.model_validate(record)
     except ValidationError as exc:
         problems.append(f"{where}, {_first_problem(exc, rename)}")
+        return None
+    impossible = _implausible(result, dt.datetime.now(dt.timezone.utc))
+    if impossible:
+        field, why = impossible[0]
+        head, _, rest = field.partition(".")
+        text = f"{where}, field '{rename(head)}{'.' if rest else ''}{rest}': {why}"
+        if len(impossible) > 1:
+            text += f" (and {len(impossible) - 1} more)"
+        problems.append(text)
+        return None
+    return result
+
+
+def _implausible(result: BenchResult, now: dt.datetime) -> builtins.list[tuple[str, str]]:
+    """(field, why) for each value of ``result`` no measurement can have, though its type
+    allows it: an empty workload or precision, an MFU or utilisation outside 0-1, a time in
+    the future (beyond ``CLOCK_SKEW``), a count or byte count SQLite cannot hold, or a number
+    that is not finite."""
+    found: builtins.list[tuple[str, str]] = [
+        (field, "is empty; a result names what it measured")
+        for field in ("workload", "precision")
+        if not getattr(result, field).strip()
+    ]
+    if result.mfu is not None and not 0 <= result.mfu <= 1:
+        found.append(
+            (
+                "mfu",
+                f"is {result.mfu:g} ({result.mfu:.0%}), not a fraction from 0 to 1: no run does "
+                "more than its GPU's peak FLOPs",
+            )
+        )
+    if result.utilization is not None and not 0 <= result.utilization <= 1:
+        found.append(
+            ("utilization", f"is {result.utilization:g}, not a fraction of the time from 0 to 1")
+        )
+    created = result.created_at
+    if created.tzinfo is None:
+        created = created.replace(tzinfo=dt.timezone.utc)
+    if created > now + CLOCK_SKEW:
+        found.append(
+            (
+                "created_at",
+                f"is {_utc_text(created)[:19]}Z, in the future: a result is made when it is "
+                "measured (is the clock of the machine that measured it right?)",
+            )
+        )
+    found.extend(_out_of_range(result.model_dump()))
+    return found
+
+
+def _out_of_range(doc: object, field: str = "") -> builtins.list[tuple[str, str]]:
+    """(field, why) for each whole number in ``doc`` (a result as ``model_dump`` gives it)
+    beyond ``COUNT_LIMIT`` (``BYTES_LIMIT`` for byte counts, fields named ``*_bytes``), and each
+    number that is not finite; ``field`` is the dotted path to ``doc``."""
+    if isinstance(doc, dict):
+        return [
+            problem
+            for key, value in doc.items()
+            for problem in _out_of_range(value, f"{field}.{key}" if field else str(key))
+        ]
+    if isinstance(doc, (builtins.list, tuple)):
+        return [p for i, v in enumerate(doc) for p in _out_of_range(v, f"{field}.{i}")]
+    if isinstance(doc, bool):
+        return []
+    if isinstance(doc, int):
+        limit = BYTES_LIMIT if field.endswith("_bytes") else COUNT_LIMIT
+        if abs(doc) > limit:
+            return [(field, f"is {doc}, beyond the largest number a result may hold ({limit:,})")]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return [(field, f"is {doc}, not a finite number")]
+    return []
+
+
+@functools.lru_cache(maxsize=256)
+def catalog_gpu(gpu: str) -> str | None:
+    """The catalog id of the GPU a stored result names (its ``gpu``), or None when this
+    whichgpu's catalog does not know it: a result written by a newer whichgpu may name a GPU
+    added since. Only the shipped catalog is asked (user price files add no GPUs)."""
+    from whichgpu.catalog import load_catalog
+    from whichgpu.errors import GpuLookupError
+
+    try:
+        return load_catalog(()).resolve(gpu).id
+    except GpuLookupError:
         return None
 
 

@@ -11,7 +11,7 @@ import typer
 from whichgpu.cli import options as o
 from whichgpu.cli.output import emit_json, progress_note
 from whichgpu.errors import UsageError
-from whichgpu.files import write_atomically
+from whichgpu.files import check_output_file, write_atomically
 
 _ASK = o.QUESTION_PANEL
 _OUT = "Output"
@@ -91,7 +91,8 @@ def report(
         typer.Option(
             "--out",
             "-o",
-            help="File to write (default: report.html, or <chart>.svg / .png).",
+            help="File to write (default: report.html; with --format svg or png, the chart's "
+            "name: throughput.svg, memory.png …).",
             metavar="FILE",
             rich_help_panel=_OUT,
         ),
@@ -121,7 +122,7 @@ def report(
     task: o.TaskOption = None,
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
-    batch_size: o.BatchOption = None,
+    batch_size: o.RecommendBatchOption = None,
     seq_len: o.SeqOption = None,
     optimizer: o.OptimizerOption = None,
     checkpointing: o.CheckpointingOption = False,
@@ -131,7 +132,7 @@ def report(
     sharding: o.ShardingOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
-    concurrency: o.ConcurrencyOption = None,
+    concurrency: o.SearchConcurrencyOption = None,
     prices: o.PricesOption = None,
     json: o.JsonOption = False,
 ) -> None:
@@ -172,10 +173,11 @@ def report(
         raise UsageError(f"--chart: '{chart}' is not one of {', '.join(CHARTS)}.")
     default_name = "report.html" if fmt == "html" else f"{chart}.{fmt}"
     target = out or Path(default_name)
-    if target.is_dir():
-        raise UsageError(
-            f"--out {target} is a folder; give a file name, such as {target / default_name}."
-        )
+    if not json:  # never over a folder, the results store or another SQLite database
+        from whichgpu.store import ResultStore
+
+        protected = ResultStore(Path(store) if store else None).own_files()
+        check_output_file(target, "--out", protected, example=default_name)
     if top < 1:
         raise UsageError(f"--top must be at least 1, not {top}.")
     options: dict[str, Any] = {

@@ -14,7 +14,7 @@ from whichgpu.cli.output import emit, emit_json
 from whichgpu.report import results as view
 from whichgpu.schema import SCHEMA_VERSION
 from whichgpu.settings import ENV_STORE
-from whichgpu.store import ResultStore, format_of, pivot_results
+from whichgpu.store import ResultStore, pivot_results
 
 StoreOption = Annotated[
     Optional[Path],  # noqa: UP045 - typer needs Optional at runtime on Python 3.10
@@ -77,6 +77,12 @@ results_app = typer.Typer(
         f"(~/.local/share/whichgpu/results.sqlite) unless ${ENV_STORE} or --store names another. "
         "To merge the results of several machines, run `whichgpu results export FILE` on each "
         "and `whichgpu results import FILE` on one; importing the same file twice adds nothing."
+        "\n\nExamples:\n\n"
+        "  whichgpu results list --gpu 4090 --limit 5\n\n"
+        "  whichgpu results show 3f9c2a1b\n\n"
+        "  whichgpu results export lab-01.json          # or .csv\n\n"
+        "  whichgpu results import lab-02.json\n\n"
+        "  whichgpu results table --reference 3090"
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -176,7 +182,8 @@ def export_results(
     one row per result: a column per measured figure, the run, per-rank figures, notes and
     environment as JSON text (run_json, per_rank_json, notes_json, environment_json), and
     schema_version; it reads back exactly. The file is written whole or not at all; an
-    existing file of that name is replaced.
+    existing file of that name is replaced, unless no result would be written (check --store
+    and the filters), or it is the results store or another SQLite database (refused).
 
     Examples:
 
@@ -187,7 +194,7 @@ def export_results(
       whichgpu results export all.data --format json
     """
     summary = ResultStore(store).export(
-        file, format_of(file, fmt), workload=workload, gpu=_gpu_id(gpu), device=device
+        file, fmt, workload=workload, gpu=_gpu_id(gpu), device=device
     )
     if json:
         emit_json(view.export_doc(summary))
@@ -219,6 +226,8 @@ def import_results(
     Every record is checked first: if one is invalid, the error names the record (JSON) or
     line (CSV) and the field, and nothing is imported. Results already stored (same id, same
     values) are left as they are, so importing a file twice adds nothing the second time.
+    Results on GPUs this whichgpu's catalog does not know (written by a newer whichgpu) are
+    kept, with a note: predictions cannot use them.
 
     Examples:
 
@@ -227,7 +236,7 @@ def import_results(
       whichgpu results import h200.csv --store team.sqlite
     """
     results_store = ResultStore(store)
-    summary = results_store.import_file(file, format_of(file, fmt))
+    summary = results_store.import_file(file, fmt)
     if json:
         emit_json(view.import_doc(summary))
         return
@@ -237,6 +246,18 @@ def import_results(
             f"{summary.already_present} already present (of {summary.records} in the file)."
         )
     )
+    if summary.unknown_gpu_results:
+        count, one = summary.unknown_gpu_results, len(summary.unknown_gpus) == 1
+        emit(
+            Text(
+                f"Note: {count} result{'s name' if count != 1 else ' names'} "
+                f"{'a GPU' if one else 'GPUs'} this whichgpu's catalog does not know "
+                f"({', '.join(summary.unknown_gpus)}): kept in the store, but not used for "
+                "predictions (recommend, report, predict --calibrate). A newer whichgpu may "
+                f"know {'it' if one else 'them'}: pip install --upgrade whichgpu.",
+                style="dim",
+            )
+        )
 
 
 @results_app.command("delete")
