@@ -162,6 +162,8 @@ def test_bad_option_value_exits_2() -> None:
     assert result.returncode == 2 and "Cannot sort by 'colour'" in result.stderr
     result = run_cli("gpus", "--vendor", "nvidiaa")
     assert result.returncode == 2 and "Traceback" not in result.stderr
+    result = run_cli("gpus", "--min-memory", "-5")
+    assert result.returncode == 2 and "from 0 up" in result.stderr
 
 
 def test_bad_price_file_names_line_and_field(tmp_path: Path) -> None:
@@ -238,6 +240,13 @@ def test_profile_bad_input_is_exit_2() -> None:
     assert result.returncode == 2 and "does not apply" in result.stderr
     result = run_cli("profile")
     assert result.returncode == 2 and "Name one workload" in result.stderr
+
+
+def test_a_config_whose_architectures_is_not_a_list_says_so(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "architectures": "LlamaForCausalLM"}))
+    result = run_cli("profile", "--config", str(config))
+    assert result.returncode == 2 and "must be a list of class names" in result.stderr
 
 
 def _help_examples() -> list[tuple[str, list[str]]]:

@@ -275,6 +275,9 @@ def test_job_energy_uses_the_region() -> None:
     assert any("region 'fr' has no electricity price" in a for a in only_carbon.assumptions)
     with pytest.raises(UsageError, match="run time"):
         cost.job_energy(1000, 0, region="de")
+    # both figures given: no region's data was used, and the answer names none
+    given = cost.job_energy(1000, 10, electricity_usd_per_kwh=0.2, grid_gco2_per_kwh=300)
+    assert given.region is None and given.co2_kg == pytest.approx(3.0)
 
 
 def test_machine_power_adds_the_build_class_cpu() -> None:

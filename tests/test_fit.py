@@ -343,3 +343,10 @@ def test_sizes_past_any_machine_are_refused_not_overflowed() -> None:
 def test_inference_takes_one_prompt_length() -> None:
     with pytest.raises(UsageError, match="--seq-len 100 and --context 50 disagree"):
         fit("llama-3.2-1b", gpus=["4090"], mode="inference", seq_len=100, context=50)
+
+
+def test_dropping_a_batch_of_one_is_no_way_to_need_less_memory() -> None:
+    from whichgpu.schema import RunConfig
+
+    assert not any("--batch-size" in lever for lever in RunConfig(batch_size=1).memory_levers())
+    assert any("--batch-size" in lever for lever in RunConfig(batch_size=8).memory_levers())

@@ -174,3 +174,12 @@ def test_frame_without_pandas_says_what_to_install() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "pip install 'whichgpu[report]'" in result.stdout
+
+
+def test_arguments_of_the_wrong_type_are_clear_usage_errors() -> None:
+    with pytest.raises(UsageError, match="named by a string"):
+        whichgpu.gpu(4090)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="give gpu_count="):
+        whichgpu.fit("gpt2", gpus=8)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="query= is part of a GPU's name"):
+        whichgpu.gpus(4090)  # type: ignore[arg-type]

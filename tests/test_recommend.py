@@ -93,6 +93,8 @@ def test_several_gpus_per_machine_are_candidates_with_build_checks() -> None:
     ranking = wg.recommend("resnet50", gpu_count="1-4", gpus=["rtx-3090", "rtx-4090"], top=20)
     counts = {c.count for c in ranking.ranking}
     assert counts == {1, 2, 4}
+    with pytest.raises(UsageError, match="runs backwards; write 1-4"):
+        wg.recommend("resnet50", gpu_count="4-1", gpus=["rtx-3090"])
     four = next(c for c in ranking.ranking if c.count == 4 and c.gpu == "rtx-3090")
     assert any("build: slots" in r or "build: power" in r for r in four.reasons)
     assert any("scale to" in r for r in four.reasons)

@@ -497,7 +497,7 @@ class RunConfig(_Frozen):
                 levers.append("--method lora or qlora")
                 if self.optimizer == "adamw":
                     levers.append("--optimizer adamw-8bit")
-        if self.batch_size is not None:
+        if self.batch_size is not None and self.batch_size > 1:  # below 1 is no batch at all
             levers.append("no --batch-size (the largest batch that fits)")
         return tuple(levers)
 

@@ -45,15 +45,17 @@ def read_user_prices(paths: Sequence[Path], data: CatalogData | None = None) -> 
     return tuple(prices)
 
 
-def load_catalog(prices_files: Sequence[Path | str] | None = None) -> Catalog:
+def load_catalog(prices_files: Sequence[Path | str] | Path | str | None = None) -> Catalog:
     """The shipped catalog with user prices laid over it.
 
     ``prices_files=None`` uses the user's file (``settings.user_prices_path``: the one
     ``$WHICHGPU_PRICES`` names, where a missing file is an error, else the default one if it
     exists); an explicit list (possibly empty) uses exactly those files, and a missing one is
-    an error.
+    an error. One path alone is a list of one.
     """
     data = _shipped()
+    if isinstance(prices_files, str | Path):
+        prices_files = [prices_files]
     if prices_files is None:
         default = user_prices_path()
         paths = [default] if default is not None else []

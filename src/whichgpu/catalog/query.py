@@ -54,7 +54,12 @@ class Catalog:
         return self._by_id[gpu_id]
 
     def resolve(self, name: str, *, memory_gb: float | None = None) -> GpuSpec:
-        """The record a user's name means (see ``names``); raises Unknown/AmbiguousGpu."""
+        """The record a user's name means (see ``names``); raises Unknown/AmbiguousGpu, and
+        ``UsageError`` for a name that is not a string (``4090`` given as a number)."""
+        if not isinstance(name, str):
+            raise UsageError(
+                f"A GPU is named by a string, such as '4090' or 'h100-sxm', not {name!r}."
+            )
         return self._names.resolve(name, memory_gb=memory_gb)
 
     def search(

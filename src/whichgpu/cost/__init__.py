@@ -214,6 +214,8 @@ def job_energy(
     explicit values win.
     """
     place = get_region(region)
+    # the region is the answer's only where one of its figures was used
+    used_region = region is not None or electricity_usd_per_kwh is None or grid_gco2_per_kwh is None
     if electricity_usd_per_kwh is None:
         electricity_usd_per_kwh = place.electricity_usd_per_kwh
     if grid_gco2_per_kwh is None:
@@ -228,5 +230,5 @@ def job_energy(
         hours,
         electricity_usd_per_kwh=electricity_usd_per_kwh,
         grid_gco2_per_kwh=grid_gco2_per_kwh,
-        region=place.id,
+        region=place.id if used_region else None,
     )
