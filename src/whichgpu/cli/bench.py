@@ -92,7 +92,7 @@ def bench(
     lora_targets: o.LoraTargetsOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
-    concurrency: o.ConcurrencyOption = None,
+    concurrency: o.BenchConcurrencyOption = None,
     gpus: o.BenchGpusOption = None,
     find_max_batch: Annotated[
         bool,

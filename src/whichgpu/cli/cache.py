@@ -23,7 +23,11 @@ cache_app = typer.Typer(
         f"names another folder; ${ENV_NO_CACHE}=1 turns it off. A trace is used only by the "
         "whichgpu, Python, torch and transformers it was made with, and only while the model's "
         "config (or the code in its folder) is unchanged; files unused for 60 days are "
-        "deleted when a new trace is kept. Deleting any of it is always safe."
+        "deleted when a new trace is kept. Deleting any of it is always safe.\n\n"
+        "Examples:\n\n"
+        "  whichgpu cache list\n\n"
+        "  whichgpu cache clear --stale          # only what this installation cannot use\n\n"
+        "  whichgpu cache list --json"
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",

@@ -19,7 +19,12 @@ cost_app = typer.Typer(
         "`whichgpu cost value` (performance per dollar of GPUs and 1-8 GPU machines), "
         "`whichgpu cost build` (power supply, slots, cooling, PCIe and NVLink of an N-GPU "
         "build) and `whichgpu cost energy` (kWh, electricity cost and CO2 of a job). Formulas "
-        "and sources: docs/cost.md."
+        "and sources: docs/cost.md.\n\n"
+        "Examples:\n\n"
+        "  whichgpu cost breakeven --gpu 4090 --count 2 --provider runpod\n\n"
+        "  whichgpu cost value --count 4 --reference 3090\n\n"
+        "  whichgpu cost build --gpu 3090 --count 4 --psu-watts 1600\n\n"
+        "  whichgpu cost energy --gpu 4090 --hours 36 --region de"
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",
@@ -252,8 +257,11 @@ def value(
         typer.Option(
             "--count",
             "-n",
-            help="Rate machines of 1, 2, 4 or 8 GPUs with the build class's base system "
-            "(default: the GPU alone).",
+            help="Rate machines of N GPUs instead of the GPU alone (the default), assuming N "
+            "times the work. Bought: N x the GPU's price + the base system of the smallest "
+            "build class that holds N (desktop 1-2, workstation 3-4, server 5-8; more than 8 "
+            "needs --base-cost). Rented (--price-kind cloud): N x the cheapest rate offered for "
+            "N GPUs in one machine.",
         ),
     ] = None,
     throughput: Annotated[

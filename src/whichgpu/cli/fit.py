@@ -36,18 +36,18 @@ def fit(
     task: o.TaskOption = None,
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
-    batch_size: o.BatchOption = None,
+    batch_size: o.FitBatchOption = None,
     seq_len: o.SeqOption = None,
     optimizer: o.OptimizerOption = None,
     checkpointing: o.CheckpointingOption = False,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
-    gpus: o.GpusOption = None,
+    gpus: o.FitGpusOption = None,
     sharding: o.ShardingOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
-    concurrency: o.ConcurrencyOption = None,
+    concurrency: o.SearchConcurrencyOption = None,
     fast: Annotated[
         bool,
         typer.Option(
@@ -65,8 +65,15 @@ def fit(
     for named workloads) through a model of PyTorch's caching allocator, adds the CUDA
     context and library workspaces, and compares the total with the memory CUDA reports for
     each GPU. Without --batch-size the headline is the largest batch that fits; with it,
-    whether that batch fits and the headroom. Estimates err on the safe side: a batch it
-    says fits should never run out of memory.
+    whether that batch fits and the headroom. It is designed to err on the safe side (a batch
+    it says fits is meant not to run out of memory), which is a goal, not a guarantee:
+    `whichgpu validate memory` shows its predictions against measured largest batches and
+    peak memory.
+
+    --gpus N answers for one of N GPUs training data parallel (--sharding ddp, zero2, zero3
+    or fsdp), every figure per GPU; any N works, on one machine or many, since the memory of
+    one GPU does not depend on where the others are (predict and recommend stop at 8, one
+    machine).
 
     Examples:
 
@@ -83,8 +90,10 @@ def fit(
       whichgpu fit --config config.json --fast --gpu 4090 --seq-len 2048   # no torch
 
     Inference (--mode inference) of a language model: the batch is the concurrency, the
-    sequences served at once, each with a static KV cache of --context + --new-tokens tokens;
-    the headline is the largest concurrency. --serving vllm adds the engine's answer:
+    sequences served at once, each with a static KV cache of --context + --new-tokens tokens
+    (defaults: the workload's sequence length, shortened so that both fit the model's
+    positions, and 128); without --concurrency the headline is the largest concurrency that
+    fits. --serving vllm adds the engine's answer:
 
       whichgpu fit llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --gpu h100-sxm
 

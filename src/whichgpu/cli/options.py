@@ -51,7 +51,10 @@ _RUN = "Run options"
 ModeOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
-        "--mode", help="train (forward, backward, optimizer) or inference.", rich_help_panel=_RUN
+        "--mode",
+        help="train (forward, loss, backward, optimizer step; the default) or inference (a "
+        "language model serves requests from a KV cache; other models run forward only).",
+        rich_help_panel=_RUN,
     ),
 ]
 PrecisionOption = Annotated[
@@ -67,12 +70,48 @@ PrecisionOption = Annotated[
 BatchOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
-        "--batch-size", help="Samples per step (default: the workload's).", rich_help_panel=_RUN
+        "--batch-size",
+        help="Samples per step (default: the workload's, as `whichgpu workloads` lists it; for "
+        "--model, the example batch's size).",
+        rich_help_panel=_RUN,
+    ),
+]
+FitBatchOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--batch-size",
+        help="Samples per step on each GPU: say whether this batch fits, with the headroom "
+        "(default: search the largest batch that fits each GPU).",
+        rich_help_panel=_RUN,
+    ),
+]
+PredictBatchOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--batch-size",
+        help="Samples per step on each GPU (default: on each GPU the largest batch that fits "
+        "it, as `whichgpu fit` finds it).",
+        rich_help_panel=_RUN,
+    ),
+]
+RecommendBatchOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--batch-size",
+        help="Samples per step on each GPU (default: on each candidate the largest batch that "
+        "fits it).",
+        rich_help_panel=_RUN,
     ),
 ]
 SeqOption = Annotated[
     Optional[int],  # noqa: UP045
-    typer.Option("--seq-len", help="Tokens per sequence (sequence models).", rich_help_panel=_RUN),
+    typer.Option(
+        "--seq-len",
+        help="Tokens per sequence, for sequence models (default: the workload's, e.g. 2048 for "
+        "llama-3.1-8b; see `whichgpu workloads`). With --mode inference, another name for "
+        "--context.",
+        rich_help_panel=_RUN,
+    ),
 ]
 OptimizerOption = Annotated[
     Optional[str],  # noqa: UP045
@@ -98,17 +137,34 @@ LoraRankOption = Annotated[
 LoraTargetsOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
-        "--lora-targets", help="Comma-separated module names LoRA adapts.", rich_help_panel=_RUN
+        "--lora-targets",
+        help="Modules LoRA adapts, comma-separated, each a name or a dotted suffix of one "
+        "(q_proj,v_proj), or all-linear (every linear layer but the output layer). Default: "
+        "the workload's attention and MLP projections (Llama: q_proj,k_proj,v_proj,o_proj,"
+        "gate_proj,up_proj,down_proj); all-linear for --config and --model.",
+        rich_help_panel=_RUN,
     ),
 ]
 GpusOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
         "--gpus",
-        help="GPUs of one node (default 1). Training runs data parallel: the batch is each "
-        "GPU's own (global batch = GPUs x batch), --sharding splits the model state. "
-        "Inference serves one copy of a language model tensor parallel. Memory is per GPU; "
-        "throughput is of all of them together.",
+        help="GPUs of one machine, at most 8 (default 1). Training runs data parallel: the "
+        "batch is each GPU's own (global batch = GPUs x batch), --sharding splits the model "
+        "state. Inference serves one copy of a language model tensor parallel. Throughput is "
+        "of all of them together.",
+        rich_help_panel=_RUN,
+    ),
+]
+FitGpusOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--gpus",
+        help="GPUs working together (default 1), any number, on one machine or many: memory "
+        "per GPU does not depend on where the others are. Training runs data parallel: the "
+        "batch is each GPU's own (global batch = GPUs x batch), --sharding splits the model "
+        "state. Inference serves one copy of a language model tensor parallel. Every figure "
+        "is per GPU.",
         rich_help_panel=_RUN,
     ),
 ]
@@ -134,16 +190,48 @@ ShardingOption = Annotated[
 ]
 ContextOption = Annotated[
     Optional[int],  # noqa: UP045
-    typer.Option("--context", help="Inference: prompt tokens.", rich_help_panel=_RUN),
+    typer.Option(
+        "--context",
+        help="Inference of a language model: prompt tokens per sequence (default: the "
+        "workload's sequence length, shortened so that context plus --new-tokens fits the "
+        "model's positions).",
+        rich_help_panel=_RUN,
+    ),
 ]
 NewTokensOption = Annotated[
     Optional[int],  # noqa: UP045
-    typer.Option("--new-tokens", help="Inference: generated tokens.", rich_help_panel=_RUN),
+    typer.Option(
+        "--new-tokens",
+        help="Inference of a language model: tokens generated per sequence, held in the KV "
+        "cache with the context (default 128).",
+        rich_help_panel=_RUN,
+    ),
 ]
 ConcurrencyOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
-        "--concurrency", help="Inference: sequences served at once.", rich_help_panel=_RUN
+        "--concurrency",
+        help="Inference of a language model: sequences served at once (default 1; --batch-size "
+        "is another name for it).",
+        rich_help_panel=_RUN,
+    ),
+]
+BenchConcurrencyOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--concurrency",
+        help="Inference of a language model: sequences served at once (default: the "
+        "workload's batch size; --find-max-batch searches the largest that runs).",
+        rich_help_panel=_RUN,
+    ),
+]
+SearchConcurrencyOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--concurrency",
+        help="Inference of a language model: sequences served at once (default: on each GPU "
+        "the most that fit).",
+        rich_help_panel=_RUN,
     ),
 ]
 ConfigOption = Annotated[
@@ -158,8 +246,11 @@ ModelOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--model",
-        help="Your PyTorch model: FILE.py:FUNCTION or package.module:FUNCTION, a function that "
-        "builds it and returns (model, make_batch[, loss]); see docs/workloads.md.",
+        help="Your PyTorch model: FILE.py:FUNCTION or package.module:FUNCTION, a function "
+        "(taking nothing or the run configuration) that builds it and returns (model, batch), "
+        "batch an example of its inputs (a tensor, tuple or dict); or (model, make_batch), "
+        "make_batch(batch_size, seq_len) giving the keyword inputs; either with a "
+        "loss(model, batch) as a third item; or a BuiltWorkload. See docs/workloads.md.",
         metavar="FILE.py:FUNCTION",
     ),
 ]

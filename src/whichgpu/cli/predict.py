@@ -26,7 +26,7 @@ def predict(
     task: o.TaskOption = None,
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
-    batch_size: o.BatchOption = None,
+    batch_size: o.PredictBatchOption = None,
     seq_len: o.SeqOption = None,
     optimizer: o.OptimizerOption = None,
     checkpointing: o.CheckpointingOption = False,
@@ -52,7 +52,7 @@ def predict(
     ] = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
-    concurrency: o.ConcurrencyOption = None,
+    concurrency: o.SearchConcurrencyOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
@@ -66,8 +66,10 @@ def predict(
     outside the GPU (their datasets' input pipelines), which is left out. Without
     --batch-size each GPU runs the largest batch that fits it (as `whichgpu fit` finds it).
     Every prediction has a band: the out-of-sample error of its kind of workload (`whichgpu
-    validate throughput`), wider for a workload never measured; GPUs whose bands overlap are
-    too close to rank.
+    validate throughput`), wider for a workload never measured. Two GPUs are too close to
+    rank (marked ≈) when one's lead is within the relative band, the error of one GPU's
+    prediction against another's; most of a never-measured workload's error is shared by
+    every GPU, so its relative band is the calibrated one, much narrower than its band.
 
     With --gpus N, N such GPUs of one node train data parallel: each runs its own batch, then
     the gradients are averaged over NVLink/NVSwitch, a bridge or PCIe (from the catalog); the
@@ -79,8 +81,10 @@ def predict(
     your workload and software is mostly the same on every GPU).
 
     With --mode inference a language model serves --concurrency sequences (default: the most
-    that fit) of --context prompt tokens and --new-tokens generated ones: generated tokens/s,
-    time to first token (the prefill) and time per output token (a decode step).
+    that fit) of --context prompt tokens (default: the workload's sequence length, shortened so
+    that context and new tokens fit the model's positions) and --new-tokens generated ones
+    (default 128): generated tokens/s, time to first token (the prefill) and time per output
+    token (a decode step).
 
     Examples:
 

@@ -44,6 +44,14 @@ def profile(
     gradients, optimizer state, activations, temporaries) — the raw material of `fit` and
     `predict`.
 
+    Run options left out take these defaults: --mode train, --precision bf16, --batch-size and
+    --seq-len the workload's (see `whichgpu workloads`), --optimizer adamw, --method full.
+    --mode inference of a language model traces a server's step instead: a prefill of
+    --context prompt tokens (default: the workload's sequence length, shortened so that
+    context plus new tokens fits the model's positions) for --concurrency sequences (default
+    1, not the workload's batch; --batch-size is another name for it) into a KV cache sized
+    for --new-tokens more (default 128), then one decode step.
+
     Examples:
 
       whichgpu profile resnet50 --batch-size 64
@@ -53,6 +61,8 @@ def profile(
       whichgpu profile --config my-model/config.json --batch-size 4 --seq-len 1024
 
       whichgpu profile --model examples/my_model.py:build --batch-size 32
+
+      whichgpu profile llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --concurrency 8
     """
     from whichgpu.estimate.profile_summary import summarize
     from whichgpu.workloads import check_for_workload, run_config, select_workload

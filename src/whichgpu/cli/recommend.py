@@ -56,7 +56,7 @@ def recommend(
     task: o.TaskOption = None,
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
-    batch_size: o.BatchOption = None,
+    batch_size: o.RecommendBatchOption = None,
     seq_len: o.SeqOption = None,
     optimizer: o.OptimizerOption = None,
     checkpointing: o.CheckpointingOption = False,
@@ -66,7 +66,7 @@ def recommend(
     sharding: o.ShardingOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
-    concurrency: o.ConcurrencyOption = None,
+    concurrency: o.SearchConcurrencyOption = None,
     prices: o.PricesOption = None,
     json: o.JsonOption = False,
 ) -> None:
@@ -78,8 +78,9 @@ def recommend(
     ranked: by the cost to finish the job when you give its size in work (--samples,
     --tokens, --epochs with --dataset-size); with --hours of use, by the work done per dollar
     over those hours (machine and electricity, or rental); else by throughput per dollar.
-    Each GPU left out gets one line on why, and leaders within the prediction's uncertainty
-    are flagged.
+    Without --batch-size each GPU runs the largest batch that fits it. Each GPU left out gets
+    one line on why, and leaders that the error of one GPU's prediction against another's
+    could swap are called too close to rank.
 
     Examples:
 
@@ -90,6 +91,8 @@ def recommend(
       whichgpu recommend llama-3.1-70b --mode inference --concurrency 8 --context 4096 --rent
 
       whichgpu recommend --for kaggle
+
+      whichgpu recommend --for kaggle --budget 800 --used --gpu-only   # $800 for the GPU alone
     """
     from whichgpu.api import recommend as recommend_gpus
 

@@ -13,7 +13,11 @@ validate_app = typer.Typer(
         "Check whichgpu's predictions against measured data shipped with it, and print the "
         "error of every case. `whichgpu validate memory` compares largest batch sizes, "
         "`whichgpu validate throughput` training throughput, `whichgpu validate closed-form` "
-        "the closed form (`fit --fast`) with the traced path."
+        "the closed form (`fit --fast`) with the traced path.\n\n"
+        "Examples:\n\n"
+        "  whichgpu validate memory\n\n"
+        "  whichgpu validate throughput --json\n\n"
+        "  whichgpu validate closed-form"
     ),
     no_args_is_help=True,
     rich_markup_mode="markdown",

@@ -11,9 +11,11 @@ from whichgpu.workloads import all_workloads
 def workloads(json: JsonOption = False) -> None:
     """List the named workloads: family, task, parameters, default input, throughput unit.
 
-    Any of them can be given to `profile` (and, as they are built, to fit, predict and bench);
-    your own model is `--config path/to/config.json` (a Hugging Face config) or
-    `--model path/to/file.py:function` (any PyTorch model; see docs/workloads.md).
+    Any of them can be given to profile, fit, predict, recommend, report and bench; the
+    default input is what a run uses without --batch-size or --seq-len (fit, predict,
+    recommend and report search the largest batch that fits instead). Your own model is
+    `--config path/to/config.json` (a Hugging Face config) or `--model path/to/file.py:function`
+    (any PyTorch model; see docs/workloads.md).
 
     Examples:
 
