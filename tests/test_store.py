@@ -1088,16 +1088,8 @@ def test_predictions_leave_out_results_on_gpus_the_catalog_does_not_know(
     assert data.results is not None  # the tables still list every stored result
     with pytest.raises(UsageError, match="'not-a-gpu', which this whichgpu's catalog does not"):
         wg.predict("resnet50", gpus=["rtx-4090"], calibrate=unknown.id, store=store.path)
-    result = run_cli(
-        "predict",
-        "resnet50",
-        "--gpu",
-        "4090",
-        "--calibrate",
-        unknown.id[:8],
-        "--store",
-        str(store.path),
-    )
+    calibrate = ["predict", "resnet50", "--gpu", "4090", "--calibrate", unknown.id[:8]]
+    result = run_cli(*calibrate, "--store", str(store.path))
     assert result.returncode == 2 and "not-a-gpu" in result.stderr
     assert "Unknown GPU" not in result.stderr and "Traceback" not in result.stderr
 
@@ -1121,16 +1113,8 @@ def test_a_calibration_that_is_not_possible_is_refused(store: ResultStore) -> No
     assert top["rtx-4090"].throughput == pytest.approx(1200.0)
     assert any(older.id[:8] in r for r in top["rtx-3090"].reasons)  # calibrated on it
     assert any(f"measurement {absurd.id[:8]} is not used" in a for a in ranking.assumptions)
-    result = run_cli(
-        "predict",
-        "resnet50",
-        "--gpu",
-        "4090",
-        "--calibrate",
-        absurd.id[:8],
-        "--store",
-        str(store.path),
-    )
+    calibrate = ["predict", "resnet50", "--gpu", "4090", "--calibrate", absurd.id[:8]]
+    result = run_cli(*calibrate, "--store", str(store.path))
     assert result.returncode == 2 and "not physically possible" in result.stderr
 
 
