@@ -175,3 +175,10 @@ def test_a_killed_bench_leaves_a_readable_store(tmp_path: Path) -> None:
     with sqlite3.connect(store) as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     assert _group_gone(process.pid), "child processes outlived the bench"
+
+
+def test_a_workload_named_and_in_the_suite_is_measured_once() -> None:
+    from whichgpu.cli.bench import SuiteEntry, _entries
+
+    entries = _entries(["resnet50"], "modern", None, None)
+    assert entries.count(SuiteEntry("resnet50")) == 1 and entries[0] == SuiteEntry("resnet50")

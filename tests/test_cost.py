@@ -278,6 +278,10 @@ def test_job_energy_uses_the_region() -> None:
     # both figures given: no region's data was used, and the answer names none
     given = cost.job_energy(1000, 10, electricity_usd_per_kwh=0.2, grid_gco2_per_kwh=300)
     assert given.region is None and given.co2_kg == pytest.approx(3.0)
+    # free power is a price, as in cost breakeven; a negative carbon intensity is not
+    assert cost.job_energy(1000, 10, electricity_usd_per_kwh=0).electricity_usd == 0
+    with pytest.raises(UsageError, match="carbon intensity"):
+        cost.job_energy(1000, 10, grid_gco2_per_kwh=-3)
 
 
 def test_machine_power_adds_the_build_class_cpu() -> None:
@@ -339,6 +343,11 @@ def test_open_air_cards_stacked_without_gaps_are_flagged() -> None:
     assert "stacked" in cooling.reason
     one = cost.build_checks("rtx-3080-10gb", 1, catalog=CATALOG)
     assert _check(one, "cooling").status == "ok"
+
+
+def test_a_unit_without_throughputs_is_refused() -> None:
+    with pytest.raises(UsageError, match="--unit is the unit of --throughput"):
+        cost.value(["4090", "3090"], throughput_unit="tokens/s", catalog=CATALOG)
 
 
 def test_a_horizon_past_any_machines_life_is_refused() -> None:

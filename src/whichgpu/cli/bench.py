@@ -290,7 +290,7 @@ def _entries(
             "Name the workloads to measure (e.g. `whichgpu bench resnet50`), a --suite, or "
             "--config FILE / --model FILE.py:FUNCTION for your own model."
         )
-    return named
+    return list(dict.fromkeys(named))  # a workload named and in the suite alike runs once
 
 
 def _render(results: list[BenchResult], json: bool) -> None:

@@ -139,6 +139,11 @@ def value(
     catalog = catalog or load_catalog()
     kind = check_price_choice(price_kind)
     specs = [_spec(catalog, g) for g in gpus] if gpus else None
+    if throughput_unit and not throughput:
+        raise UsageError(
+            "--unit is the unit of --throughput, which was not given; add --throughput GPU=N "
+            "for each GPU (or drop --unit to compare the catalog's TFLOPS)."
+        )
     given = None
     if throughput:
         given = {_spec(catalog, g).id: float(v) for g, v in throughput.items()}

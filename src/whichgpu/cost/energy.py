@@ -61,8 +61,11 @@ def job_energy(
     kwh = energy_kwh(power_w, hours)
     usd = None
     if electricity_usd_per_kwh is not None:
-        usd = kwh * positive("The electricity price (--electricity)", electricity_usd_per_kwh)
-    co2 = co2_kg(kwh, grid_gco2_per_kwh) if grid_gco2_per_kwh is not None else None
+        # 0 is a price (power paid for by someone else), as cost breakeven takes it
+        usd = kwh * non_negative("The electricity price (--electricity)", electricity_usd_per_kwh)
+    co2 = None
+    if grid_gco2_per_kwh is not None:
+        co2 = co2_kg(kwh, non_negative("The carbon intensity (--grid-gco2)", grid_gco2_per_kwh))
     return JobEnergy(
         power_w=power_w,
         hours=hours,

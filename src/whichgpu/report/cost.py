@@ -197,7 +197,7 @@ def energy_view(job: JobEnergy) -> RenderableType:
     table.add_row("energy", f"{significant(job.energy_kwh, 4)} kWh")
     if job.electricity_usd is not None:
         table.add_row(
-            "electricity", f"{_usd(job.electricity_usd)} (at ${job.electricity_usd_per_kwh}/kWh)"
+            "electricity", f"{_usd(job.electricity_usd)} (at ${job.electricity_usd_per_kwh:g}/kWh)"
         )
     else:
         table.add_row("electricity", "[yellow]unknown (--electricity)[/yellow]")
