@@ -208,6 +208,11 @@ def test_single_charts_are_svg_documents(data: ReportData) -> None:
         assert "<title>" in svg
     with pytest.raises(LookupError):
         chart_svg(data, "pie")
+    # no curve: the error says why, from the report's own note
+    note = "Cloud against own for GeForce RTX 4090: no cloud price."
+    without = data.model_copy(update={"breakeven": None, "notes": (note,)})
+    with pytest.raises(LookupError, match="for GeForce RTX 4090: no cloud price"):
+        chart_svg(without, "breakeven")
 
 
 def test_cli_writes_report_and_chart(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -499,7 +499,12 @@ def chart_svg(data: ReportData, name: str) -> str:
         raise LookupError(f"The report has no {'rented' if cloud else 'purchase'} prices.")
     if name == "breakeven":
         if data.breakeven is None:
-            raise LookupError("The report has no break-even curve (no purchase or rent price).")
+            why = next((n for n in data.notes if n.startswith("Cloud against own for")), None)
+            if why is None:
+                why = "its leading candidate has no purchase or rent price"
+            else:  # the advice names cost breakeven's options
+                why = why.rstrip(".") + " (options of whichgpu cost breakeven)"
+            raise LookupError(f"The report has no break-even curve: {why}.")
         return breakeven_chart(data.breakeven, _lead_label(data))
     raise LookupError(f"No chart named '{name}'; choose one of {', '.join(CHARTS)}.")
 
