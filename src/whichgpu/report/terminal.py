@@ -75,7 +75,7 @@ def fmt(value: Any) -> str:
             return f"{value:,.0f}"
         if value >= 10:
             return f"{value:.1f}".rstrip("0").rstrip(".")
-        return significant(value)
+        return significant(value, trim=True)  # 6, not 6.00, beside 72 and 96
     if hasattr(value, "value"):
         return str(value.value)
     return str(value)
