@@ -247,6 +247,11 @@ def test_a_config_whose_architectures_is_not_a_list_says_so(tmp_path: Path) -> N
     config.write_text(json.dumps({"model_type": "llama", "architectures": "LlamaForCausalLM"}))
     result = run_cli("profile", "--config", str(config))
     assert result.returncode == 2 and "must be a list of class names" in result.stderr
+    # sizes are whole numbers from 1 up, not coerced
+    sized = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64.5}
+    config.write_text(json.dumps(sized))
+    result = run_cli("profile", "--config", str(config))
+    assert result.returncode == 2 and "'hidden_size' must be a whole number" in result.stderr
 
 
 def _help_examples() -> list[tuple[str, list[str]]]:

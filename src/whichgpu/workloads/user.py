@@ -128,6 +128,22 @@ def _class_for(architecture: str, task: Task, model_type: str) -> str:
     return stem + TASK_CLASS_SUFFIX[task]
 
 
+SIZE_FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "vocab_size",
+    "max_position_embeddings",
+    "head_dim",
+    "num_local_experts",
+    "num_experts_per_tok",
+)
+"""Config fields that size the model: whole numbers from 1 up where a config gives them (a
+fraction or a boolean would be coerced by the model class; 0 would lift a length limit)."""
+
+
 def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, Any], Task]:
     """The user's Hugging Face config file as a dict, its ``architectures`` set to the class
     ``task`` asks for (or as the file names it), and the task; ``UsageError`` otherwise."""
@@ -139,8 +155,17 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
         raise UsageError(f"--config {path} is not UTF-8 text; give a config.json.") from exc
     except json.JSONDecodeError as exc:
         raise UsageError(f"--config {path} is not valid JSON: {exc}.") from exc
-    if "model_type" not in config:
+    if not isinstance(config, dict) or "model_type" not in config:
         raise UsageError(f"--config {path} has no 'model_type'; is it a Hugging Face config.json?")
+    for key in SIZE_FIELDS:
+        value = config.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
+            raise UsageError(
+                f"--config {path}: '{key}' must be a whole number from 1 up, not "
+                f"{json.dumps(value)}."
+            )
     named = config.get("architectures") or []
     if not isinstance(named, list) or not all(isinstance(a, str) for a in named):
         raise UsageError(
