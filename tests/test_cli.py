@@ -144,6 +144,11 @@ def test_numbers_no_option_can_use_are_refused(args: tuple[str, ...]) -> None:
     assert args[-1].split("=")[-1] in result.stderr or args[-3] in result.stderr
 
 
+def test_a_result_id_that_reads_as_a_huge_number_is_still_an_id(tmp_path: Path) -> None:
+    result = run_cli("results", "show", "12345e67", "--store", str(tmp_path / "s.db"))
+    assert result.returncode == 2 and "No result has the id '12345e67'" in result.stderr
+
+
 def test_an_infinite_answer_is_refused_rather_than_written_as_invalid_json() -> None:
     from whichgpu.cli.output import emit_json
 

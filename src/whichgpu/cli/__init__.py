@@ -100,23 +100,26 @@ ones only overflow the arithmetic into infinities."""
 
 
 def check_numbers(args: Sequence[str]) -> None:
-    """Refuse a number that no option can use: NaN, an infinity, or one beyond
-    ``LARGEST_INPUT`` (each would come out as 'nan' or 'inf' in the answer)."""
+    """Refuse an option value that is a number no option can use: NaN, an infinity, or one
+    beyond ``LARGEST_INPUT`` (each would come out as 'nan' or 'inf' in the answer). Only
+    option values are read (``--budget nan``, ``--hours=inf``): a positional argument such as
+    a result id (``12e45f0a``) is a name, whatever it looks like."""
     for i, arg in enumerate(args):
-        option, _, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        if arg.startswith("--") and "=" in arg:
+            option, _, value = arg.partition("=")
+        elif i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1]:
+            option, value = args[i - 1], arg
+        else:
+            continue
         try:
             number = float(value)
         except ValueError:
             continue
-        if math.isfinite(number) and abs(number) <= LARGEST_INPUT:
-            continue
-        if not option and i > 0 and args[i - 1].startswith("-"):
-            option = args[i - 1]
-        where = f"{option}: " if option else ""
-        raise UsageError(
-            f"{where}'{value}' is not a number whichgpu can use: give a finite value of a "
-            f"realistic size (at most {LARGEST_INPUT:.0e})."
-        )
+        if not (math.isfinite(number) and abs(number) <= LARGEST_INPUT):
+            raise UsageError(
+                f"{option}: '{value}' is not a number whichgpu can use: give a finite value of "
+                f"a realistic size (at most {LARGEST_INPUT:.0e})."
+            )
 
 
 def _fail(message: str, kind: str, code: int, json_mode: bool) -> int:
