@@ -42,8 +42,9 @@ format: install
 	$(BIN)/ruff check --fix src tests scripts
 	$(BIN)/ruff format src tests scripts
 
+# the tests run on every core (pytest-xdist): traces dominate the suite and each runs alone
 test: install lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

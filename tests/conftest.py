@@ -50,8 +50,10 @@ def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m whichgpu ARGS`` in a child process, as a user would."""
-    full_env = {**os.environ, **(env or {})}
+    """Run ``python -m whichgpu ARGS`` in a child process, as a user would who pipes its output
+    (the terminal width of the test runner, which parallel workers set, is not passed on)."""
+    inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    full_env = {**inherited, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "whichgpu", *args],
         capture_output=True,
