@@ -68,9 +68,9 @@ def gpus(
         sort=sort,
         prices=prices,
     )
-    catalog = load_catalog(prices)
     if json:
         emit_json(json_doc.gpu_rows(found))
         return
+    catalog = load_catalog(prices)  # the title's catalog size and version
     title = f"{len(found)} of {len(catalog)} GPUs (catalog {catalog.version}), sorted by {sort}"
     emit(terminal.gpu_table(found, title))
