@@ -1,25 +1,40 @@
 # whichgpu developer entry points. `make demo` and `make test` work on a fresh machine.
 #
-# TORCH_SPEC is what `install` asks pip for before the package itself. The default is the CPU
-# build these project machines provide; GPU users keep their own build, e.g.
-#   TORCH_SPEC="torch" make install        (newest CUDA build from PyPI)
-#   TORCH_SPEC= make install               (keep whatever torch the environment already has)
+# `make install` builds .venv from the lock, requirements/dev.txt: every package the suite was
+# last run with, direct and transitive, at exact versions (torch is the 2.13.0 CPU build these
+# project machines provide). The package's own dependencies in pyproject.toml stay ranges.
+#   make lock-upgrade    re-resolve to the newest versions, run the whole suite on them in a
+#                        separate venv, and write the new lock only when it passes
+#   make test-oldest     the suite's tracer and bench tests on the oldest transformers whichgpu
+#                        supports (requirements/oldest.txt), in .venv-oldest
+# GPU users keep their own torch: TORCH_SPEC="torch==2.11.0" make install installs the lock
+# without its torch line, and that torch instead.
 
+SHELL := /bin/bash
 PYTHON ?= python3
-VENV := .venv
+VENV ?= .venv
 BIN := $(VENV)/bin
-TORCH_SPEC ?= torch==2.13.0
+LOCK ?= requirements/dev.txt
+TORCH_SPEC ?=
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint format clean
+# pip-compile's settings for the lock: the extras CI installs and the package's own build
+# backend (hatchling, so the editable install builds without an unpinned build environment),
+# no machine-specific index locations, pip and setuptools pinned too, torch held by
+# requirements/torch-cpu.in
+COMPILE := CUSTOM_COMPILE_COMMAND="make lock-upgrade" $(BIN)/pip-compile --quiet --strip-extras \
+	--allow-unsafe --no-emit-index-url --no-emit-find-links --extra torch --extra report \
+	--extra dev --build-deps-for editable -c requirements/torch-cpu.in
+
+.PHONY: install demo test lint format clean lock-upgrade test-oldest
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(if $(strip $(TORCH_SPEC)),$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)")
-	$(BIN)/python -m pip install --quiet -e ".[all,dev]"
+	$(if $(strip $(TORCH_SPEC)),$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)" -r <(grep -v '^torch==' $(LOCK)),$(BIN)/python -m pip install --quiet -r $(LOCK))
+	$(BIN)/python -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(BIN)/python -m pip check
 	-timeout 300 $(BIN)/python -m playwright install chromium >/dev/null 2>&1 || echo "note: no browser for the HTML report's browser test (it will be skipped)"
 	touch $(STAMP)
 
@@ -46,5 +61,26 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -n auto
 
+# Move the lock forward on purpose: compile the newest set into a candidate lock, build a
+# separate venv from it and run the whole suite there; only a green suite replaces the lock.
+lock-upgrade: install
+	$(COMPILE) --upgrade --output-file $(LOCK).new pyproject.toml
+	rm -rf .venv-lock
+	$(MAKE) test VENV=.venv-lock LOCK=$(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
+	@echo "lock moved forward: review 'git diff $(LOCK)', note it in CHANGELOG.md, commit"
+
+# The oldest supported transformers (docs/compatibility.md): the locked set with transformers
+# (and what it pulls) held at that version, compiled from the lock, and the tests that build a
+# model's step with it. Rebuild requirements/oldest.txt with `make requirements/oldest.txt`.
+requirements/oldest.txt: $(LOCK) requirements/oldest.in
+	cp $(LOCK) $@
+	$(COMPILE) -c requirements/oldest.in --output-file $@ pyproject.toml
+
+test-oldest:
+	$(MAKE) install VENV=.venv-oldest LOCK=requirements/oldest.txt
+	.venv-oldest/bin/python -m pytest -n auto -m "not gpu" tests/test_trace.py tests/test_bench.py tests/test_model_compat.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-lock .venv-oldest .pytest_cache .mypy_cache .ruff_cache

@@ -40,11 +40,11 @@ from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
 from whichgpu.trace.step import (
     ServingSizes,
+    generation_arguments,
     make_optimizer,
     prompt_ids,
     serving_sizes,
     static_cache,
-    takes_argument,
 )
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
@@ -338,12 +338,12 @@ def _serve(model: torch.nn.Module, ids: torch.Tensor, serving: ServingSizes) -> 
     """One request batch: a static cache for context + new tokens, the prefill, then a greedy
     decode step per new token (the tracer's ``_serve``, run to the end of the request)."""
     cache = static_cache(model, serving)
-    last = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last)
+    step = generation_arguments(model, cache)
+    out = model(input_ids=ids, **step)
     token = out.logits[:, -1:].argmax(dim=-1)
     del out
     for _ in range(serving.new_tokens):
-        out = model(input_ids=token, past_key_values=cache, use_cache=True, **last)
+        out = model(input_ids=token, **step)
         token = out.logits[:, -1:].argmax(dim=-1)
         del out
 

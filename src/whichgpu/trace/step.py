@@ -384,19 +384,19 @@ def _serve(
     reads only the filled slots: about ``context + new / 2`` on average over a generation).
     Only the last position's logits are computed (``logits_to_keep=1``, as ``generate`` does).
     """
-    last_logits = {"logits_to_keep": 1} if takes_argument(model, "logits_to_keep") else {}
     rec.phase = "setup"
     ids = prompt_ids(model, serving)
     rec.mark(ids, "input")
     cache = static_cache(model, serving)
+    step = generation_arguments(model, cache)
     with torch.no_grad(), _autocast(run):
         rec.phase = "prefill"
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, **last_logits)
+        out = model(input_ids=ids, **step)
         token = out.logits[:, -1:].argmax(dim=-1)
         del out
         choices = _kv_cache_choice(rec, cache, serving)
         rec.phase = "decode"
-        out = model(input_ids=token, past_key_values=cache, use_cache=True, **last_logits)
+        out = model(input_ids=token, **step)
         token = out.logits[:, -1:].argmax(dim=-1)
         del out, token
     rec.end_forward()  # what outlives the request's steps: the KV cache (and the prompt)
@@ -419,6 +419,22 @@ def static_cache(model: torch.nn.Module, serving: ServingSizes) -> Any:
 
     config: Any = model.config
     return StaticCache(config=config, max_cache_len=serving.context_tokens + serving.new_tokens)
+
+
+def generation_arguments(model: torch.nn.Module, cache: Any) -> dict[str, Any]:
+    """The keyword arguments of one generation step with ``cache``, as ``generate`` passes them.
+
+    The cache goes under the name the model's ``forward`` takes: ``cache`` from transformers
+    5.24 on, ``past_key_values`` before it (5.24 still accepts the old name but warns that it
+    goes away in 5.40). Only the last position's logits are asked for where the model can
+    (``logits_to_keep=1``). The tracer and the bench build their steps from this one helper,
+    so both run the same step on every supported transformers.
+    """
+    name = "cache" if takes_argument(model, "cache") else "past_key_values"
+    arguments: dict[str, Any] = {name: cache, "use_cache": True}
+    if takes_argument(model, "logits_to_keep"):
+        arguments["logits_to_keep"] = 1
+    return arguments
 
 
 def takes_argument(model: torch.nn.Module, argument: str) -> bool:
