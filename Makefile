@@ -5,8 +5,9 @@
 # project machines provide). The package's own dependencies in pyproject.toml stay ranges.
 #   make lock-upgrade    re-resolve to the newest versions, run the whole suite on them in a
 #                        separate venv, and write the new lock only when it passes
-#   make test-oldest     the suite's tracer and bench tests on the oldest transformers whichgpu
-#                        supports (requirements/oldest.txt), in .venv-oldest
+#   make test-oldest     the tests that build a model's step, on the oldest transformers
+#                        whichgpu supports (requirements/oldest.txt), in .venv-oldest; make
+#                        test runs it after the suite
 # GPU users keep their own torch: TORCH_SPEC="torch==2.11.0" make install installs the lock
 # without its torch line, and that torch instead.
 
@@ -22,11 +23,11 @@ STAMP := $(VENV)/.installed
 # backend (hatchling, so the editable install builds without an unpinned build environment),
 # no machine-specific index locations, pip and setuptools pinned too, torch held by
 # requirements/torch-cpu.in
-COMPILE := CUSTOM_COMPILE_COMMAND="make lock-upgrade" $(BIN)/pip-compile --quiet --strip-extras \
+COMPILE = CUSTOM_COMPILE_COMMAND="make $@" $(BIN)/pip-compile --quiet --strip-extras \
 	--allow-unsafe --no-emit-index-url --no-emit-find-links --extra torch --extra report \
 	--extra dev --build-deps-for editable -c requirements/torch-cpu.in
 
-.PHONY: install demo test lint format clean lock-upgrade test-oldest
+.PHONY: install demo test lint format clean lock-upgrade lock-oldest test-oldest
 
 install: $(STAMP)
 
@@ -60,6 +61,7 @@ format: install
 # the tests run on every core (pytest-xdist): traces dominate the suite and each runs alone
 test: install lint
 	$(BIN)/python -m pytest -n auto
+	$(MAKE) test-oldest
 
 # Move the lock forward on purpose: compile the newest set into a candidate lock, build a
 # separate venv from it and run the whole suite there; only a green suite replaces the lock.
@@ -69,18 +71,21 @@ lock-upgrade: install
 	$(MAKE) test VENV=.venv-lock LOCK=$(LOCK).new
 	mv $(LOCK).new $(LOCK)
 	rm -rf .venv-lock
+	$(MAKE) lock-oldest
 	@echo "lock moved forward: review 'git diff $(LOCK)', note it in CHANGELOG.md, commit"
 
 # The oldest supported transformers (docs/compatibility.md): the locked set with transformers
-# (and what it pulls) held at that version, compiled from the lock, and the tests that build a
-# model's step with it. Rebuild requirements/oldest.txt with `make requirements/oldest.txt`.
-requirements/oldest.txt: $(LOCK) requirements/oldest.in
-	cp $(LOCK) $@
-	$(COMPILE) -c requirements/oldest.in --output-file $@ pyproject.toml
+# (and what it pulls) held at that release, and the tests that build a model's step with it.
+# `make lock-oldest` recompiles requirements/oldest.txt from the lock and requirements/oldest.in.
+OLDEST_TESTS := tests/test_inference_trace.py tests/test_trace.py tests/test_bench_flops.py
+
+lock-oldest: install
+	cp $(LOCK) requirements/oldest.txt
+	$(COMPILE) -c requirements/oldest.in --output-file requirements/oldest.txt pyproject.toml
 
 test-oldest:
 	$(MAKE) install VENV=.venv-oldest LOCK=requirements/oldest.txt
-	.venv-oldest/bin/python -m pytest -n auto -m "not gpu" tests/test_trace.py tests/test_bench.py tests/test_model_compat.py
+	.venv-oldest/bin/python -m pytest -n auto -p no:cacheprovider $(OLDEST_TESTS)
 
 clean:
 	rm -rf $(VENV) .venv-lock .venv-oldest .pytest_cache .mypy_cache .ruff_cache

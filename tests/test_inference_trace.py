@@ -14,6 +14,7 @@ from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.schema import Precision, RunConfig, StepProfile
 from whichgpu.trace import trace_step
 from whichgpu.trace.step import DEFAULT_NEW_TOKENS
+from whichgpu.workloads.hf import _release, transformers_version
 from whichgpu.workloads.user import config_workload
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -58,11 +59,22 @@ def test_decode_step_is_one_token_per_sequence_over_the_cache() -> None:
     profile = _serve()
     phases = {op.phase for op in profile.ops}
     assert phases == {"setup", "prefill", "decode"}
-    decode_gemms = [op for op in profile.ops if op.phase == "decode" and op.kind == "gemm"]
+    # The projections run in the model's bf16. transformers 5.0 also forms the rotary angles
+    # as a float32 batched matmul of frequencies by positions in each forward (5.24 forms them
+    # elementwise): not a projection.
+    decode_gemms = [
+        op
+        for op in profile.ops
+        if op.phase == "decode" and op.kind == "gemm" and op.dtype == "bfloat16"
+    ]
     # q, k, v, o, gate, up, down projections per layer, and the LM head
     assert len(decode_gemms) == 7 * LAYERS + 1
     assert {op.gemm_bmnk[1] for op in decode_gemms if op.gemm_bmnk} == {CONCURRENCY}
-    prefill_gemms = [op for op in profile.ops if op.phase == "prefill" and op.kind == "gemm"]
+    prefill_gemms = [
+        op
+        for op in profile.ops
+        if op.phase == "prefill" and op.kind == "gemm" and op.dtype == "bfloat16"
+    ]
     m_values = [op.gemm_bmnk[1] for op in prefill_gemms if op.gemm_bmnk]
     # every projection sees all prompt tokens; the LM head only the last (logits_to_keep=1)
     assert m_values == [CONCURRENCY * CONTEXT] * (7 * LAYERS) + [CONCURRENCY]
@@ -78,14 +90,20 @@ def test_attention_shapes_of_prefill_and_decode() -> None:
     assert shapes["prefill"] == (
         CONCURRENCY, Q_HEADS, KV_HEADS, CONTEXT, CONTEXT, HEAD_DIM, 1, 0, 0
     )  # fmt: skip
-    # decode: transformers folds the 2 query heads of each group into q_len, and attends over
-    # every slot of the static cache with a (concurrency, 1, 1, slots) mask: one row a sequence
+    # decode: attends over every slot of the static cache with a (concurrency, 1, 1, slots)
+    # mask, one row a sequence. transformers 5.24 folds the 2 query heads of each group into
+    # q_len over the 2 kv heads; 5.17 (the H200 measurements' release) repeats the kv heads to
+    # the 4 query heads first (repeat_kv: a copy of each layer's keys and values), as SDPA's
+    # GQA path takes no mask there. The same FLOPs; the copy is in the trace's memory.
     group = Q_HEADS // KV_HEADS
+    if _release(transformers_version()) >= (5, 24):
+        heads, q_len = (KV_HEADS, KV_HEADS), group
+    else:
+        heads, q_len = (Q_HEADS, Q_HEADS), 1
     assert shapes["decode"] == (
         CONCURRENCY,
-        KV_HEADS,
-        KV_HEADS,
-        group,
+        *heads,
+        q_len,
         CONTEXT + NEW,
         HEAD_DIM,
         0,

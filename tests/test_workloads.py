@@ -256,9 +256,20 @@ def test_mixtral_experts_trace_under_amp(tmp_path: Path, precision: str) -> None
     # fake kernel takes bf16 only; under AMP the trace autocasts it to bf16 (fp32 master weights
     # and gradients stay fp32), and the profile says so.
     from whichgpu.trace import trace_step
+    from whichgpu.workloads.hf import (
+        GROUPED_EXPERTS_AMP_TRANSFORMERS,
+        _release,
+        transformers_version,
+    )
 
     workload = config_workload(_tiny_mixtral(tmp_path))
     run = RunConfig.model_validate({"batch_size": 2, "seq_len": 32, "precision": precision})
+    installed = _release(transformers_version())
+    if precision != "bf16-pure" and installed < _release(GROUPED_EXPERTS_AMP_TRANSFORMERS):
+        # older transformers hand the op fp32 operands under AMP: refused, with the fix
+        with pytest.raises(UnsupportedWorkload, match=r"needs transformers >= 5\.24"):
+            trace_step(workload, run)
+        return
     profile = trace_step(workload, run)
     grouped = [op for op in profile.ops if op.name == "aten._grouped_mm"]
     assert grouped and {op.dtype for op in grouped} == {"bfloat16"}
@@ -273,3 +284,12 @@ def test_mixtral_fp32_trace_is_refused_with_the_reason(tmp_path: Path) -> None:
 
     with pytest.raises(UnsupportedWorkload, match=r"_grouped_mm.*bf16 only"):
         trace_step(config_workload(_tiny_mixtral(tmp_path)), RunConfig(precision="fp32"))
+
+
+def test_release_reads_the_numeric_part_of_a_version() -> None:
+    from whichgpu.workloads.hf import _release
+
+    assert _release("5.24.0") == (5, 24, 0)
+    assert _release("5.17.0.dev0") == (5, 17, 0)
+    assert _release("5.3.0rc1") == (5, 3, 0)
+    assert _release("5.17.0") < _release("5.24.0") < _release("5.100.1")

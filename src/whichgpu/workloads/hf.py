@@ -8,6 +8,7 @@ torch and transformers are imported inside the functions, never at module import
 from __future__ import annotations
 
 import json
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -142,6 +143,28 @@ def experts_choice(op_names: Iterable[str], precision: str) -> dict[str, str]:
 
 _grouped_mm_autocast_registered = False
 
+# The oldest transformers with which a mixture-of-experts step traces under AMP: 5.17 (what the
+# H200 measurements ran) hands torch._grouped_mm fp32 operands there; 5.24 (the lock) does not.
+GROUPED_EXPERTS_AMP_TRANSFORMERS = "5.24.0"
+
+
+def transformers_version() -> str:
+    """The installed transformers' version string."""
+    import transformers
+
+    return str(transformers.__version__)
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release of a version string (``5.24.0.dev0`` -> ``(5, 24, 0)``)."""
+    parts: list[int] = []
+    for part in version.split(".")[:3]:
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
 
 def grouped_experts_precision(architecture: str, run: RunConfig) -> None:
     """Make a mixture-of-experts model's expert GEMMs traceable at the run's precision.
@@ -166,7 +189,19 @@ def grouped_experts_precision(architecture: str, run: RunConfig) -> None:
             f"(torch {torch.__version__}) accept in bf16 only, so --precision {run.precision} "
             "cannot be traced; use --precision bf16 (AMP) or bf16-pure."
         )
-    if run.precision not in ("bf16", "fp16") or _grouped_mm_autocast_registered:
+    if run.precision not in ("bf16", "fp16"):
+        return
+    if active_fake_mode() is not None and _release(transformers_version()) < _release(
+        GROUPED_EXPERTS_AMP_TRANSFORMERS
+    ):
+        raise UnsupportedWorkload(
+            f"{architecture} runs its experts with torch._grouped_mm; under AMP, transformers "
+            f"{transformers_version()} hands that op fp32 operands, which fake tensors cannot "
+            f"trace (they accept bf16 only). Tracing it under --precision {run.precision} "
+            f"needs transformers >= {GROUPED_EXPERTS_AMP_TRANSFORMERS} (the oldest release "
+            "whichgpu has traced it with): upgrade transformers, or use --precision bf16-pure."
+        )
+    if _grouped_mm_autocast_registered:
         return
 
     with warnings.catch_warnings():  # torch notes that the rule replaces a fallthrough kernel
