@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -289,6 +290,7 @@ def measurement(
         memory_method="test",
         power=PowerSummary(samples=5, power_w=power_w, energy_j=energy_j, temperature_c=60 + rank),
         flops_per_step=1e9,
+        flops_method="test",
         precision=PrecisionState(),
         compiled=False,
         channels_last=False,
@@ -650,6 +652,9 @@ def test_a_real_cpu_bench_serves_a_language_model_as_the_tracer_does() -> None:
     assert result.throughput is not None and result.step_time_s is not None
     assert result.throughput * result.step_time_s == pytest.approx(3 * 4)
     assert any("static KV cache" in n for n in result.notes)
+    # measured eager (nothing compiled the model), and said so in the result and the output
+    assert not result.compiled and any(n.startswith("eager: ") for n in result.notes)
+    assert re.search(r"measured .*tiny-llama\.json on .+ at batch 3 \(eager\)", cli.stderr)
     # the same tensors as the traced prefill and decode step, to the byte
     traced = trace_step(config_workload(config), result.run, kernels="cpu")
     assert result.peak_allocated_bytes == live_peak(traced)[0]

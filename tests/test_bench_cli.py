@@ -3,8 +3,10 @@ paragraph, and a bench stopped by Ctrl-C or killed outright leaving a readable s
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -49,6 +51,19 @@ def test_bench_on_the_cpu_finds_the_batch_measures_stores_and_lists() -> None:
     assert result.max_batch_resolution == 16
     assert result.batch_size == result.max_batch_size and result.throughput
     assert result.memory_limit_bytes == int(0.0002 * 2**30)
+    # stdout is the JSON alone; the progress went to stderr as plain lines (not a terminal)
+    lines = bench.stderr.splitlines()
+    assert lines and all(re.match(r"\[ *\d+\.\d s\] ", line) for line in lines), lines
+    text = bench.stderr
+    assert f"{MLP}: batch 1: probing" in text
+    assert re.search(rf"{MLP}: batch 1: ran, peak .+ \(\d+\.\d s\)", text)
+    assert re.search(r": batch \d+: out of memory \(live tensors reached", text)
+    assert "timed step 1" in text and "counting FLOPs of one step" in text
+    assert re.search(
+        rf"measured {MLP} on .+: [\d,.]+ samples/s at batch {result.batch_size} \(eager\); "
+        rf"median step [\d.e-]+ s over {result.iterations} timed steps",
+        text,
+    )
     listed = run_cli("results", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [d["id"] for d in json.loads(listed.stdout)] == [result.id]
@@ -182,3 +197,37 @@ def test_a_workload_named_and_in_the_suite_is_measured_once() -> None:
 
     entries = _entries(["resnet50"], "modern", None, None)
     assert entries.count(SuiteEntry("resnet50")) == 1 and entries[0] == SuiteEntry("resnet50")
+
+
+def test_plain_progress_shows_every_stage_and_a_heartbeat_while_steps_repeat() -> None:
+    """Off a terminal each event is a line, but the per-step events of warm-up and timing,
+    which come every step, only when their stage starts and then every HEARTBEAT_S."""
+    from whichgpu.bench.jobs import BenchProgress
+    from whichgpu.cli.bench import HEARTBEAT_S, _Lines
+
+    now = [100.0]
+    stream = io.StringIO()
+    lines = _Lines(stream, clock=lambda: now[0])
+
+    def event(stage: str, message: str, after_s: float) -> None:
+        now[0] += after_s
+        lines.update(BenchProgress(stage, message, workload="gpt2"))
+
+    event("search", "batch 8: probing", 1.0)
+    event("search", "batch 8: out of memory (12.0 s)", 12.0)
+    event("warmup", "warm-up step 3", 1.0)
+    event("warmup", "warm-up step 4", 1.0)  # repeated within the heartbeat: not shown
+    event("timing", "timed step 1", 1.0)
+    event("timing", "timed step 2", HEARTBEAT_S / 2)
+    event("timing", "timed step 3", HEARTBEAT_S / 2 + 0.1)  # a heartbeat's worth later
+    event("flops", "counting FLOPs of one step", 0.5)
+    lines.print_error("bert-base: out of patience")
+    assert stream.getvalue().splitlines() == [
+        "[    1.0 s] gpt2: batch 8: probing",
+        "[   13.0 s] gpt2: batch 8: out of memory (12.0 s)",
+        "[   14.0 s] gpt2: warm-up step 3",
+        "[   16.0 s] gpt2: timed step 1",
+        f"[{16.0 + HEARTBEAT_S + 0.1:7.1f} s] gpt2: timed step 3",
+        f"[{16.6 + HEARTBEAT_S:7.1f} s] gpt2: counting FLOPs of one step",
+        f"[{16.6 + HEARTBEAT_S:7.1f} s] error: bert-base: out of patience",
+    ]

@@ -44,6 +44,7 @@ from whichgpu.errors import BenchError, UsageError
 from whichgpu.schema import DeviceKind
 from whichgpu.units import GIB, MIB
 
+from .flops import FlopCount
 from .jobs import BenchProgress, PrecisionState, StepSpec
 
 if TYPE_CHECKING:
@@ -140,8 +141,9 @@ class Session(Protocol):
         """Peak memory over the whole session so far."""
         ...
 
-    def flops_per_step(self) -> float | None:
-        """Model FLOPs of one step, counted (None if they cannot be)."""
+    def flops_per_step(self) -> FlopCount:
+        """Model FLOPs of one step and how they were obtained (never raises: a count that
+        fails gives none, with the reason)."""
         ...
 
     def precision_state(self) -> PrecisionState:
@@ -634,9 +636,11 @@ class FakeSession:
         reserved = -(-self._peak // (2 * MIB)) * 2 * MIB
         return MemoryPeaks(self._peak, reserved, "simulated")
 
-    def flops_per_step(self) -> float | None:
+    def flops_per_step(self) -> FlopCount:
         per_unit = self._device.flops_per_unit
-        return None if per_unit is None else per_unit * self._units
+        if per_unit is None:
+            return FlopCount(None, "FLOPs: the simulated device was given none (flops_per_unit)")
+        return FlopCount(per_unit * self._units, "FLOPs: simulated (flops_per_unit x units)")
 
     def precision_state(self) -> PrecisionState:
         return PrecisionState()

@@ -105,8 +105,8 @@ class BenchProgress:
     """What a bench is doing now (sent to the progress callback)."""
 
     stage: str
-    """``inspect``, ``search``, ``probe``, ``build``, ``warmup``, ``timing``, ``flops``,
-    ``ranks``, ``done``."""
+    """``start`` (the CLI, before anything runs), ``inspect``, ``search``, ``probe``,
+    ``build``, ``warmup``, ``timing``, ``flops``, ``ranks``, ``done``."""
     message: str
     """One line for a person."""
     fraction: float | None = None
@@ -208,7 +208,9 @@ class Measurement:
     power: PowerSummary
     """NVML readings while timing."""
     flops_per_step: float | None
-    """Model FLOPs of one step (torch's FLOP counter)."""
+    """Model FLOPs of one step (``bench.flops``: counted, else traced; None: neither worked)."""
+    flops_method: str
+    """How they were obtained, or why there are none (a note of the result)."""
     precision: PrecisionState
     """Numeric settings in force."""
     compiled: bool

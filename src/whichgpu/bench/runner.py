@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -337,11 +338,13 @@ class _Bench:
     def probe(self, batch: int, seq: int | None, what: str, size: int) -> Verdict:
         self.say(BenchProgress("search", f"{what} {size}: probing"))
         job = ProbeJob(self.device, self.spec(batch, seq, probe=True), self.options.probe_steps)
+        started = time.monotonic()
         outcome = run_in_child(
             probe_task, job, timeout_s=self.options.timeout_s, on_progress=self.say
         )
         verdict = self._verdict(outcome, f"{what} {size}")
-        self.say(BenchProgress("search", f"{what} {size}: {verdict.detail}"))
+        seconds = time.monotonic() - started
+        self.say(BenchProgress("search", f"{what} {size}: {verdict.detail} ({seconds:.1f} s)"))
         return verdict
 
     def _verdict(self, outcome: Outcome[Any], where: str) -> Verdict:
@@ -373,6 +376,7 @@ class _Bench:
         job = MeasureJob(
             self.device, self.spec(batch, seq), self.options.rule, self.options.sample_period_s
         )
+        started = time.monotonic()
         outcome = run_in_child(
             measure_task, job, timeout_s=self.options.timeout_s, on_progress=self.say
         )
@@ -383,7 +387,8 @@ class _Bench:
         if not isinstance(outcome, Ran):
             raise _error(outcome, f"measuring {self.info.name} at batch {batch}")
         measurement: Measurement = outcome.value
-        self.say(BenchProgress("done", f"batch {batch}: measured", 1.0))
+        seconds = time.monotonic() - started
+        self.say(BenchProgress("done", f"batch {batch}: measured ({seconds:.1f} s)", 1.0))
         return self.result(batch, seq, [measurement], notes, sizes)
 
     def measure_group(
@@ -542,8 +547,7 @@ class _Bench:
             out.append(f"energy: {first.power.energy_method}")
         if n > 1:
             out.extend(f"{n} GPUs: {rule_text}" for rule_text in AGGREGATION_RULES)
-        if combined.flops_per_step is not None:
-            out.append("FLOPs: torch.utils.flop_counter over one eager step")
+        out.append(first.flops_method)
         return out
 
 

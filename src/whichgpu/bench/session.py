@@ -15,15 +15,20 @@ per new token, so a step generates ``sequences x new_tokens`` tokens.
 Numeric settings on CUDA: ``fp32`` turns TF32 off for matmuls and cuDNN, ``tf32`` turns both
 on, the other precisions keep torch's defaults; ``cudnn.benchmark`` is on (the warm-up absorbs
 its autotuning). The settings actually in force are read back into the result.
+
+Without ``--compile`` the step is eager, and stays so: every step runs with TorchDynamo
+disabled, so nothing compiles the model behind the user's back (a library's own
+``torch.compile``, as transformers' ``generate`` applies to a static cache, runs eagerly; the
+bench calls the model, never ``generate``). A step's FLOPs are counted over one eager step,
+else traced (``bench.flops``); the count never fails the measurement.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -36,9 +41,11 @@ from whichgpu.bench.devices import (
     StepOutOfMemory,
     _TorchDevice,
 )
+from whichgpu.bench.flops import FlopCount, count_flops, flop_count, traced_flops
 from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
 from whichgpu.trace.step import (
+    Kernels,
     ServingSizes,
     generation_arguments,
     make_optimizer,
@@ -52,6 +59,17 @@ from whichgpu.workloads.hf import quiet_transformers
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
+EAGER_NOTE = (
+    "eager: the model ran without torch.compile, with TorchDynamo disabled during the steps "
+    "so that nothing compiled it on the way (--compile measures it compiled)"
+)
+"""The note of a session without ``--compile``."""
+COMPILED_NOTE = (
+    "compiled: the model ran under torch.compile (default settings; the warm-up absorbs the "
+    "compilation)"
+)
+"""The note of a session with ``--compile``."""
+
 
 class TorchSession:
     """A built step on a torch device (see the module docstring for what a step is)."""
@@ -62,6 +80,7 @@ class TorchSession:
             raise UnsupportedWorkload("Benchmarking --precision fp8 is not supported yet.")
         self._device = device
         self._spec = spec
+        self._report = report
         self._notes: list[str] = []
         self._memory: MemoryPeaks | None = None
         self._group = spec.group
@@ -113,6 +132,7 @@ class TorchSession:
         if spec.compile:
             self._model = torch.compile(model)  # type: ignore[assignment]
             self._compiled = True
+        self._notes.append(COMPILED_NOTE if self._compiled else EAGER_NOTE)
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: Any = None
         if run.mode == "train":
@@ -198,14 +218,21 @@ class TorchSession:
             )
         return self._memory or MemoryPeaks(None, None, "not measured")
 
-    def flops_per_step(self) -> float | None:
-        from torch.utils.flop_counter import FlopCounterMode
+    def flops_per_step(self) -> FlopCount:
+        """One eager step's FLOPs (``bench.flops``): counted, else traced, never an error."""
+        kernels: Kernels = "cuda" if self._device.kind == "cuda" else "cpu"
+        new_tokens = None if self._serving is None else self._serving.new_tokens
 
-        counter = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
-        with counter:
-            self._guarded(self._eager)
-        self.synchronize()
-        return float(counter.get_total_flops())
+        def counted() -> int:
+            try:
+                return count_flops(lambda: self._guarded(self._eager))
+            finally:
+                self.synchronize()
+
+        def traced() -> int:
+            return traced_flops(self._spec.workload.resolve(), self._spec.run, kernels, new_tokens)
+
+        return flop_count(counted, traced, lambda text: self._report(BenchProgress("flops", text)))
 
     def precision_state(self) -> PrecisionState:
         amp = None if self._amp_dtype is None else str(self._amp_dtype).removeprefix("torch.")
@@ -245,9 +272,11 @@ class TorchSession:
         return [v for state in self._optimizer.state.values() for v in state.values()]
 
     def _guarded(self, model: torch.nn.Module) -> None:
-        """One step; the runtime's out-of-memory errors become ``StepOutOfMemory``."""
+        """One step; the runtime's out-of-memory errors become ``StepOutOfMemory``. An eager
+        session runs it with TorchDynamo disabled, so nothing compiles the model on the way
+        (a library's own ``torch.compile`` runs its function eagerly)."""
         try:
-            with quiet_transformers():
+            with quiet_transformers(), self._eager_only():
                 if self._optimizer is None:
                     self._inference_step(model)
                 else:
@@ -289,6 +318,11 @@ class TorchSession:
                 self._built.infer(model, self._batch)
             else:
                 _serve(model, self._batch["input_ids"], self._serving)
+
+    def _eager_only(self) -> contextlib.AbstractContextManager[Any]:
+        if self._compiled:
+            return contextlib.nullcontext()
+        return torch._dynamo.config.patch(disable=True)  # type: ignore[no-any-return]
 
     @contextlib.contextmanager
     def _autocast(self) -> Iterator[None]:
@@ -361,32 +395,3 @@ def _channels_last_image(value: Any) -> Any:
 def _first_line(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return lines[0] if lines else type(exc).__name__
-
-
-def _extra_flop_formulas() -> dict[Any, Callable[..., int]]:
-    """FLOP formulas torch's counter lacks or gets wrong: the CPU fused attention kernels (the
-    same FLOPs as SDPA on a GPU), and a grouped convolution's backward pass (each requested
-    gradient costs what the forward does; torch ignores ``groups`` in the weight gradient)."""
-    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
-
-    aten = torch.ops.aten
-
-    def attention(query: Any, key: Any, value: Any, *args: Any, **kwargs: Any) -> int:
-        return int(sdpa_flop_count(query, key, value))  # type: ignore[no-untyped-call]
-
-    def attention_backward(
-        grad_out: Any, query: Any, key: Any, value: Any, *args: Any, **kwargs: Any
-    ) -> int:
-        flops = sdpa_backward_flop_count(grad_out, query, key, value)  # type: ignore[no-untyped-call]
-        return int(flops)
-
-    def conv_backward(grad_out: Any, x: Any, weight: Any, *args: Any, **kwargs: Any) -> int:
-        output_mask = args[7]
-        forward = 2 * math.prod(grad_out) * math.prod(weight[1:])
-        return int(forward * (int(bool(output_mask[0])) + int(bool(output_mask[1]))))
-
-    return {
-        aten._scaled_dot_product_flash_attention_for_cpu: attention,
-        aten._scaled_dot_product_flash_attention_for_cpu_backward: attention_backward,
-        aten.convolution_backward: conv_backward,
-    }

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import sys
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, TextIO
 
 import typer
 from rich.console import Console
@@ -216,6 +218,10 @@ def bench(
         def measure(entry: SuiteEntry) -> None:
             """Bench one entry; with several entries, a failure is reported and the others
             go on."""
+            from whichgpu.bench.jobs import BenchProgress
+
+            label = entry.workload if entry is not _OWN else str(model or config)
+            show.update(BenchProgress("start", f"starting on --device {device}", workload=label))
             try:
                 run_bench(
                     entry.workload if entry is not _OWN else None,
@@ -302,16 +308,27 @@ def _render(results: list[BenchResult], json: bool) -> None:
         emit(view.results_table(results, f"{len(results)} result(s) measured"))
 
 
-class _Display:
-    """Progress bars on stderr (nothing when stderr is not a terminal)."""
+class _Display(Protocol):
+    """Where the bench's progress and finished results are shown, on stderr."""
 
-    def __init__(self, progress: Progress | None) -> None:
+    def update(self, event: BenchProgress) -> None:
+        """What the bench is doing now."""
+
+    def finished(self, result: BenchResult) -> None:
+        """A result, as soon as it is measured (or found not to fit)."""
+
+    def print_error(self, message: str) -> None:
+        """One workload of several failed (the others go on)."""
+
+
+class _Bars:
+    """Progress bars on stderr, for a terminal."""
+
+    def __init__(self, progress: Progress) -> None:
         self._progress = progress
         self._tasks: dict[str, Any] = {}
 
     def update(self, event: BenchProgress) -> None:
-        if self._progress is None:
-            return
         name = event.workload or "bench"
         if name not in self._tasks:
             self._tasks[name] = self._progress.add_task(name, total=1.0)
@@ -323,30 +340,84 @@ class _Display:
             self._progress.update(task, description=text, completed=event.fraction)
 
     def finished(self, result: BenchResult) -> None:
-        if self._progress is None:
-            return
         if result.throughput is None:
-            why = next((n for n in result.notes if "out of memory" in n), "did not fit")
-            line = f"[yellow]✗[/] {escape(result.workload)}: {escape(why)}"
+            line = f"[yellow]✗[/] {escape(result.workload)}: {escape(_unfit_reason(result))}"
         else:
-            line = (
-                f"[green]✓[/] {escape(result.workload)} on {escape(result.device_name)}: "
-                f"{result.throughput:,.1f} {result.throughput_unit} at batch {result.batch_size}"
-            )
+            line = f"[green]✓[/] {escape(_measured(result))}"
         self._progress.console.print(line, highlight=False)
 
     def print_error(self, message: str) -> None:
-        if self._progress is None:
-            emit_error(message)
+        self._progress.console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+
+
+HEARTBEAT_S = 10.0
+"""Plain progress: while steps repeat (warm-up, timing), a line at most this often."""
+_REPEATING = frozenset({"warmup", "timing"})
+"""Stages that report every step."""
+
+
+class _Lines:
+    """Progress as plain lines on stderr, for a log or a pipe (stderr is not a terminal, as
+    under ``--json > file`` or a job runner), each with the seconds since the bench began:
+    every probe and its outcome (ran, out of memory, timed out) with its time, each stage of
+    a measurement, a line every ``HEARTBEAT_S`` while steps repeat, and each result with its
+    step time. stdout is left to the results (the JSON document under ``--json``)."""
+
+    def __init__(self, stream: TextIO, clock: Callable[[], float] = time.monotonic) -> None:
+        self._stream = stream
+        self._clock = clock
+        self._started = clock()
+        self._stage: dict[str, str] = {}
+        self._last_line_at = self._started
+
+    def update(self, event: BenchProgress) -> None:
+        name = event.workload or "bench"
+        now = self._clock()
+        repeated = event.stage in _REPEATING and self._stage.get(name) == event.stage
+        if repeated and now - self._last_line_at < HEARTBEAT_S:
+            return
+        self._stage[name] = event.stage
+        self._write(f"{name}: {event.message}")
+
+    def finished(self, result: BenchResult) -> None:
+        if result.throughput is None:
+            self._write(f"{result.workload}: did not fit: {_unfit_reason(result)}")
         else:
-            self._progress.console.print(f"[bold red]error:[/] {escape(message)}", highlight=False)
+            self._write(f"measured {_measured(result)}")
+
+    def print_error(self, message: str) -> None:
+        self._write(f"error: {message}")
+
+    def _write(self, text: str) -> None:
+        self._last_line_at = self._clock()
+        elapsed = self._last_line_at - self._started
+        self._stream.write(f"[{elapsed:7.1f} s] {text}\n")
+        self._stream.flush()
+
+
+def _measured(result: BenchResult) -> str:
+    """A measured result in one line: throughput, batch, eager or compiled, step time."""
+    assert result.throughput is not None and result.step_time_s is not None
+    how = "compiled" if result.compiled else "eager"
+    return (
+        f"{result.workload} on {result.device_name}: {result.throughput:,.1f} "
+        f"{result.throughput_unit} at batch {result.batch_size} ({how}); median step "
+        f"{result.step_time_s:.4g} s over {result.iterations} timed steps "
+        f"({result.measured_s:.1f} s, after {result.warmup_iterations} warm-up steps)"
+    )
+
+
+def _unfit_reason(result: BenchResult) -> str:
+    return next((n for n in result.notes if "out of memory" in n), "did not fit")
 
 
 @contextlib.contextmanager
 def _progress() -> Iterator[_Display]:
+    """Bars when stderr is a terminal, plain lines otherwise (never silent: a long bench in a
+    log shows what it is doing)."""
     console = Console(stderr=True)
     if not console.is_terminal:
-        yield _Display(None)
+        yield _Lines(sys.stderr)
         return
     columns = (
         SpinnerColumn(),
@@ -355,4 +426,4 @@ def _progress() -> Iterator[_Display]:
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        yield _Display(progress)
+        yield _Bars(progress)
