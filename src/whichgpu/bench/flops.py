@@ -21,17 +21,16 @@ The shape formulas need no torch; ``counter_formulas`` and the counting import i
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from whichgpu.attention_flops import Shape, attention_backward_flops, attention_flops
 
 if TYPE_CHECKING:
     from whichgpu.schema import RunConfig, StepProfile
     from whichgpu.trace.step import Kernels
     from whichgpu.workloads.base import Workload
-
-Shape = Sequence[int]
-"""A tensor's shape, ``(batch, heads, sequence, head_dim)`` for attention."""
 
 COUNTED = (
     "FLOPs: torch.utils.flop_counter over one eager step, with whichgpu's formulas for fused "
@@ -49,52 +48,6 @@ class FlopCount:
     """Model FLOPs of one step (None: they could not be counted; the result has no MFU)."""
     method: str
     """How they were obtained, or why there are none: one line for the result's notes."""
-
-
-def attention_flops(query: Shape, key: Shape, value: Shape) -> int:
-    """FLOPs of scaled dot-product attention's forward pass: the scores ``Q K^T`` and the
-    output ``P V``, ``2 x b x h_q x s_q x s_k x (d_qk + d_v)`` (``4 b h s_q s_k d`` when the
-    head dims agree). Key and value may have fewer heads than the query (grouped-query
-    attention): each key/value head serves ``h_q / h_kv`` query heads, so the work is that of
-    attention with ``h_q`` heads. The causal mask is not subtracted (torch's convention)."""
-    b, h_q, s_q, d_qk, s_k, d_v = _attention_sizes(query, key, value)
-    return 2 * b * h_q * s_q * s_k * (d_qk + d_v)
-
-
-def attention_backward_flops(grad_out: Shape, query: Shape, key: Shape, value: Shape) -> int:
-    """FLOPs of scaled dot-product attention's backward pass, as torch counts them: the
-    scores recomputed (``Q K^T``), the gradients of the probabilities and of V (two GEMMs over
-    ``d_v``) and those of Q and K (two over ``d_qk``): ``2 b h_q s_q s_k (3 d_qk + 2 d_v)``,
-    grouped-query attention at the query's head count (see ``attention_flops``)."""
-    b, h_q, s_q, d_qk, s_k, d_v = _attention_sizes(query, key, value)
-    if tuple(grad_out) != (b, h_q, s_q, d_v):
-        raise ValueError(
-            f"attention backward: the output gradient's shape {tuple(grad_out)} is not the "
-            f"output's ({b}, {h_q}, {s_q}, {d_v})"
-        )
-    return 2 * b * h_q * s_q * s_k * (3 * d_qk + 2 * d_v)
-
-
-def _attention_sizes(query: Shape, key: Shape, value: Shape) -> tuple[int, int, int, int, int, int]:
-    """``b, h_q, s_q, d_qk, s_k, d_v`` of an attention call, its shapes checked."""
-    if not len(query) == len(key) == len(value) == 4:
-        raise ValueError(
-            "attention: query, key and value must be (batch, heads, sequence, head_dim), got "
-            f"{tuple(query)}, {tuple(key)}, {tuple(value)}"
-        )
-    b, h_q, s_q, d_qk = (int(n) for n in query)
-    b_k, h_kv, s_k, d_k = (int(n) for n in key)
-    b_v, h_v, s_v, d_v = (int(n) for n in value)
-    if not (b == b_k == b_v and h_kv == h_v and s_k == s_v and d_qk == d_k):
-        raise ValueError(
-            "attention: query, key and value shapes do not go together: "
-            f"{tuple(query)}, {tuple(key)}, {tuple(value)}"
-        )
-    if h_kv < 1 or h_q % h_kv:
-        raise ValueError(
-            f"attention: the query's {h_q} heads are not a multiple of the key/value's {h_kv}"
-        )
-    return b, h_q, s_q, d_qk, s_k, d_v
 
 
 _ATTENTION = (

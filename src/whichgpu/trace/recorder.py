@@ -24,8 +24,9 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import flop_registry
 
+from whichgpu.attention_flops import attention_backward_flops, attention_flops
 from whichgpu.schema import AllocEvent, OpKind, OpRecord, Phase, TensorCategory
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "_scaled_mm", "addbmm", "_grouped_mm"}
@@ -199,19 +200,18 @@ def _cpu_sdpa_flops(name: str, args: tuple[Any, ...]) -> int | None:
 
     Tracing runs on the CPU, where SDPA dispatches to ``_scaled_dot_product_flash_attention_
     for_cpu``; on a GPU the same call is a flash/efficient kernel with the same FLOPs. The
-    formulas are torch's own for SDPA (two matmuls forward, four backward).
+    formulas agree with torch's for SDPA (two matmuls forward, four backward) and count
+    grouped-query attention at the query's head count, where torch before 2.13 asserts
+    (``whichgpu.attention_flops``).
     """
     try:
         if name == "_scaled_dot_product_flash_attention_for_cpu":
             q, k, v = args[0], args[1], args[2]
-            return int(sdpa_flop_count(q.shape, k.shape, v.shape))  # type: ignore[no-untyped-call]
+            return attention_flops(q.shape, k.shape, v.shape)
         if name == "_scaled_dot_product_flash_attention_for_cpu_backward":
             grad_out, q, k, v = args[0], args[1], args[2], args[3]
-            flops = sdpa_backward_flop_count(  # type: ignore[no-untyped-call]
-                grad_out.shape, q.shape, k.shape, v.shape
-            )
-            return int(flops)
-    except (AttributeError, IndexError, TypeError):
+            return attention_backward_flops(grad_out.shape, q.shape, k.shape, v.shape)
+    except (AttributeError, IndexError, TypeError, ValueError):
         return None
     return None
 
