@@ -143,7 +143,9 @@ def test_a_measured_run_adds_host_time_that_a_prediction_leaves_out() -> None:
     (estimate,) = predict(
         "yolov3", gpus=["titan-rtx"], batch_size=case.table.batch_size, precision=case.precision
     )
-    assert estimate.throughput == pytest.approx(gpu_only)
+    # predict times today's code: the GPU step without the 2020 run's speed factor
+    factor = params.prediction_factor("yolov3", case.family)
+    assert estimate.throughput == pytest.approx(case.modelled(params) * factor)
     assert any("outside the GPU" in a and f"{share:.0%}" in a for a in estimate.assumptions)
     assert params.host_share("mine", "something-new") == params.type_host_shares["default"]
 
@@ -208,7 +210,8 @@ def test_predict_needs_no_torch_for_a_named_workload(monkeypatch: pytest.MonkeyP
 
 
 def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None:
-    result = run_cli("validate", "throughput", "--json")
+    own = ("--source", "lambda2020", "--source", "own")  # the others: test_validate_references
+    result = run_cli("validate", "throughput", *own, "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     methods = [s["method"] for s in doc["summaries"]]
@@ -217,7 +220,7 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
     # no GPU measurement is shipped yet: the section is empty and says so in the terminal
     assert doc["measured"] == [] and doc["measured_summary"] is None
-    text = run_cli("validate", "throughput").stdout
+    text = run_cli("validate", "throughput", *own).stdout
     assert "Own GPU measurements: none shipped yet" in text
 
 
@@ -242,7 +245,9 @@ def test_own_gpu_measurements_are_compared_with_predict_of_the_same_run() -> Non
     assert cases[2].predicted is None and cases[2].error is None
     assert "does not fit on rtx-4090" in cases[2].note
     # validate throughput summarises them beside Lambda's table
-    validation = validate_throughput(load_parameters(), measurements=[measured, too_big])
+    validation = validate_throughput(
+        load_parameters(), measurements=[measured, too_big], sources=("lambda2020", "own")
+    )
     summary = validation.measured_summary
     assert summary is not None and summary.cases == 1
     assert summary.mape == pytest.approx(abs(direct.throughput / 1432.7 - 1))
@@ -396,12 +401,17 @@ def test_the_catalog_at_two_gpus_leaves_out_what_the_catalog_cannot_time() -> No
 
 
 def test_no_speed_factor_takes_a_step_past_the_gpus_peaks() -> None:
-    # transformer-big's fitted factor (above 1) on top of the fitted efficiencies would put its
-    # matrix operators above the FP32 peak of these cards
-    for gpu in ("v100-sxm2-32gb", "rtx-2080-ti"):
-        (e,) = predict("transformer-big", gpus=[gpu], precision="fp32")
-        assert e.mfu is not None and 0.5 < e.mfu <= 1.0
-        assert any("past the GPU's peak rates" in a for a in e.assumptions)
+    # predictions take no factor now (the constants are fitted for today's runs), but a factor
+    # above 1 on top of the fitted efficiencies still stops at the peaks
+    from whichgpu.estimate.prediction import _faster
+    from whichgpu.estimate.throughput import StepTime
+
+    step = StepTime(1.0, 0.8, 0.1, 0.1, {"backward": 0.6}, 1e12, 1.0)
+    capped, note = _faster(step, 4.0, 0.5)
+    assert capped.step_time_s == 0.5 and capped.phase_s["backward"] == 0.3
+    assert note and "past the GPU's peak rates" in note[0]
+    free, none = _faster(step, 1.5, 0.5)
+    assert free.step_time_s == pytest.approx(1 / 1.5) and not none
     (plain,) = predict("bert-base", gpus=["rtx-4090"], seq_len=128)
     assert not any("past the GPU's peak rates" in a for a in plain.assumptions)
 
@@ -509,3 +519,61 @@ def test_a_calibration_file_that_is_not_measurements_says_so(tmp_path: Path) -> 
     with pytest.raises(UsageError, match="cannot be read as measurements") as caught:
         wg.predict("resnet50", gpus=["4090"], calibrate=broken)
     assert "Nothing was imported" not in str(caught.value)
+
+
+def test_a_16_bit_gemm_off_the_16_byte_alignment_is_marked_and_runs_slower() -> None:
+    from whichgpu.estimate.throughput import misaligned_matrix, op_table
+    from whichgpu.workloads import get_workload, run_config
+
+    assert misaligned_matrix([8192, 50257, 768]) and not misaligned_matrix([8192, 50304, 768])
+    assert not misaligned_matrix([1, 64, 64])  # a dimension of 1 is no stride
+    gpt2, _ = wg.scalable_profile(get_workload("gpt2"), run_config(precision="bf16"))
+    table = op_table(gpt2, 2, 128)
+    assert table.misaligned is not None and int(table.misaligned.sum()) == 3  # the head's GEMMs
+    h200 = gpu_rates(load_catalog().resolve("h200-sxm"))
+    raw, _ = matrix_engines(table, h200, "bf16", 1.0)
+    slow, _ = matrix_engines(table, h200, "bf16", 0.5)
+    assert np.allclose(slow, np.where(table.misaligned, raw * 0.5, raw))
+    # fp32 runs on the vector units, which need no alignment
+    fp32, _ = wg.scalable_profile(get_workload("gpt2"), run_config(precision="fp32"))
+    table32 = op_table(fp32, 2, 128)
+    assert table32.misaligned is not None and not table32.misaligned.any()
+    merged = merge_repeats(table)
+    assert merged.misaligned is not None
+    assert merged.weights[merged.misaligned].sum() == 3  # two identical rows merged into one
+
+
+def test_batch_norm_reads_twice_and_half_precision_nchw_convolutions_transpose() -> None:
+    from whichgpu.estimate.throughput import BATCH_NORM_OPS, layout_bytes, op_table
+    from whichgpu.workloads import get_workload, run_config
+
+    # forward of a 3x3 conv, 64 -> 128 channels, stride 2, on 2 x 56 x 56: input and output
+    # each read once and written once more in 2-byte elements
+    x, y = 2 * 64 * 56 * 56, 2 * 128 * 28 * 28
+    assert layout_bytes([2, 64, 56, 56, 128, 3, 3, 2, 1], False) == 4 * (x + y)
+    assert layout_bytes([2, 64, 56, 56, 128, 3, 3, 2, 1], True) == 4 * (2 * x + y)
+    for precision in ("bf16", "fp32"):
+        profile, _ = wg.scalable_profile(get_workload("resnet50"), run_config(precision=precision))
+        table = op_table(profile, 4, None)
+        step = profile.at(4, None)
+        for i, op in enumerate(step.ops):
+            traced = op.bytes_read + op.bytes_written
+            if op.name in BATCH_NORM_OPS:
+                assert table.bytes_moved[i] == traced + op.bytes_read
+            elif op.kind == "conv" and precision == "bf16":
+                assert op.conv is not None
+                extra = layout_bytes(list(op.conv), op.phase == "backward")
+                assert table.bytes_moved[i] == pytest.approx(traced + extra)
+            else:
+                assert table.bytes_moved[i] == traced
+
+
+def test_predictions_take_no_2020_speed_factor_once_fitted_on_todays_runs() -> None:
+    params = load_parameters()
+    assert params.today_sources
+    assert params.prediction_factor("bert-base", "encoders") == 1.0
+    assert "no speed factor" in params.prediction_factor_origin("bert-base", "encoders")
+    old = replace(params, today_sources=())
+    assert old.prediction_factor("bert-base", "encoders") == params.workload_factors["bert-base"]
+    (e,) = predict("bert-large", gpus=["h100-sxm"], seq_len=128)
+    assert any("x1.00: no speed factor" in a for a in e.assumptions)

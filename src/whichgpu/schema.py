@@ -977,6 +977,131 @@ class MeasuredMemoryCase(_Frozen):
     """What the comparison assumes or why part of it is missing."""
 
 
+ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry"]
+"""A reference ``validate`` compares with: Lambda's 2020 table, whichgpu's own bench results
+(``validate/data/measured/*.json``), the measurements on an NVIDIA H200 of 2026-11-26 (an
+independent training loop), or MosaicML llm-foundry's published MPT training benchmarks."""
+
+
+class SourceSummary(_Frozen):
+    """One line of a validation's closing summary: one reference's error on one quantity.
+
+    Errors are signed fractions, ``predicted / measured - 1`` (for speeds: positive means
+    predicted faster; for memory and batches: positive means predicted larger)."""
+
+    source: ReferenceSource
+    """The reference."""
+    quantity: str
+    """What is compared (``peak reserved``, ``largest batch``, ``speed`` …)."""
+    cases: int
+    """Cases with both a measurement and a prediction."""
+    mean_abs_error: float | None = None
+    """Mean absolute error (MAPE), fraction (None for counts only)."""
+    mean_error: float | None = None
+    """Mean signed error (the bias), fraction."""
+    worst_error: float | None = None
+    """The signed error of largest magnitude, fraction."""
+    note: str = ""
+    """Counts that matter beside the errors (``2 would run out of memory`` …)."""
+
+
+class ReferenceMemoryCase(_Frozen):
+    """One training run measured on a GPU outside whichgpu's harness against ``fit`` of the same
+    run on that catalog GPU: peak memory at the measured batch, or the largest batch."""
+
+    source: ReferenceSource
+    """The reference."""
+    case: str
+    """The case as the reference names it (``gpt2 bf16 s1024 b8``)."""
+    workload: str
+    """The whichgpu workload predicted."""
+    gpu: str
+    """Catalog id of the GPU."""
+    run: RunConfig
+    """The run predicted (batch size unset for a largest-batch case)."""
+    measured_allocated_bytes: int | None = None
+    """Peak allocated bytes (``torch.cuda.max_memory_allocated``)."""
+    predicted_allocated_bytes: int | None = None
+    """``fit``'s peak allocated bytes."""
+    measured_reserved_bytes: int | None = None
+    """Peak reserved bytes (``torch.cuda.max_memory_reserved``)."""
+    predicted_reserved_bytes: int | None = None
+    """``fit``'s peak reserved bytes."""
+    measured_device_bytes: int | None = None
+    """Device memory in use that NVML saw right after the steps (current, not peak)."""
+    predicted_device_bytes: int | None = None
+    """``fit``'s device total (reserved + CUDA context + workspaces)."""
+    reserved_error: float | None = None
+    """``predicted_reserved / measured_reserved - 1``."""
+    measured_max_batch: int | None = None
+    """The largest batch that ran (largest-batch cases)."""
+    predicted_max_batch: int | None = None
+    """``fit``'s largest batch."""
+    would_oom: bool = False
+    """The predicted largest batch is above the measured one: following ``fit`` runs out of
+    memory."""
+    note: str = ""
+    """What the comparison assumes, or why part of it is missing."""
+
+
+class FsdpFitCase(_Frozen):
+    """One published multi-GPU training run (it ran) against ``fit``'s answer for one of its
+    GPUs: does the run's micro-batch fit, sharded as the run was?"""
+
+    source: ReferenceSource
+    """The reference."""
+    model: str
+    """The model as the reference names it (``mpt-7b``)."""
+    gpu: str
+    """Catalog id of the GPU."""
+    run: RunConfig
+    """The run asked about (micro-batch per GPU, sequence length, GPU count, sharding,
+    checkpointing)."""
+    fits: bool | None
+    """``fit``'s answer at the run's micro-batch (None: no answer, see ``note``)."""
+    predicted_max_batch: int | None = None
+    """The largest micro-batch ``fit`` allows per GPU."""
+    predicted_device_bytes: int | None = None
+    """``fit``'s device total per GPU at the run's micro-batch."""
+    capacity_bytes: int | None = None
+    """The memory ``fit`` compares it with."""
+    note: str = ""
+    """Why there is no answer, or what the comparison assumes."""
+
+
+class ReferenceThroughputCase(_Frozen):
+    """One published or measured training speed against ``predict`` of the same run."""
+
+    source: ReferenceSource
+    """The reference."""
+    case: str
+    """The case as the reference names it."""
+    workload: str
+    """The whichgpu workload predicted."""
+    gpu: str
+    """Catalog id of the GPU."""
+    run: RunConfig
+    """The run predicted."""
+    quantity: str
+    """What ``measured`` and ``predicted`` count: ``s/step`` or ``tokens/s per GPU``."""
+    measured: float
+    """Measured value."""
+    predicted: float | None
+    """Predicted value (None: no prediction, see ``note``)."""
+    error: float | None = None
+    """Speed error: ``predicted speed / measured speed - 1`` (for step times, ``measured /
+    predicted - 1``); positive means predicted faster."""
+    measured_mfu: float | None = None
+    """Model FLOPs utilisation the reference states or implies."""
+    predicted_mfu: float | None = None
+    """``predict``'s model FLOPs utilisation."""
+    fits: bool = True
+    """Whether ``fit`` says the run fits; when not, ``predict`` gives no speed and the
+    prediction is the predictor's time of the step as if it did."""
+    note: str = ""
+    """What the comparison assumes, or why there is no prediction."""
+
+
 class MemoryValidation(_Frozen):
     """``whichgpu validate memory``: every case and the summary."""
 
@@ -999,6 +1124,15 @@ class MemoryValidation(_Frozen):
     batches from a search, or a model the reference could not run at all."""
     measured: tuple[MeasuredMemoryCase, ...] = ()
     """whichgpu's own measurements against the predictions (``MeasuredMemoryCase``)."""
+    gpu_runs: tuple[ReferenceMemoryCase, ...] = ()
+    """Training runs measured on GPUs outside whichgpu's harness (the H200 measurements)."""
+    fsdp_runs: tuple[FsdpFitCase, ...] = ()
+    """Published multi-GPU runs (llm-foundry) against ``fit``'s answer."""
+    sources: tuple[ReferenceSource, ...] = ()
+    """The references compared (empty in results written before references could be
+    chosen: all of them)."""
+    summaries: tuple[SourceSummary, ...] = ()
+    """Per reference and quantity: the error over its cases."""
 
 
 # --- Throughput ------------------------------------------------------------------------------
@@ -1180,6 +1314,13 @@ class ThroughputValidation(_Frozen):
     """whichgpu's own GPU measurements against ``predict`` (out of sample)."""
     measured_summary: ErrorStats | None = None
     """Errors over ``measured`` (None when no GPU measurement is shipped)."""
+    references: tuple[ReferenceThroughputCase, ...] = ()
+    """Speeds measured outside whichgpu's harness (the H200 measurements, llm-foundry's
+    published runs) against ``predict``."""
+    sources: tuple[ReferenceSource, ...] = ()
+    """The references compared."""
+    summaries_by_source: tuple[SourceSummary, ...] = ()
+    """Per reference: the error over its cases."""
 
 
 # --- Benchmark results ----------------------------------------------------------------------

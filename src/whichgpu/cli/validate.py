@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 import typer
 
 from whichgpu.cli import options as o
@@ -11,11 +13,16 @@ from whichgpu.report import json_doc, terminal
 validate_app = typer.Typer(
     help=(
         "Check whichgpu's predictions against measured data shipped with it, and print the "
-        "error of every case. `whichgpu validate memory` compares largest batch sizes, "
-        "`whichgpu validate throughput` training throughput, `whichgpu validate closed-form` "
-        "the closed form (`fit --fast`) with the traced path.\n\n"
+        "error of every case and a summary per reference. `whichgpu validate memory` compares "
+        "peak memory, largest batch sizes and whether published runs fit, `whichgpu validate "
+        "throughput` training speed, `whichgpu validate closed-form` the closed form "
+        "(`fit --fast`) with the traced path. References (--source): lambda2020 (Lambda's 2020 "
+        "table), own (whichgpu's own bench results), h200-2026-11 (an NVIDIA H200, "
+        "independent training loop), llm-foundry (MosaicML's MPT benchmarks, 8x A100/H100 "
+        "80GB, FSDP).\n\n"
         "Examples:\n\n"
         "  whichgpu validate memory\n\n"
+        "  whichgpu validate memory --source h200-2026-11\n\n"
         "  whichgpu validate throughput --json\n\n"
         "  whichgpu validate closed-form"
     ),
@@ -24,25 +31,47 @@ validate_app = typer.Typer(
 )
 
 
-@validate_app.command("memory")
-def memory(json: o.JsonOption = False) -> None:
-    """Predicted largest batch sizes against measured ones (Lambda's 2020 table).
+SourceOption = Annotated[
+    Optional[list[str]],  # noqa: UP045 - typer needs Optional at runtime on Python 3.10
+    typer.Option(
+        "--source",
+        metavar="NAME",
+        help=(
+            "A reference to compare with (repeat for several): lambda2020, own, h200-2026-11, "
+            "llm-foundry. Default: all. llm-foundry traces eight models the first time (a few "
+            "minutes), then answers from the trace cache."
+        ),
+    ),
+]
 
-    Each model of the table is estimated on each of its GPUs with the software stack of the
-    time, converted to the table's unit, rounded down to the sizes the table's search tried,
-    and compared in steps of that grid: exact, conservative (below the measurement) or too
-    high (an out-of-memory recommendation — the failure that matters most).
+
+@validate_app.command("memory")
+def memory(json: o.JsonOption = False, source: SourceOption = None) -> None:
+    """Predicted memory against measured: largest batches, peaks, published runs that fit.
+
+    Lambda's 2020 table: each model is estimated on each of its GPUs with the software stack
+    of the time, converted to the table's unit, rounded down to the sizes the table's search
+    tried, and compared in steps of that grid: exact, conservative (below the measurement) or
+    too high (an out-of-memory recommendation — the failure that matters most). whichgpu's
+    own bench results and the H200 measurements: peak allocated and reserved memory at the
+    measured batch (error = predicted / measured - 1) and the largest batch (above the
+    measurement: would run out of memory). llm-foundry: whether fit lets each published
+    8-GPU FSDP run's micro-batch fit (every one of them ran). A summary per reference ends it.
 
     Examples:
 
       whichgpu validate memory
 
+      whichgpu validate memory --source h200-2026-11 --source llm-foundry
+
       whichgpu validate memory --json
     """
     from whichgpu.validate.memory import validate_memory
+    from whichgpu.validate.summary import chosen_sources
 
-    with progress_note("Predicting the reference cases"):
-        result = validate_memory()
+    sources = chosen_sources(source)
+    with progress_note("Predicting the reference cases") as now:
+        result = validate_memory(now, sources)
     if json:
         emit_json(json_doc.memory_validation_doc(result))
         return
@@ -50,26 +79,34 @@ def memory(json: o.JsonOption = False) -> None:
 
 
 @validate_app.command("throughput")
-def throughput(json: o.JsonOption = False) -> None:
-    """Predicted training throughput against measured (Lambda's 2020 table), out of sample.
+def throughput(json: o.JsonOption = False, source: SourceOption = None) -> None:
+    """Predicted training speed against measured, per reference, with a summary of each.
 
-    The predictor's constants are refitted without each GPU (and without each model) in turn,
-    and each left-out case is predicted: the errors are what a GPU or a model the constants
-    never saw gets. Beside them, two baselines on the same cases: another GPU's measurement
-    of the same model scaled by the ratio of memory bandwidths, or of AMP tensor rates. Also
-    the seed guides' stated speed ratios (A100 vs V100, RTX 3090 vs RTX 2080 Ti).
+    Lambda's 2020 table, out of sample: the predictor's constants are refitted without each
+    GPU (and without each model) in turn, and each left-out case is predicted: the errors are
+    what a GPU or a model the constants never saw gets. Beside them, two baselines on the same
+    cases: another GPU's measurement of the same model scaled by the ratio of memory
+    bandwidths, or of AMP tensor rates. Also the seed guides' stated speed ratios (A100 vs
+    V100, RTX 3090 vs RTX 2080 Ti). Then predict against whichgpu's own GPU measurements, the
+    H200 measurements' step times and llm-foundry's published tokens/s per GPU (8-GPU FSDP
+    runs; a run fit refuses is timed as if it fitted). Errors are predicted speed / measured
+    - 1: positive means predicted faster.
 
     Examples:
 
       whichgpu validate throughput
 
+      whichgpu validate throughput --source h200-2026-11 --source llm-foundry
+
       whichgpu validate throughput --json
     """
     from whichgpu.estimate.throughput import load_parameters
+    from whichgpu.validate.summary import chosen_sources
     from whichgpu.validate.throughput import validate_throughput
 
-    with progress_note("Refitting without each GPU and each model"):
-        result = validate_throughput(load_parameters())
+    sources = chosen_sources(source)
+    with progress_note("Predicting the reference cases") as now:
+        result = validate_throughput(load_parameters(), now, sources=sources)
     if json:
         emit_json(json_doc.throughput_validation_doc(result))
         return

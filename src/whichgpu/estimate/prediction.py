@@ -109,8 +109,8 @@ class ThroughputPredictor:
             if self.fitted
             else error_band(self.params, profile.workload, family, calibrated=True)
         )
-        self.factor = self.params.speed_factor(profile.workload, family)
-        self.factor_origin = self.params.factor_origin(profile.workload, family)
+        self.factor = self.params.prediction_factor(profile.workload, family)
+        self.factor_origin = self.params.prediction_factor_origin(profile.workload, family)
         share = self.params.host_share(profile.workload, family)
         self.host_origin = (
             f"{'this workload' if self.fitted else 'workloads of its type'}: "
@@ -149,10 +149,17 @@ class ThroughputPredictor:
                 else "leave-one-model-out error of this workload type in training (a workload "
                 "never measured)"
             ),
-            "the constants and factors come from 2020 frameworks (eager kernels, no fused or "
-            "flash attention): today's stacks likely run faster than predicted, on every GPU "
-            "alike, so rankings hold better than absolute times until they are refitted on new "
-            "measurements (whichgpu bench; predict --calibrate corrects one workload now)",
+            (
+                "eager PyTorch as measured in the fitted runs of today's software ("
+                + ", ".join(params.today_sources)
+                + "): torch.compile, fused optimizers or hand-fused kernels run faster "
+                "(predict --calibrate corrects one workload by a measurement)"
+            )
+            if params.today_sources
+            else "the constants and factors come from 2020 frameworks (eager kernels, no fused "
+            "or flash attention): today's stacks likely run faster than predicted, on every "
+            "GPU alike, so rankings hold better than absolute times until they are refitted on "
+            "new measurements (whichgpu bench; predict --calibrate corrects one workload now)",
             "the GPU step on synthetic data: the fitted runs read real datasets and also spent "
             f"time outside the GPU ({self.host_origin}); that time is left out here, and a real "
             "input pipeline that cannot keep up adds it back",

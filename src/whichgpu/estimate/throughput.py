@@ -39,6 +39,7 @@ Pure Python + numpy: no torch.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field, replace
 from importlib import resources
@@ -154,6 +155,13 @@ class PerfParameters:
     """The same for a workload type, for workloads without their own."""
     coverage: FitCoverage = field(default_factory=FitCoverage)
     """What the fitted runs covered (architectures, tensor-core runs)."""
+    misaligned_efficiency: float = 1.0
+    """Share of its engine's rate that a 16-bit matrix operator reaches when one of its
+    dimensions is not a multiple of 8 elements (``misaligned_matrix``): cuBLAS and cuDNN fall
+    back to kernels without 16-byte vector loads (and, on Hopper, without TMA and wgmma)."""
+    today_sources: tuple[str, ...] = ()
+    """The measurement sets on today's software the constants were fitted on (empty: only
+    Lambda's 2020 table); with any, a prediction takes no speed factor (``prediction_factor``)."""
 
     def speed_factor(self, workload: str, family: str) -> float:
         """The factor a prediction of ``workload`` (of ``family``) is multiplied by."""
@@ -161,6 +169,24 @@ class PerfParameters:
         if found is not None:
             return found
         return self.type_factors.get(workload_type(family), self.type_factors.get("default", 1.0))
+
+    def prediction_factor(self, workload: str, family: str) -> float:
+        """The factor ``predict`` multiplies a step by: 1 where the constants were fitted on
+        runs of today's software (``today_sources``), whose code is what a user runs now;
+        Lambda's 2020 speed factors describe the 2020 frameworks' code (TensorFlow 1,
+        Darknet, fairseq) and are kept for reproducing that table. Else ``speed_factor``."""
+        return 1.0 if self.today_sources else self.speed_factor(workload, family)
+
+    def prediction_factor_origin(self, workload: str, family: str) -> str:
+        """Where ``prediction_factor`` comes from, in words."""
+        if self.today_sources:
+            return (
+                "x1.00: no speed factor; the constants are fitted on today's PyTorch runs ("
+                + ", ".join(self.today_sources)
+                + ") beside Lambda's 2020 table, whose per-workload factors describe the 2020 "
+                "frameworks' code"
+            )
+        return self.factor_origin(workload, family)
 
     def factor_origin(self, workload: str, family: str) -> str:
         """Where ``speed_factor`` comes from, in words."""
@@ -232,7 +258,14 @@ def load_parameters() -> PerfParameters:
         workload_host_shares=_floats(doc.get("workload_host_shares", {})),
         type_host_shares=_floats(doc.get("type_host_shares", {})),
         coverage=_coverage(doc.get("coverage", {})),
+        misaligned_efficiency=float(values.get("misaligned_efficiency", 1.0)),
+        today_sources=tuple(str(t) for t in doc.get("today_sources", ())),
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_misaligned_efficiency() -> float:
+    return load_parameters().misaligned_efficiency
 
 
 def _coverage(doc: dict[str, Any]) -> FitCoverage:
@@ -347,6 +380,10 @@ class OpTable:
     ``merge_repeats``)."""
     is_experts: npt.NDArray[np.bool_] | None = None
     """Which operators run a mixture-of-experts layer's experts (None: none)."""
+    misaligned: npt.NDArray[np.bool_] | None = None
+    """Which 16-bit matrix operators have a dimension that is not a multiple of 8 elements
+    (16 bytes: ``misaligned_matrix``), so they run at ``PerfParameters.misaligned_efficiency``
+    of their engine's rate (None: none)."""
 
     @property
     def weights(self) -> npt.NDArray[np.float64]:
@@ -360,6 +397,9 @@ def merge_repeats(table: OpTable) -> OpTable:
     experts = (
         table.is_experts.tolist() if table.is_experts is not None else [False] * len(table.kinds)
     )
+    misaligned = (
+        table.misaligned.tolist() if table.misaligned is not None else [False] * len(table.kinds)
+    )
     keys = list(
         zip(
             table.kinds,
@@ -368,10 +408,11 @@ def merge_repeats(table: OpTable) -> OpTable:
             table.bytes_moved.tolist(),
             table.phases.tolist(),
             experts,
+            misaligned,
             strict=True,
         )
     )
-    first: dict[tuple[str, str, float, float, str, bool], int] = {}
+    first: dict[tuple[str, str, float, float, str, bool, bool], int] = {}
     counts: dict[int, float] = {}
     for i, key in enumerate(keys):
         row = first.setdefault(key, i)
@@ -398,6 +439,7 @@ def _select(
         phases=table.phases[rows],
         counts=counts,
         is_experts=None if table.is_experts is None else table.is_experts[rows],
+        misaligned=None if table.misaligned is None else table.misaligned[rows],
     )
 
 
@@ -416,6 +458,12 @@ class _OpColumns:
     is_fp32: npt.NDArray[np.bool_]
     phases: npt.NDArray[np.str_]
     is_experts: npt.NDArray[np.bool_]
+    gemm: list[tuple[int, tuple[int, ...]]]
+    """``(row, polynomial indices of (batch, M, N, K))`` of the 16-bit matrix multiplies."""
+    convs: list[tuple[int, tuple[int, ...], bool]]
+    """``(row, polynomial indices of the shape, is backward)`` of the 16-bit convolutions."""
+    norm_passes: npt.NDArray[np.bool_]
+    """Training-mode batch norms (``BATCH_NORM_OPS``), which read their inputs twice."""
 
 
 _COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
@@ -439,6 +487,17 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
         is_fp32=np.array([op.dtype == "float32" for op in ops], dtype=bool),
         phases=np.array([op.phase for op in ops]),
         is_experts=np.array([op.name in EXPERT_OPS for op in ops], dtype=bool),
+        gemm=[
+            (i, op.gemm_bmnk)
+            for i, op in enumerate(ops)
+            if op.gemm_bmnk is not None and op.dtype in _HALF and op.kind in MATRIX_KINDS
+        ],
+        convs=[
+            (i, op.conv, op.phase == "backward")
+            for i, op in enumerate(ops)
+            if op.conv is not None and op.dtype in _HALF and op.kind == "conv"
+        ],
+        norm_passes=np.array([op.name in BATCH_NORM_OPS for op in ops], dtype=bool),
     )
     if len(_COLUMNS) >= 16:
         _COLUMNS.clear()
@@ -450,11 +509,23 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
     """The steady-state step's operators at ``(batch_size, seq_len)``."""
     values = profile.polynomials.values(batch_size, seq_len).astype(np.float64)
     columns = _op_columns(profile)
+    bytes_read = values[columns.bytes_read]
+    moved = bytes_read + values[columns.bytes_written]
+    # kernels' own traffic beyond their operands' (see ``BATCH_NORM_OPS``, ``layout_bytes``)
+    moved = moved + np.where(columns.norm_passes, bytes_read, 0.0)
+    misaligned = np.zeros(len(columns.kinds), dtype=bool)
+    for row, dims in columns.gemm:
+        misaligned[row] = misaligned_matrix([int(values[i]) for i in dims[1:]])
+    for row, shape_at, backward in columns.convs:
+        shape = [int(values[i]) for i in shape_at]
+        spatial = (len(shape) - 5) // 2
+        misaligned[row] = misaligned_matrix([shape[1], shape[2 + spatial]])
+        moved[row] += layout_bytes(shape, backward)
     return OpTable(
         kinds=columns.kinds,
         dtypes=columns.dtypes,
         flops=values[columns.flops],
-        bytes_moved=values[columns.bytes_read] + values[columns.bytes_written],
+        bytes_moved=moved,
         units_per_step=int(values[profile.units_per_step]),
         batch_size=batch_size,
         seq_len=seq_len,
@@ -463,7 +534,60 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         is_fp32=columns.is_fp32,
         phases=columns.phases,
         is_experts=columns.is_experts,
+        misaligned=misaligned,
     )
+
+
+ALIGNMENT_ELEMENTS = 8
+"""16-bit tensor-core GEMMs run their fast kernels only when every dimension is a multiple of
+8 elements (16 bytes): NVIDIA, "Matrix Multiplication Background User's Guide", *Tensor Core
+Requirements* (docs.nvidia.com/deeplearning/performance/dl-performance-matrix-multiplication),
+and Hopper's TMA copies need 16-byte-aligned strides (CUDA C++ Programming Guide, *Tensor
+Memory Access*). For convolutions the same holds for the channel counts (NVIDIA, "Convolutional
+Layers User's Guide", *Channels In And Out*)."""
+
+
+def misaligned_matrix(dims: list[int]) -> bool:
+    """Whether a 16-bit matrix operator with these dimensions (M, N, K of a GEMM; channels in
+    and out of a convolution) misses the tensor cores' 16-byte alignment
+    (``ALIGNMENT_ELEMENTS``): GPT-2's 50,257-token vocabulary makes its language-model head
+    such a GEMM, which is why nanoGPT pads it to 50,304 (karpathy/nanoGPT, model.py)."""
+    return any(d % ALIGNMENT_ELEMENTS for d in dims if d > 1)
+
+
+BATCH_NORM_OPS = (
+    "aten.native_batch_norm",
+    "aten.native_batch_norm_backward",
+    "aten._native_batch_norm_legit",
+    "aten._native_batch_norm_legit_functional",
+    "aten.cudnn_batch_norm",
+    "aten.cudnn_batch_norm_backward",
+    "aten.batch_norm_backward",
+)
+"""Batch norm in training reads its inputs twice: once to reduce the batch statistics, once to
+normalize (forward: ``batch_norm_collect_statistics_kernel`` then
+``batch_norm_transform_input_kernel``; backward: ``batch_norm_backward_reduce_kernel`` then
+``batch_norm_backward_elemt_kernel``, in PyTorch's ``aten/src/ATen/native/cuda/Normalization.cuh``;
+cuDNN's kernels make the same two passes). The traced bytes count each input once, so the
+op table adds one more read of them."""
+
+
+def layout_bytes(conv: list[int], backward: bool) -> float:
+    """Extra bytes of a 16-bit convolution on NCHW tensors (PyTorch's default layout, which
+    the traced models use): tensor-core convolutions work on NHWC, so cuDNN transposes the
+    activations it reads into NHWC and what it writes back to NCHW, one read and one write of
+    each (NVIDIA, "Convolutional Layers User's Guide", *Tensor Layouts In Memory: NCHW vs
+    NHWC*: NCHW inputs cost an automatic transpose; PyTorch's *channels last* tutorial). The
+    forward moves the input and the output; the backward the input, the output gradient and
+    the input gradient. ``conv`` is ``OpRecord.conv`` (N, C_in, spatial…, C_out, kernel…,
+    stride, groups); elements of 2 bytes."""
+    spatial = (len(conv) - 5) // 2
+    batch, c_in, c_out, stride = conv[0], conv[1], conv[2 + spatial], max(1, conv[-2])
+    sizes = conv[2 : 2 + spatial]
+    x = batch * c_in * float(np.prod(sizes))
+    y = batch * c_out * float(np.prod([-(-s // stride) for s in sizes]))
+    moved = 2 * x + y if backward else x + y
+    return 2 * 2 * moved
 
 
 def read_experts(table: OpTable, share: float) -> OpTable:
@@ -495,7 +619,7 @@ def peak_limited_s(
     """The step at 100 % of every peak: each operator at its engine's FLOP rate or at the
     DRAM bandwidth, whichever is slower, and no launch cost. No real step is faster, so no
     speed factor may take a prediction below it."""
-    peak, _ = engines or matrix_engines(table, rates, precision)
+    peak, _ = engines or matrix_engines(table, rates, precision, 1.0)
     compute = np.where(table.is_matrix, table.flops / peak, 0.0)
     memory = table.bytes_moved / rates.bandwidth_bytes_per_s
     return float((np.maximum(compute, memory) * table.weights).sum())
@@ -556,7 +680,10 @@ def gpu_rates(gpu: GpuSpec) -> GpuRates:
 
 
 def matrix_engines(
-    table: OpTable, rates: GpuRates, precision: Precision
+    table: OpTable,
+    rates: GpuRates,
+    precision: Precision,
+    misaligned_efficiency: float | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]]:
     """Per operator: the peak FLOP/s of the engine it runs on, and whether that is a tensor core.
 
@@ -565,6 +692,9 @@ def matrix_engines(
     Ampere) PyTorch's kernels compute in FP32 on the vector units. FP32 matrix operators use
     TF32 tensor cores only under ``--precision tf32``, and only where they are faster than the
     FP32 units (not on GeForce Ampere and Ada, which rate both the same).
+
+    A 16-bit matrix operator with a dimension off the 16-byte alignment (``table.misaligned``)
+    reaches ``misaligned_efficiency`` of its tensor rate (default: the shipped constant).
     """
     n = len(table.kinds)
     peak = np.full(n, rates.vector_flops_per_s)
@@ -576,6 +706,13 @@ def matrix_engines(
     if half_rate is not None:
         peak[table.is_half] = half_rate
         tensor[table.is_half] = True
+        if table.misaligned is not None:
+            share = (
+                _shipped_misaligned_efficiency()
+                if misaligned_efficiency is None
+                else misaligned_efficiency
+            )
+            peak[table.misaligned & table.is_half] *= share
     tf32 = rates.tf32_flops_per_s
     # GeForce Ampere and Ada rate TF32 at their FP32 rate: no faster engine, so the FP32 one
     if precision == "tf32" and tf32 is not None and tf32 > rates.vector_flops_per_s:
@@ -645,7 +782,7 @@ def step_time(
 
     ``engines`` is ``matrix_engines(table, rates, precision)`` when the caller has it.
     """
-    engines = engines or matrix_engines(table, rates, precision)
+    engines = engines or matrix_engines(table, rates, precision, params.misaligned_efficiency)
     matrix = table.is_matrix
     each, compute, memory = operator_times(
         table.flops,

@@ -12,6 +12,12 @@ from rich.text import Text
 
 from whichgpu.report.layout import Column, FittedTable
 from whichgpu.report.numbers import count_si, significant
+from whichgpu.report.validation import (
+    fsdp_runs_view,
+    gpu_runs_memory_view,
+    reference_throughput_view,
+    source_summary_view,
+)
 from whichgpu.schema import (
     SPEC_FIELDS,
     Comparison,
@@ -494,7 +500,32 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         style="bold",
     )
     notes = Text("Assumptions: " + "; ".join(validation.assumptions) + ".", style="dim")
-    return Group(table, summary, notes, measured_memory_view(validation.measured))
+    return _with_references(
+        validation.sources,
+        [table, summary, notes],
+        [measured_memory_view(validation.measured)],
+        [
+            *([gpu_runs_memory_view(validation.gpu_runs)] if validation.gpu_runs else []),
+            *([fsdp_runs_view(validation.fsdp_runs)] if validation.fsdp_runs else []),
+            *([source_summary_view(validation.summaries)] if validation.summaries else []),
+        ],
+    )
+
+
+def _with_references(
+    sources: Sequence[str],
+    lambda_parts: list[RenderableType],
+    own_parts: list[RenderableType],
+    others: list[RenderableType],
+) -> RenderableType:
+    """A validation's views: Lambda's and the own measurements' where compared (``sources``
+    empty: every reference), then the other references' and the summary."""
+    parts = [
+        *(lambda_parts if not sources or "lambda2020" in sources else []),
+        *(own_parts if not sources or "own" in sources else []),
+        *others,
+    ]
+    return Group(*parts)
 
 
 RESERVED_TOLERANCE = (0.05, 256 * 2**20)
@@ -762,8 +793,12 @@ def throughput_validation_view(validation: ThroughputValidation) -> RenderableTy
     if validation.left_out:
         parts.append(Text("Left out: " + "; ".join(validation.left_out)))
     parts.append(Text("Settings: " + "; ".join(validation.assumptions) + ".", style="dim"))
-    parts.append(_own_throughputs(validation))
-    return Group(*parts)
+    others: list[RenderableType] = []
+    if validation.references:
+        others.append(reference_throughput_view(validation.references))
+    if validation.summaries_by_source:
+        others.append(source_summary_view(validation.summaries_by_source))
+    return _with_references(validation.sources, parts, [_own_throughputs(validation)], others)
 
 
 def _own_throughputs(validation: ThroughputValidation) -> RenderableType:

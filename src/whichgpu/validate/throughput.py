@@ -1,8 +1,8 @@
 """``whichgpu validate throughput``: predicted training throughput against measured.
 
-The reference is Lambda's 2020 table (12 models x 8 GPUs, throughput at each GPU's largest
-batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's constants and
-speed factors are fitted by ``fit_parameters`` (the shipped ones by
+The main reference is Lambda's 2020 table (12 models x 8 GPUs, throughput at each GPU's
+largest batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's
+constants and speed factors are fitted by ``fit_parameters`` (the shipped ones by
 ``scripts/fit_throughput.py`` on all rows); the error reported here is out of sample:
 
 - leave-one-GPU-out: refit without a GPU, predict every model on it (each model with the
@@ -15,6 +15,11 @@ each other GPU scaled by the ratio of memory bandwidths, or of AMP tensor rates 
 for GPUs without tensor cores), averaged over the other GPUs. Rows whose measured FLOP rate
 exceeds the peak of the engines their settings allow are reported and left out (they cannot
 be what the table says they are).
+
+Beside it, ``predict`` against runs measured outside that fit: whichgpu's own GPU bench
+results (``validate.measured``), the step times of the H200 measurements (``validate.h200``)
+and llm-foundry's published tokens/s per GPU (``validate.llm_foundry``), with a summary line
+per reference (``sources`` picks which are compared).
 """
 
 from __future__ import annotations
@@ -50,10 +55,13 @@ from whichgpu.schema import (
     ErrorStats,
     GpuSpec,
     Precision,
+    ReferenceSource,
+    SourceSummary,
     ThroughputValidation,
     ThroughputValidationCase,
 )
 from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
+from whichgpu.validate.summary import SOURCES, error_summary
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.stored import ScalableProfile
 
@@ -493,16 +501,86 @@ def validate_throughput(
     params: PerfParameters,
     progress: Callable[[str], None] | None = None,
     measurements: Sequence[BenchResult] | None = None,
+    sources: Sequence[ReferenceSource] = SOURCES,
 ) -> ThroughputValidation:
-    """Out-of-sample errors on the Lambda 2020 table, the baselines, and the seed ratios; and
-    ``predict`` against whichgpu's own GPU measurements (``measurements``, default: those
-    shipped in ``validate/data/measured``)."""
+    """For the chosen references (default: all): out-of-sample errors on the Lambda 2020
+    table, the baselines, and the seed ratios; ``predict`` against whichgpu's own GPU
+    measurements (``measurements``, default: those shipped in ``validate/data/measured``);
+    against the H200 measurements' step times and llm-foundry's tokens/s per GPU; and a
+    summary line per reference."""
+    from whichgpu.validate.h200 import h200_throughput
+    from whichgpu.validate.llm_foundry import foundry_throughput, stale_profiles_note
     from whichgpu.validate.measured import compare_throughputs, shipped_measurements
 
-    own = compare_throughputs(
-        list(shipped_measurements() if measurements is None else measurements), progress
+    own = (
+        compare_throughputs(
+            list(shipped_measurements() if measurements is None else measurements), progress
+        )
+        if "own" in sources
+        else []
     )
     own_errors = [c.error for c in own if c.error is not None]
+    references = [
+        *(h200_throughput(progress=progress) if "h200-2026-11" in sources else ()),
+        *(foundry_throughput(progress=progress) if "llm-foundry" in sources else ()),
+    ]
+    lambda_part = _lambda_throughput(params, progress) if "lambda2020" in sources else _NO_LAMBDA
+    by_source: list[SourceSummary] = []
+    if "lambda2020" in sources:
+        held_out = next(s for s in lambda_part.summaries if "one GPU out" in s.method)
+        by_source.append(
+            error_summary(
+                "lambda2020",
+                "speed, leave one GPU out",
+                [c.leave_gpu_out / c.measured - 1 for c in lambda_part.cases],
+                f"median {held_out.median:.1%}, P90 {held_out.p90:.1%}",
+            )
+        )
+    if "own" in sources:
+        by_source.append(
+            error_summary(
+                "own", "speed", own_errors, "" if own_errors else "no GPU measurement shipped"
+            )
+        )
+    for source, quantity in (
+        ("h200-2026-11", "speed (step time)"),
+        ("llm-foundry", "tokens/s per GPU"),
+    ):
+        if source not in sources:
+            continue
+        mine = [c for c in references if c.source == source]
+        errors = [c.error for c in mine if c.error is not None]
+        unfit = sum(not c.fits for c in mine)
+        notes = [f"{unfit} of {len(mine)} timed although fit says they do not fit" if unfit else ""]
+        if source == "llm-foundry":
+            notes.append(stale_profiles_note())
+        note = "; ".join(n for n in notes if n)
+        by_source.append(error_summary(source, quantity, errors, note))  # type: ignore[arg-type]
+    return lambda_part.model_copy(
+        update={
+            "measured": tuple(own),
+            "measured_summary": (
+                summarize("whichgpu predict, own GPU measurements (out of sample)", own_errors)
+                if own_errors
+                else None
+            ),
+            "references": tuple(references),
+            "sources": tuple(s for s in SOURCES if s in sources),
+            "summaries_by_source": tuple(by_source),
+        }
+    )
+
+
+_NO_LAMBDA = ThroughputValidation(
+    cases=(), summaries=(), rank_correlation={}, left_out=(), seed_checks=(), assumptions=()
+)
+"""The Lambda part of a validation that does not compare Lambda's table."""
+
+
+def _lambda_throughput(
+    params: PerfParameters, progress: Callable[[str], None] | None
+) -> ThroughputValidation:
+    """Lambda's 2020 table, out of sample, with the baselines and the seed ratios."""
     cases, left_out = lambda_cases(progress)
     by_gpu = held_out_errors(cases, params, lambda c: c.gpu.id, progress)
     by_model = held_out_errors(cases, params, lambda c: c.model, progress)
@@ -548,12 +626,6 @@ def validate_throughput(
         assumptions=(
             "throughput at the table's largest batch; translation batches = tokens / 128",
             *settings,
-        ),
-        measured=tuple(own),
-        measured_summary=(
-            summarize("whichgpu predict, own GPU measurements (out of sample)", own_errors)
-            if own_errors
-            else None
         ),
     )
 
