@@ -3,6 +3,8 @@
 # `make install` builds .venv from the lock, requirements/dev.txt: every package the suite was
 # last run with, direct and transitive, at exact versions (torch is the 2.13.0 CPU build these
 # project machines provide). The package's own dependencies in pyproject.toml stay ranges.
+#   make lock            after a change of pyproject.toml's dependencies: lock what is new,
+#                        keep every other pin
 #   make lock-upgrade    re-resolve to the newest versions, run the whole suite on them in a
 #                        separate venv, and write the new lock only when it passes
 #   make test-oldest     the tests that build a model's step, on the oldest transformers
@@ -27,7 +29,7 @@ COMPILE = CUSTOM_COMPILE_COMMAND="make $@" $(BIN)/pip-compile --quiet --strip-ex
 	--allow-unsafe --no-emit-index-url --no-emit-find-links --extra torch --extra report \
 	--extra dev --build-deps-for editable -c requirements/torch-cpu.in
 
-.PHONY: install demo test lint format clean lock-upgrade lock-oldest test-oldest
+.PHONY: install demo test lint format clean lock lock-upgrade lock-oldest test-oldest
 
 install: $(STAMP)
 
@@ -62,6 +64,12 @@ format: install
 test: install lint
 	$(BIN)/python -m pytest -n auto
 	$(MAKE) test-oldest
+
+# After a change of pyproject.toml's dependencies: add what is new to the lock, keeping every
+# other pin (the suite then runs on it as usual).
+lock: install
+	$(COMPILE) --output-file $(LOCK) pyproject.toml
+	$(MAKE) lock-oldest
 
 # Move the lock forward on purpose: compile the newest set into a candidate lock, build a
 # separate venv from it and run the whole suite there; only a green suite replaces the lock.
