@@ -24,6 +24,7 @@ from whichgpu.estimate.data_parallel import (
 from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
+    SHARDED_OPTIMIZER,
     GpuRates,
     PerfParameters,
     StepTime,
@@ -35,6 +36,7 @@ from whichgpu.estimate.throughput import (
     peak_limited_s,
     read_experts,
     restrict,
+    shard_optimizer,
     split_work,
     step_time,
 )
@@ -345,6 +347,8 @@ class ThroughputPredictor:
             )
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))
+        elif self.run.gpus > 1 and self.run.sharding in SHARDED_OPTIMIZER:
+            table = shard_optimizer(table, self.run.gpus)
         step, capped = _faster(
             step_time(table, rates, precision, self.params),
             self.factor,

@@ -462,8 +462,9 @@ class _OpColumns:
     """``(row, polynomial indices of (batch, M, N, K))`` of the 16-bit matrix multiplies."""
     convs: list[tuple[int, tuple[int, ...], bool]]
     """``(row, polynomial indices of the shape, is backward)`` of the 16-bit convolutions."""
-    norm_passes: npt.NDArray[np.bool_]
-    """Training-mode batch norms (``BATCH_NORM_OPS``), which read their inputs twice."""
+    extra_reads: npt.NDArray[np.float64]
+    """Extra reads of each operator's inputs, as a multiple of its traced input bytes
+    (``EXTRA_READS``: kernels that pass over their inputs more than once)."""
 
 
 _COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
@@ -497,7 +498,7 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
             for i, op in enumerate(ops)
             if op.conv is not None and op.dtype in _HALF and op.kind == "conv"
         ],
-        norm_passes=np.array([op.name in BATCH_NORM_OPS for op in ops], dtype=bool),
+        extra_reads=np.array([EXTRA_READS.get(op.name, 0.0) for op in ops], dtype=np.float64),
     )
     if len(_COLUMNS) >= 16:
         _COLUMNS.clear()
@@ -511,8 +512,8 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
     columns = _op_columns(profile)
     bytes_read = values[columns.bytes_read]
     moved = bytes_read + values[columns.bytes_written]
-    # kernels' own traffic beyond their operands' (see ``BATCH_NORM_OPS``, ``layout_bytes``)
-    moved = moved + np.where(columns.norm_passes, bytes_read, 0.0)
+    # kernels' own traffic beyond their operands' (see ``EXTRA_READS``, ``layout_bytes``)
+    moved = moved + columns.extra_reads * bytes_read
     misaligned = np.zeros(len(columns.kinds), dtype=bool)
     for row, dims in columns.gemm:
         misaligned[row] = misaligned_matrix([int(values[i]) for i in dims[1:]])
@@ -571,6 +572,36 @@ normalize (forward: ``batch_norm_collect_statistics_kernel`` then
 cuDNN's kernels make the same two passes). The traced bytes count each input once, so the
 op table adds one more read of them."""
 
+LAYER_NORM_BACKWARD_OPS = ("aten.native_layer_norm_backward",)
+"""Layer norm's backward reads its inputs twice: ``layer_norm_grad_input_kernel`` reads the
+output gradient and the input for the input gradient, then ``GammaBetaBackward…Kernel`` reads
+both again for the weight and bias gradients (PyTorch
+``aten/src/ATen/native/cuda/layer_norm_kernel.cu``, ``LayerNormBackwardKernelImplInternal``).
+Its forward (``vectorized_layer_norm_kernel``, Welford statistics of a row held in registers)
+reads its input once."""
+
+LOG_SOFTMAX_OPS = ("aten._log_softmax",)
+"""Log-softmax over a row of more than 1,024 elements (a language model's vocabulary) runs
+``cunn_SoftMaxForward``, which reads the row three times: its maximum, the sum of
+exponentials, then the output (PyTorch ``aten/src/ATen/native/cuda/SoftMax.cu``; the
+shared-memory variant that reads once needs the row in 48 KiB and a length divisible by the
+vector width, which no vocabulary here meets, e.g. GPT-2's 50,257 fp32 logits, 196 KiB). Rows
+of up to 1,024 elements (ImageNet's 1,000 classes) take the persistent kernel that reads once,
+but those tensors are kilobytes, so one rule serves."""
+
+LOG_SOFTMAX_BACKWARD_OPS = ("aten._log_softmax_backward_data",)
+"""Its backward, ``cunn_SoftMaxBackward``, reads the output gradient twice (its sum, then the
+input gradient) and the output once (same file): one more read of half its traced inputs."""
+
+EXTRA_READS: dict[str, float] = {
+    **dict.fromkeys(BATCH_NORM_OPS, 1.0),
+    **dict.fromkeys(LAYER_NORM_BACKWARD_OPS, 1.0),
+    **dict.fromkeys(LOG_SOFTMAX_OPS, 2.0),
+    **dict.fromkeys(LOG_SOFTMAX_BACKWARD_OPS, 0.5),
+}
+"""Operators whose kernels read their inputs more than once: how many more reads, as a
+multiple of the traced input bytes (the tracer counts each operand once)."""
+
 
 def layout_bytes(conv: list[int], backward: bool) -> float:
     """Extra bytes of a 16-bit convolution on NCHW tensors (PyTorch's default layout, which
@@ -623,6 +654,24 @@ def peak_limited_s(
     compute = np.where(table.is_matrix, table.flops / peak, 0.0)
     memory = table.bytes_moved / rates.bandwidth_bytes_per_s
     return float((np.maximum(compute, memory) * table.weights).sum())
+
+
+SHARDED_OPTIMIZER = ("zero2", "zero3", "fsdp")
+"""Data-parallel shardings whose GPUs each update only their shard of the parameters: ZeRO
+partitions the optimizer state (stage 1 onwards) so that "each data parallel process only
+updates its partition" (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
+Trillion Parameter Models", SC'20, arXiv 1910.02054, section 5.1); FSDP's optimizer steps the
+local flat-parameter shards (Zhao et al., "PyTorch FSDP", VLDB 2023, arXiv 2304.11277)."""
+
+
+def shard_optimizer(table: OpTable, parts: int) -> OpTable:
+    """``table`` as one of ``parts`` GPUs runs it when the optimizer state is sharded
+    (``SHARDED_OPTIMIZER``): the optimizer's operators with 1/``parts`` of their FLOPs and
+    bytes (each GPU still launches them); the rest unchanged."""
+    if parts <= 1:
+        return table
+    share = np.where(table.phases == "optimizer", 1 / parts, 1.0)
+    return replace(table, flops=table.flops * share, bytes_moved=table.bytes_moved * share)
 
 
 def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
