@@ -26,14 +26,16 @@ The step's peak of allocated bytes is the largest of four named phases of the se
 (the first has no optimizer state during forward and backward, and its optimizer step
 creates the state that the second step's forward already carries):
 
-- ``forward_end``: ``W + S + A`` + the loss temporaries (half logits ``2·T·V`` under AMP and
-  ``pure``, their fp32 copy ``4·T·V``) + what the forward keeps until its output is dropped
-  (the Llama family's per-layer key/value cache in fp32 under AMP, GPT-2's in half);
-- ``backward_start``: ``W + S + A`` + two fp32 ``T x V`` tensors (the gradients of the
+- ``forward_end``: ``W + S + A`` + the logits' fp32 copy ``4·T·V`` (AMP and ``pure``) + the
+  model's output ``O``, which the training loop holds until the step ends: the logits (half
+  ``2·T·V`` under AMP and ``pure``, ``4·T·V`` in fp32) and the key/value cache a ``use_cache``
+  model returns (the Llama family's in fp32 under AMP, GPT-2's in half);
+- ``backward_start``: ``W + S + A + O`` + two fp32 ``T x V`` tensors (the gradients of the
   cross-entropy and of the log-softmax);
-- ``backward_end``: ``W + S + G`` + two fp32 copies of a tied embedding's gradient while
+- ``backward_end``: ``W + S + G + O`` + two fp32 copies of a tied embedding's gradient while
   its two halves are summed;
-- ``optimizer``: ``W + S + G`` + the optimizer's temporaries (``optimizer_temporary_bytes``).
+- ``optimizer``: ``W + S + G + O`` + the optimizer's temporaries
+  (``optimizer_temporary_bytes``).
 
 This is allocated bytes, as ``StepMemory.replay(...).peak_allocated_bytes`` reports them
 without workspaces: no allocator rounding, no CUDA context. ``reserved_bytes`` turns it into
@@ -565,14 +567,14 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
       ``rsqrt``, its half ``x·rsqrt`` and output); tail ``8h + 4 + 4V + 8``; ``4d`` per
       position.
 
-    GPT-2 (amp; attention dropout inside the fused kernel): per block ``26h + 10I + 16 + 4H``
+    GPT-2 (amp; attention dropout inside the fused kernel): per block ``26h + 16I + 16 + 4H``
     (LayerNorm inputs and statistics, half casts, the half q/k/v, output and log-sum-exp
     SDPA saves, the one-byte masks of the residual branches' dropouts, the five tensors of
-    ``gelu_new``); tail ``7h + 8 + 4V + 8`` (the embeddings' dropout mask among them);
-    position ids ``8`` per position; held: the half key/value cache ``4h``. With materialised
-    scores (the math path) the block saved ``28h + 10I + 16`` (fp32 q/k/v for the score
-    GEMMs instead) and ``12H`` per key position (softmax output, the dropout mask and output
-    of the CPU math kernel).
+    ``gelu_new``, three of them fp32 under CUDA's autocast); tail ``7h + 8 + 4V + 8`` (the
+    embeddings' dropout mask among them); position ids ``8`` per position; held: the half
+    key/value cache ``4h``. With materialised scores (the math path) the block saved ``28h +
+    16I + 16`` (fp32 q/k/v for the score GEMMs instead) and ``12H`` per key position
+    (softmax output, the dropout mask and output of the CPU math kernel).
 
     BERT (amp / fp32; fused as GPT-2): per block ``27h + 4I + 16 + 4H`` / ``36h + 8I + 16 +
     4H``; materialised (``bert-base``, ``bert-squad``): ``32h + 4I + 16`` / ``34h + 8I + 16``
@@ -612,10 +614,12 @@ def activation_terms(shape: TransformerShape, run: RunConfig) -> ActivationTerms
                 "The closed-form path covers GPT-2 under AMP (fp16/bf16) only; use the traced "
                 "path for fp32 or bf16-pure."
             )
+        # gelu_new under CUDA's autocast: pow's fp32 copy of its input, tanh's output and
+        # 1 + tanh in fp32, 0.5·x and c_proj's input cast in half (``trace.cuda_autocast``)
         if s.materialised_attention:
-            layer, per_position = 28 * h + 10 * inter + 16, 12 * heads
+            layer, per_position = 28 * h + 16 * inter + 16, 12 * heads
         else:
-            layer, per_position = 26 * h + 10 * inter + 16 + 4 * heads, 0
+            layer, per_position = 26 * h + 16 * inter + 16 + 4 * heads, 0
         return ActivationTerms(layer, per_position, 7 * h + 8 + loss, 8, 0, weights, 4 * h)
     if cls == "pure":
         raise UnsupportedWorkload(
@@ -744,15 +748,20 @@ def estimate(
     logits_half = 0 if cls == "fp32" or not vocab_logits else 2 * tokens * shape.vocab
     logits_fp32 = 4 * tokens * shape.vocab if vocab_logits else 0
     coefficients = load_coefficients()
+    # the model's output, held until the step ends (``workloads.hf.loss_from_output``): the
+    # logits in the dtype the head made them (half under AMP and pure; in fp32 they are the
+    # very tensor the loss reads) and the key/value cache a ``use_cache`` model returns
     held = shape.layers * tokens * terms.forward_held_per_layer_token_bytes
+    held += logits_half if cls != "fp32" else logits_fp32
     w, g, s = states.weights_bytes, states.gradients_bytes, states.optimizer_bytes
     grad_bytes = _weight_bytes_per_element(run)
     tied_sum = 2 * shape.vocab * shape.hidden * grad_bytes if shape.tied else 0
+    fp32_copy = logits_fp32 if cls != "fp32" else 0  # ``logits.float()`` is the logits in fp32
     phases: dict[PhaseName, int] = {
-        "forward_end": w + s + saved + logits_half + logits_fp32 + held,
-        "backward_start": w + s + saved + 2 * logits_fp32,
-        "backward_end": w + s + g + tied_sum,
-        "optimizer": w + s + g + states.optimizer_temporary_bytes,
+        "forward_end": w + s + saved + fp32_copy + held,
+        "backward_start": w + s + saved + 2 * logits_fp32 + held,
+        "backward_end": w + s + g + tied_sum + held,
+        "optimizer": w + s + g + states.optimizer_temporary_bytes + held,
     }
     margin = 1 + coefficients.safety_fraction
     phases = {k: math.ceil(v * margin) for k, v in phases.items()}

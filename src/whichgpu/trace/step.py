@@ -8,7 +8,9 @@ without gradients, then one decode step with the KV cache for language models.
 
 Kernel choices that depend on the device are made explicit here and written into the profile:
 the optimizer implementation is ``foreach`` (PyTorch's default on CUDA; the CPU default would
-differ), autocast follows the CPU autocast rules with the target dtype, ``F.dropout`` runs
+differ), autocast runs ``torch.autocast("cpu")`` with CUDA's operator table
+(``whichgpu.trace.cuda_autocast``: CUDA runs ``pow``, ``softmax``, ``layer_norm`` … in 32-bit
+where the CPU's table leaves them in 16-bit), ``F.dropout`` runs
 CUDA's one-kernel ``native_dropout`` (a one-byte mask) instead of the CPU's three passes over
 a mask in the input's dtype, and ``F.scaled_dot_product_attention`` with dropout runs without
 it, so that the CPU traces its fused kernel (which has no dropout) as CUDA runs its flash or
@@ -35,6 +37,7 @@ import torch
 
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.schema import RunConfig, StepProfile, WorkloadInfo
+from whichgpu.trace.cuda_autocast import cuda_autocast_rules
 from whichgpu.trace.optim8bit import IMPLEMENTATION as ADAMW_8BIT_IMPLEMENTATION
 from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
@@ -511,7 +514,13 @@ def trace_built(
         return contextlib.nullcontext()
 
     fused = _CudaDropout(fused_attention=built.fused_attention_dropout)
-    with rec, fused if kernels == "cuda" else contextlib.nullcontext(), quiet_transformers():
+    cuda_amp = kernels == "cuda" and run.precision in _AMP_DTYPES
+    with (
+        rec,
+        fused if kernels == "cuda" else contextlib.nullcontext(),
+        cuda_autocast_rules() if cuda_amp else contextlib.nullcontext(),
+        quiet_transformers(),
+    ):
         for p in built.model.parameters():
             rec.mark(p, "parameter")
         for b in built.model.buffers():
@@ -550,6 +559,9 @@ def trace_built(
             "autocast": (
                 "off: an fp16 model with fp32 master weights (fairseq's FP16Optimizer)"
                 if run.mode == "train" and _fp16_master(built, run)
+                else f"cuda rules, {run.precision} (traced by torch.autocast('cpu') with "
+                "CUDA's operator table: whichgpu.trace.cuda_autocast)"
+                if cuda_amp
                 else f"cpu rules, {run.precision}"
                 if run.precision in _AMP_DTYPES
                 else "off"
