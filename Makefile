@@ -55,6 +55,7 @@ lint: install
 	$(BIN)/ruff check src tests scripts
 	$(BIN)/ruff format --check src tests scripts
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 format: install
 	$(BIN)/ruff check --fix src tests scripts

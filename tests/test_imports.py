@@ -32,6 +32,7 @@ NON_TORCH_MODULES = [
     "whichgpu.cost",
     "whichgpu.ranking.rank",
     "whichgpu.ranking.presets",
+    "whichgpu.ranking.question",
     "whichgpu.bench",
     "whichgpu.api",
     "whichgpu.cli",

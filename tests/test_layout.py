@@ -48,7 +48,7 @@ def test_gpu_table_on_80_columns_keeps_every_number_whole() -> None:
 
 
 def test_numbers_keep_three_figures_and_never_go_scientific() -> None:
-    from whichgpu.report.numbers import significant
+    from whichgpu.numbers import significant
 
     assert significant(2628.4) == "2,628" and significant(12_345_678) == "12,345,678"
     assert significant(47.38) == "47.4" and significant(0.17731) == "0.177"

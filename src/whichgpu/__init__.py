@@ -32,10 +32,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from whichgpu.version import __version__
 
 if TYPE_CHECKING:
-    from whichgpu.api import compare, fit, gpu, gpus, predict, recommend
+    from whichgpu.api.catalog import compare, gpu, gpus
+    from whichgpu.api.fit import fit
+    from whichgpu.api.predict import predict
+    from whichgpu.api.recommend import recommend
     from whichgpu.cost import breakeven, value
     from whichgpu.tabular import ResultList
 

@@ -20,9 +20,12 @@
 
 The CLI turns a ``WhichGpuError`` into a one-paragraph message on stderr and exit code 1 (2 for
 ``UsageError`` and lookup errors, which are bad input), never a traceback.
+``require_positive`` is the one check of a number option that many questions share.
 """
 
 from __future__ import annotations
+
+import math
 
 
 class WhichGpuError(Exception):
@@ -141,3 +144,12 @@ class BenchTimeout(BenchError):
 
 class StoreError(WhichGpuError):
     """The results store cannot be read or written; the message names the file."""
+
+
+def require_positive(option: str, value: float | None, unit: str = "") -> None:
+    """``UsageError`` unless ``value`` (when given) is a finite number above 0; the message
+    names ``option`` and its ``unit``."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise UsageError(
+            f"{option} must be a finite number above 0{f' ({unit})' if unit else ''}, not {value}."
+        )

@@ -17,10 +17,10 @@ import subprocess
 import sys
 from importlib import metadata
 
-from whichgpu import __version__
 from whichgpu.bench.devices import Device, NvmlTarget
 from whichgpu.bench.jobs import Inspection, PrecisionState
 from whichgpu.schema import BenchEnvironment
+from whichgpu.version import __version__
 
 LIBRARIES = ("transformers", "numpy", "triton", "nvidia-ml-py")
 """Libraries whose versions are recorded besides torch (those installed)."""

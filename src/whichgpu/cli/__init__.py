@@ -14,7 +14,6 @@ from typing import Annotated
 
 import typer
 
-from whichgpu import __version__
 from whichgpu.cli.bench import bench
 from whichgpu.cli.cache import cache_app
 from whichgpu.cli.compare import compare
@@ -38,6 +37,7 @@ from whichgpu.errors import (
     WorkloadError,
 )
 from whichgpu.settings import debug_enabled
+from whichgpu.version import __version__
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2

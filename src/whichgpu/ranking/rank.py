@@ -32,10 +32,10 @@ from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
 from whichgpu.estimate.prediction import half_precision_note
-from whichgpu.report.numbers import significant
+from whichgpu.numbers import significant
+from whichgpu.ranking.question import Question
 from whichgpu.schema import (
     EXCLUSION_LABELS,
-    AcquireMode,
     BenchResult,
     Candidate,
     Exclusion,
@@ -71,28 +71,6 @@ class Option:
     """A stored measurement of the same run on this GPU and count, newest first."""
     speed_unknown: str | None = None
     """Why ``speed`` is None although the GPU fits: what the catalog lacks to predict it."""
-
-
-@dataclass(frozen=True)
-class Question:
-    """What the user asked: how to acquire, for what job, under which constraints."""
-
-    mode: AcquireMode = "buy"
-    metric: RankMetric | None = None
-    job: JobSize | None = None
-    budget_usd: float | None = None
-    within_hours: float | None = None
-    region: str | None = None
-    used: bool = False
-    gpu_only: bool = False
-    provider: str | None = None
-    min_batch: int | None = None
-    top: int | None = None
-    preset: str | None = None
-    vendor: str | None = None
-    notes: tuple[str, ...] = ()
-    """What the question took for granted beyond its fields (a preset's maker), for the
-    assumptions."""
 
 
 def job_units(job: JobSize, unit: str, units_per_sample: int) -> float | None:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whichgpu.report.numbers import significant as num
+from whichgpu.numbers import significant as num
 from whichgpu.report_data import ReportData, SpeedPoint
 from whichgpu.schema import SCHEMA_VERSION, Breakeven, ThroughputEstimate, ValueTable
 from whichgpu.store import ResultPivot

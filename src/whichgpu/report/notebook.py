@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from whichgpu.report.numbers import significant
+from whichgpu.numbers import significant
 from whichgpu.schema import (
     BenchResult,
     Breakeven,

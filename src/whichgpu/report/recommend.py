@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from whichgpu.report.numbers import significant
+from whichgpu.numbers import significant
 from whichgpu.schema import EXCLUSION_LABELS, SCHEMA_VERSION, Ranking, Vendor
 
 NAMES_SHOWN = 4

@@ -15,8 +15,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.numbers import count_si, significant
 from whichgpu.report.layout import Column, FittedTable
-from whichgpu.report.numbers import count_si, significant
 from whichgpu.report.terminal import fmt
 from whichgpu.schema import SCHEMA_VERSION, BenchEnvironment, BenchResult
 from whichgpu.store import (

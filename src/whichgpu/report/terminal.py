@@ -10,8 +10,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from whichgpu.numbers import count_si, significant
 from whichgpu.report.layout import Column, FittedTable
-from whichgpu.report.numbers import count_si, significant
 from whichgpu.report.validation import (
     fsdp_runs_view,
     gpu_runs_memory_view,

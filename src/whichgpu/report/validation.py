@@ -11,7 +11,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from whichgpu.report.numbers import significant
+from whichgpu.numbers import significant
 from whichgpu.schema import (
     FsdpFitCase,
     ReferenceMemoryCase,

@@ -1,5 +1,6 @@
-"""Numbers as people read them in tables: a few significant figures, thousands separators,
-never scientific notation (``2,630``, ``47.4``, ``0.177``)."""
+"""Numbers as people read them: a few significant figures, thousands separators, never
+scientific notation (``2,630``, ``47.4``, ``0.177``). Shared by every view (terminal, HTML,
+notebook) and by the ranking's reasons, so it sits below them all."""
 
 from __future__ import annotations
 

@@ -1,0 +1,54 @@
+"""The Python API: the questions whichgpu answers, as functions returning typed results.
+
+    >>> import whichgpu.api as wg
+    >>> estimates = wg.fit("llama-3.2-1b", gpus=["rtx-4090", "a100-sxm4-80gb"], seq_len=2048)
+    >>> [(e.gpu, e.max_batch_size) for e in estimates]
+
+Each function takes the same run options as the CLI (``mode``, ``precision``, ``batch_size``,
+``seq_len``, ``optimizer``, ``checkpointing``, ``method`` …) as keyword arguments and raises
+``whichgpu.errors.WhichGpuError`` subclasses on bad input. Named workloads are answered from
+their stored profiles without torch; other workloads and run configurations are traced, which
+needs the ``torch`` extra.
+
+One module per question: ``catalog`` (``gpus``, ``gpu``, ``compare``), ``step`` (the step
+every sizing question prepares, and ``scalable_profile``), ``fit``, ``predict``, ``bench``,
+``recommend`` and ``report``. This package is the façade: the functions are its attributes
+(``whichgpu.api.fit`` is the function; its module is ``sys.modules["whichgpu.api.fit"]``).
+"""
+
+from __future__ import annotations
+
+from whichgpu.api import step as _step
+from whichgpu.api.bench import _batch_guesser as _batch_guesser
+from whichgpu.api.bench import _bench_on_catalog as _bench_on_catalog
+from whichgpu.api.bench import _seq_len_guesser as _seq_len_guesser
+from whichgpu.api.bench import bench
+from whichgpu.api.catalog import compare, gpu, gpus, resolve_gpus
+from whichgpu.api.fit import fit
+from whichgpu.api.predict import predict
+from whichgpu.api.recommend import recommend
+from whichgpu.api.report import report
+from whichgpu.api.step import scalable_profile
+
+# ``load_catalog`` and ``read_config`` are kept importable here for the callers that reach
+# them through the API (tests), as are the private steps below: ``_select``, ``_prepare`` and
+# ``_predictor`` (``validate.timing``) and the bench's guessers and catalog step (tests).
+from whichgpu.catalog import load_catalog as load_catalog
+from whichgpu.workloads.hf import read_config as read_config
+
+__all__ = [
+    "bench",
+    "compare",
+    "fit",
+    "gpu",
+    "gpus",
+    "predict",
+    "recommend",
+    "report",
+    "resolve_gpus",
+    "scalable_profile",
+]
+
+_select = _step.select
+_prepare = _step.prepare
+_predictor = _step.predictor

@@ -1,0 +1,242 @@
+"""``bench``: measure a workload on a real device (throughput, memory, power).
+
+The harness (``whichgpu.bench``) knows nothing of the catalog, the memory model or the store;
+this module hands it whichgpu's own guesses of the largest batch and longest sequence as
+callbacks (from stored profiles only, so the bench's process never imports torch for them)
+and fills in each result's catalog GPU and MFU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whichgpu.api.fit import fit
+from whichgpu.api.step import is_registered, select
+from whichgpu.catalog import load_catalog
+from whichgpu.errors import UsageError, require_positive
+from whichgpu.schema import BenchEnvironment, BenchResult, MemoryEstimate, RunConfig
+from whichgpu.tabular import ResultList
+from whichgpu.workloads import check_for_workload, run_config
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.stored import ScalableProfile, load_stored
+
+if TYPE_CHECKING:
+    from whichgpu.bench.jobs import BenchProgress
+
+
+def bench(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    device: str = "cuda",
+    gpu_count: int | None = None,
+    find_max_batch: bool = False,
+    max_batch_resolution: int = 1,
+    find_max_seq_len: bool = False,
+    memory_limit_gib: float | None = None,
+    compile: bool = False,
+    channels_last: bool = False,
+    min_seconds: float | None = None,
+    min_iters: int | None = None,
+    timeout_s: float | None = None,
+    progress: Callable[[BenchProgress], None] | None = None,
+    on_result: Callable[[BenchResult], None] | None = None,
+    **run_options: Any,
+) -> ResultList[BenchResult]:
+    """Measure it: throughput, memory and power of a workload on a real device.
+
+    ``device`` is ``"cuda"``, ``"cuda:N"``, ``"cpu"``, ``"mps"`` (or ``"fake"``, a simulated
+    device). ``run_options`` are the run configuration, as for ``fit``; ``gpu_count=N`` also
+    measures N GPUs of this node together (DDP), after one alone, for the scaling efficiency.
+    ``find_max_batch`` searches the largest batch and measures at it: from whichgpu's own
+    prediction of it on this device where a stored profile gives one at once (galloping
+    from it), else from 1 (doubling), then bisection to ``max_batch_resolution`` (1 =
+    exact); the result's notes say how far the prediction was off. ``find_max_seq_len``
+    searches the longest sequence at the batch, from its prediction the same way.
+    ``memory_limit_gib`` caps the memory a step may use (on the CPU a search needs it).
+    Timing warms up until steady, then runs at least ``min_iters`` steps and ``min_seconds``
+    seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
+    child process that makes no progress for that long.
+
+    Returns one result per measurement (two with ``gpu_count`` > 1), each also passed to
+    ``on_result`` as soon as it is measured; ``progress`` receives ``BenchProgress`` events.
+    The catalog id of the GPU and the MFU (model FLOPs per second over the catalog's dense
+    peak for the precision) are filled in here, where the device's name resolves to a
+    catalog GPU.
+    """
+    from whichgpu.bench import BenchOptions, TimingRule, WorkloadRef, parse_device, run_bench
+    from whichgpu.units import gib_to_bytes
+
+    chosen = select(workload, config, task, model)
+    run = run_config(gpus=gpu_count, **run_options)
+    check_for_workload(run, chosen.info)
+    require_positive("--memory-limit", memory_limit_gib, "GiB")
+    defaults = TimingRule()
+    options = BenchOptions(
+        find_max_batch=find_max_batch,
+        max_batch_resolution=max_batch_resolution,
+        find_max_seq_len=find_max_seq_len,
+        memory_limit_bytes=None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib),
+        compile=compile,
+        channels_last=channels_last,
+        rule=TimingRule(
+            min_iters=defaults.min_iters if min_iters is None else min_iters,
+            min_seconds=defaults.min_seconds if min_seconds is None else min_seconds,
+        ),
+        timeout_s=600.0 if timeout_s is None else timeout_s,
+        batch_guess=_batch_guesser(chosen, run, memory_limit_gib) if find_max_batch else None,
+        seq_len_guess=(
+            _seq_len_guesser(chosen, run, memory_limit_gib) if find_max_seq_len else None
+        ),
+    )
+    if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
+        raise UsageError(
+            "--min-iters must be at least 1, --min-seconds at least 0 and --timeout more than 0."
+        )
+    target = WorkloadRef.of(
+        chosen.info.name if model is None and config is None else None, config, task, model
+    )
+
+    def completed(result: BenchResult) -> None:
+        result = _bench_on_catalog(result)
+        out.append(result)
+        if on_result is not None:
+            on_result(result)
+
+    out: ResultList[BenchResult] = ResultList()
+    run_bench(target, run, parse_device(device), options, progress=progress, on_result=completed)
+    return out
+
+
+def _batch_guesser(
+    workload: Workload, run: RunConfig, memory_limit_gib: float | None
+) -> Callable[[BenchEnvironment, int | None], int | None] | None:
+    """whichgpu's prediction of the largest batch at a sequence length on the device a bench
+    inspected, for the search to start from (see ``_size_guess``)."""
+    from whichgpu.estimate.memory import largest_live_batch
+
+    def on_gpu(environment: BenchEnvironment, seq_len: int | None) -> int | None:
+        (estimate,) = _fit_on_device(workload, run, environment, None, seq_len)
+        return estimate.max_batch_size
+
+    return _size_guess(workload, run, memory_limit_gib, largest_live_batch, on_gpu)
+
+
+def _seq_len_guesser(
+    workload: Workload, run: RunConfig, memory_limit_gib: float | None
+) -> Callable[[BenchEnvironment, int], int | None] | None:
+    """whichgpu's prediction of the longest sequence at a batch size on the device a bench
+    inspected, for the search to start from (see ``_size_guess``)."""
+    from whichgpu.estimate.memory import MAX_SEQ_LIMIT, longest_live_seq
+
+    upper = workload.info.max_seq_len or MAX_SEQ_LIMIT
+
+    def on_cpu(profile: ScalableProfile, limit_bytes: int, batch_size: int) -> int:
+        return longest_live_seq(profile, limit_bytes, batch_size, upper)
+
+    def on_gpu(environment: BenchEnvironment, batch_size: int) -> int | None:
+        seq_len = run.seq_len or workload.info.default_seq_len
+        (estimate,) = _fit_on_device(workload, run, environment, batch_size, seq_len)
+        return estimate.max_seq_len
+
+    return _size_guess(workload, run, memory_limit_gib, on_cpu, on_gpu)
+
+
+def _size_guess(
+    workload: Workload,
+    run: RunConfig,
+    memory_limit_gib: float | None,
+    on_cpu: Callable[[ScalableProfile, int, Any], int],
+    on_gpu: Callable[[BenchEnvironment, Any], int | None],
+) -> Callable[[BenchEnvironment, Any], int | None] | None:
+    """A bench search's starting point from whichgpu's own memory estimate, or None where it
+    has none to give at once.
+
+    On the CPU under ``--memory-limit``, ``on_cpu(profile, limit_bytes, size)`` answers from
+    the stored profile's traced live tensors (what the CPU device counts); on a CUDA GPU in
+    the catalog, ``on_gpu(environment, size)`` from ``fit`` on it (one GPU: a search probes
+    one). Only a stored profile is used, so the bench's own process never imports torch; a
+    user's model, a run without a stored profile, MPS, a capped CUDA search (the cap is not
+    ``fit``'s capacity) or a GPU outside the catalog get no guess, and the search starts from
+    the bottom. A prediction that fails for any reason of whichgpu's is no guess either.
+    """
+    from whichgpu.errors import WhichGpuError
+    from whichgpu.units import gib_to_bytes
+
+    profile = load_stored(workload.info.name, _one_gpu(run)) if is_registered(workload) else None
+    if profile is None:
+        return None
+    limit = None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib)
+
+    def guess(environment: BenchEnvironment, size: Any) -> int | None:
+        try:
+            if environment.device_kind == "cpu" and limit is not None:
+                return on_cpu(profile, limit, size)
+            if environment.device_kind == "cuda" and limit is None:
+                return on_gpu(environment, size)
+        except WhichGpuError:
+            pass
+        return None
+
+    return guess
+
+
+def _one_gpu(run: RunConfig) -> RunConfig:
+    return run.model_copy(update={"gpus": 1, "sharding": "ddp"})
+
+
+def _fit_on_device(
+    workload: Workload,
+    run: RunConfig,
+    environment: BenchEnvironment,
+    batch_size: int | None,
+    seq_len: int | None,
+) -> ResultList[MemoryEstimate]:
+    """``fit`` of one GPU of ``run`` on the catalog GPU a CUDA device is."""
+    from whichgpu.units import bytes_to_gb
+
+    total = environment.memory_total_bytes
+    gpu = load_catalog().resolve(
+        environment.device_name, memory_gb=bytes_to_gb(total) if total else None
+    )
+    options = _one_gpu(run).model_dump(
+        exclude_defaults=True, exclude={"gpus", "batch_size", "concurrency", "seq_len"}
+    )
+    return fit(workload.info.name, gpus=[gpu.id], batch_size=batch_size, seq_len=seq_len, **options)
+
+
+def _bench_on_catalog(result: BenchResult) -> BenchResult:
+    """``result`` with its catalog GPU and MFU, or a note saying why there are none."""
+    from whichgpu.errors import GpuLookupError
+    from whichgpu.estimate.throughput import gpu_rates, peak_flops_per_s
+    from whichgpu.units import TERA, bytes_to_gb
+
+    env = result.environment
+    if env.device_kind != "cuda":
+        note = f"no catalog GPU and no MFU: the device is {env.device_kind}, not a CUDA GPU"
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    memory_gb = bytes_to_gb(env.memory_total_bytes) if env.memory_total_bytes else None
+    try:
+        gpu = load_catalog().resolve(result.device_name, memory_gb=memory_gb)
+    except GpuLookupError as exc:
+        note = f"no catalog GPU and no MFU: '{result.device_name}' is not in the catalog ({exc})"
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    update: dict[str, Any] = {"gpu": gpu.id}
+    notes = list(result.notes)
+    if result.flops_per_step and result.step_time_s:
+        try:
+            peak = peak_flops_per_s(gpu_rates(gpu), result.run.precision)
+        except UsageError as exc:
+            notes.append(f"no MFU: {exc}")
+        else:
+            update["mfu"] = result.flops_per_step * result.n_gpus / result.step_time_s / peak
+            notes.append(
+                f"MFU: model FLOPs per second over {gpu.name}'s dense {result.precision} peak of "
+                f"{peak / TERA:.4g} TFLOP/s per GPU (catalog)"
+            )
+    update["notes"] = tuple(notes)
+    return result.model_copy(update=update)

@@ -1,0 +1,151 @@
+"""``fit``: will it fit? Peak memory and the largest batch of a step on each GPU.
+
+The traced path sizes the prepared step (``api.step``) with the memory model
+(``estimate.memory.estimate_on_gpu``); ``fast=True`` answers from the closed form
+(``estimate.fast``) without a trace and without torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from whichgpu.api.catalog import resolve_gpus
+from whichgpu.api.step import ask, keep_replays, select
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_serving_engine, get_stack
+from whichgpu.errors import UsageError
+from whichgpu.schema import MemoryEstimate, RunConfig
+from whichgpu.tabular import ResultList
+from whichgpu.workloads import check_for_workload, run_config
+from whichgpu.workloads.base import Workload
+
+
+def fit(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    gpus: Sequence[str] | None = None,
+    gpu_count: int | None = None,
+    stack: str | None = None,
+    serving: str | None = None,
+    progress: Callable[[str], None] | None = None,
+    fast: bool = False,
+    **run_options: Any,
+) -> ResultList[MemoryEstimate]:
+    """Will it fit? Peak memory and the largest batch on each GPU (all of them by default).
+
+    ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
+    Without ``batch_size`` the largest batch that fits is the headline of each estimate.
+    Results are sorted by headroom at that batch, largest first.
+
+    ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
+    N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
+    what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
+
+    ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
+    at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
+    default the workload's sequence length), and every sequence's static KV cache holds
+    ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
+    concurrency. ``serving="vllm"`` adds that engine's paged-KV-cache answer to each estimate.
+
+    ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
+    config of a named workload or the ``config`` file, without torch and without a trace, for
+    full training of the models it covers on one GPU; anything else is a ``UsageError``. It
+    errs high (``validate closed-form`` prints by how much).
+    """
+    from whichgpu.estimate.memory import estimate_on_gpu
+
+    chosen = select(workload, config, task, model)
+    run = run_config(gpus=gpu_count, **run_options)
+    if fast:
+        if serving is not None:
+            raise UsageError("--fast covers training; drop --serving (or --fast).")
+        return _fit_fast(chosen, run, workload, config, task, gpus, stack, progress)
+    engine = None
+    if serving is not None:
+        if run.mode != "inference":
+            raise UsageError("--serving sizes a serving engine's KV cache; add --mode inference.")
+        engine = get_serving_engine(serving)
+    asked = ask(chosen, run, gpus=gpus, stack=stack, config=config, progress=progress)
+    step = asked.step
+    if engine is not None and step.kv_per_token is None:
+        raise UsageError(
+            f"--serving applies to language models that generate; {chosen.info.name} does not."
+        )
+    catalog = load_catalog()
+    estimates = []
+    for gpu in asked.targets:
+        if progress is not None:
+            progress(gpu.name)
+        estimates.append(
+            estimate_on_gpu(
+                step.memory,
+                step.run,
+                gpu,
+                catalog,
+                asked.software,
+                method=step.method,
+                seq_limit=step.seq_limit,
+                shorter_seq_when_unfit=True,
+                kv_per_token_bytes=step.kv_per_token,
+                kv_head_count=step.kv_heads,
+                serving=engine,
+            )
+        )
+    estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
+    keep_replays()
+    return ResultList(estimates)
+
+
+def _fit_fast(
+    chosen: Workload,
+    run: RunConfig,
+    workload: str | None,
+    config: Path | str | None,
+    task: str | None,
+    gpus: Sequence[str] | None,
+    stack: str | None,
+    progress: Callable[[str], None] | None,
+) -> ResultList[MemoryEstimate]:
+    """``fit(fast=True)``: the closed form's estimate on each GPU (no torch, no trace)."""
+    from whichgpu.estimate import closed_form
+    from whichgpu.estimate.fast import check_covered, fast_estimate_on_gpu
+    from whichgpu.workloads.user import read_user_config
+
+    if config is not None:
+        doc, _ = read_user_config(Path(config), task)  # type: ignore[arg-type]
+    elif workload is not None and chosen.info.name in closed_form.closed_form_workloads():
+        doc = closed_form.workload_config(chosen.info.name)
+    else:
+        covered = ", ".join(closed_form.closed_form_workloads())
+        raise UsageError(
+            f"--fast answers from a Hugging Face config: one of {covered}, or --config FILE; "
+            f"not {workload or 'a --model function'}. Drop --fast to use the traced path."
+        )
+    check_for_workload(run, chosen.info)
+    if run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    check_covered(doc, run)
+    software = get_stack(stack)
+    catalog = load_catalog()
+    estimates = []
+    for gpu in resolve_gpus(gpus):
+        if progress is not None:
+            progress(gpu.name)
+        estimates.append(
+            fast_estimate_on_gpu(
+                doc,
+                run,
+                gpu,
+                catalog,
+                software,
+                workload=chosen.info.name,
+                seq_limit=chosen.info.max_seq_len,
+            )
+        )
+    estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
+    return ResultList(estimates)

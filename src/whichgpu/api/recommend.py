@@ -1,0 +1,309 @@
+"""``recommend``: which GPU? Every candidate sized and timed for the run, then ranked for the
+question.
+
+The question's policy (a preset's values, how the options combine) is
+``whichgpu.ranking.question``'s; the ranking (prices, constraints, order, reasons) is
+``whichgpu.ranking.rank``'s. This module sizes the step on every GPU and count asked about
+(``estimate.memory``), times it (``estimate.prediction``, corrected by the newest stored
+measurement of the same run on one GPU) and finds the stored measurements of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whichgpu.api.catalog import resolve_gpus
+from whichgpu.api.predict import calibration_of
+from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_stack
+from whichgpu.errors import NotSplittable, UsageError
+from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
+from whichgpu.schema import BenchResult, GpuSpec, Ranking, RunConfig, SoftwareStack
+from whichgpu.workloads import check_for_workload, run_config
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.stored import ScalableProfile
+
+if TYPE_CHECKING:
+    from whichgpu.catalog.query import Catalog
+    from whichgpu.estimate.calibration import Calibration
+    from whichgpu.estimate.prediction import ThroughputPredictor
+    from whichgpu.ranking.rank import Option
+
+
+def recommend(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    model: str | None = None,
+    preset: str | None = None,
+    acquire: str | None = None,
+    budget_usd: float | None = None,
+    within_hours: float | None = None,
+    used: bool = False,
+    gpu_only: bool = False,
+    provider: str | None = None,
+    gpu_count: int | str | None = None,
+    gpus: Sequence[str] | None = None,
+    vendor: str | None = None,
+    hours: float | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    min_batch: int | None = None,
+    region: str | None = None,
+    top: int | None = None,
+    sort: str | None = None,
+    stack: str | None = None,
+    store: Path | str | None = None,
+    prices: Sequence[Path | str] | None = None,
+    progress: Callable[[str], None] | None = None,
+    **run_options: Any,
+) -> Ranking:
+    """Which GPU? Every catalog GPU (or ``gpus``) that fits, ranked for the question, with why.
+
+    ``acquire``: ``"buy"`` (purchase + electricity; ``used=True`` for used prices;
+    ``gpu_only=True`` when the computer is already there) or ``"rent"``
+    (cloud rate; ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
+    ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
+    per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
+    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
+    ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
+    ``within_hours`` leaves out what would not finish the job in time.
+    ``preset`` is one of the guides' personas (``whichgpu.ranking.presets``); explicit
+    arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
+    same run when ``store`` (default: the user's results store) has one, else from ``predict``,
+    corrected by the newest such result on one GPU (as ``predict --calibrate`` does).
+    ``prices``: CSV files of the user's own prices laid over the catalog's (default: the
+    user's price file, when there is one; see ``whichgpu.catalog.load_catalog``).
+    """
+    from whichgpu.catalog.cost_data import get_region
+    from whichgpu.ranking.rank import rank
+
+    asked = ask(
+        workload=workload,
+        named=config is not None or model is not None,
+        run_options=run_options,
+        preset=preset,
+        acquire=acquire,
+        budget_usd=budget_usd,
+        within_hours=within_hours,
+        used=used,
+        gpu_only=gpu_only,
+        provider=provider,
+        gpu_count=gpu_count,
+        vendor=vendor,
+        hours=hours,
+        samples=samples,
+        tokens=tokens,
+        epochs=epochs,
+        dataset_size=dataset_size,
+        min_batch=min_batch,
+        top=top,
+        sort=sort,
+    )
+    chosen = select(asked.workload, config, task, model)
+    counts = gpu_counts(asked.gpu_count)
+    targets, maker = keep_vendor(resolve_gpus(gpus), asked.vendor)
+    software = get_stack(stack)
+    catalog = load_catalog(prices)
+    place = get_region(region)
+    check_provider(provider, asked.question.mode, catalog)
+    sized = _sized(
+        chosen, counts, targets, asked.run_options, config, store, software, catalog, progress
+    )
+    question = replace(
+        asked.question,
+        region=place.id,
+        vendor=maker,
+        notes=(*asked.question.notes, *sized.notes),
+    )
+    keep_replays()
+    return rank(
+        sized.options,
+        workload=chosen.info.name,
+        run=sized.run,
+        question=question,
+        units_per_sample=sized.units_per_sample,
+        catalog=catalog,
+        region=place.id,
+    )
+
+
+@dataclass
+class _Sized:
+    """Every GPU at every count, sized and timed, before prices and constraints."""
+
+    options: list[Option]
+    run: RunConfig
+    """The run as the last count sized it (the run options when none could be)."""
+    units_per_sample: int
+    """Tokens per sample (generated tokens when serving), 1 for other workloads."""
+    notes: list[str] = field(default_factory=list)
+    """Counts that could not be sized and stored measurements left out, in words."""
+
+
+def _sized(
+    chosen: Workload,
+    counts: Sequence[int],
+    targets: Sequence[GpuSpec],
+    run_options: dict[str, Any],
+    config: Path | str | None,
+    store: Path | str | None,
+    software: SoftwareStack,
+    catalog: Catalog,
+    progress: Callable[[str], None] | None,
+) -> _Sized:
+    """The step on ``targets`` at each count: fit, predicted speed (corrected by the newest
+    measurement on one GPU) and any stored measurement; a count the model cannot be split
+    over is left out with a note, unless it is the only one asked."""
+    out = _Sized([], run_config(**run_options), 1)
+    measured: dict[tuple[str, int], BenchResult] = {}
+    calibration: tuple[Calibration, float] | None = None
+    loaded: tuple[ScalableProfile, str] | None = None
+    for count in counts:
+        run = run_config(gpus=count, **run_options)
+        check_for_workload(run, chosen.info)
+        try:
+            step = prepare(chosen, run, config, progress if loaded is None else None, loaded)
+        except NotSplittable as exc:
+            if len(counts) == 1:
+                raise
+            out.notes.append(f"no machines of {count} GPUs: {exc}")
+            continue
+        loaded = (step.profile, step.method)
+        if count == counts[0]:
+            measured, calibration = measurements(chosen, step, store, software, out.notes)
+        timer = predictor(chosen, step)
+        out.units_per_sample = (
+            (step.run.new_tokens or 1) if timer.serving else (step.run.seq_len or 1)
+        )
+        for gpu in targets:
+            if progress is not None:
+                progress(f"{count} x {gpu.name}" if count > 1 else gpu.name)
+            out.options.append(
+                _option(gpu, count, step, timer, catalog, software, calibration, measured)
+            )
+        out.run = step.run
+    return out
+
+
+def _option(
+    gpu: GpuSpec,
+    count: int,
+    step: Step,
+    timer: ThroughputPredictor,
+    catalog: Catalog,
+    software: SoftwareStack,
+    calibration: tuple[Calibration, float] | None,
+    measured: dict[tuple[str, int], BenchResult],
+) -> Option:
+    """One GPU at one count: its fit, its predicted (and corrected) speed, its measurement."""
+    from whichgpu.estimate.calibration import calibrate as correct
+    from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.throughput import gpu_rates
+    from whichgpu.ranking.rank import Option
+
+    memory = estimate_on_gpu(
+        step.memory,
+        step.run,
+        gpu,
+        catalog,
+        software,
+        method=step.method,
+        search_seq_len=False,
+        shorter_seq_when_unfit=True,
+        kv_per_token_bytes=step.kv_per_token,
+        kv_head_count=step.kv_heads,
+    )
+    speed = speed_unknown = None
+    if memory.fits:
+        try:
+            speed = timer.on_gpu(gpu, gpu_rates(gpu), memory)
+        except UsageError as exc:  # the catalog lacks what the prediction needs
+            speed_unknown = str(exc)
+    if speed is not None and calibration is not None:
+        speed = correct([speed], *calibration)[0]
+    return Option(
+        gpu=gpu,
+        count=count,
+        memory=memory,
+        speed=speed,
+        measured=measured.get((gpu.id, count)),
+        speed_unknown=speed_unknown,
+    )
+
+
+def measurements(
+    chosen: Workload,
+    step: Step,
+    store: Path | str | None,
+    software: SoftwareStack,
+    notes: list[str],
+) -> tuple[dict[tuple[str, int], BenchResult], tuple[Calibration, float] | None]:
+    """Stored bench results of ``chosen`` run as ``step.run`` asks (mode, precision, length,
+    method, optimizer, checkpointing) on catalog GPUs: the newest per (catalog id, count), and
+    the correction the newest of those on one GPU gives the predictions (as ``predict
+    --calibrate``).
+
+    Left out, each kind with a note in ``notes``: results on GPUs this whichgpu's catalog
+    does not know (a newer whichgpu's), and results on one GPU that are not possible
+    measurements of the run (``Calibration.check``; an older one of that GPU is used instead).
+    A store that does not exist holds none; one that cannot be read (not SQLite, damaged, a
+    folder) raises its ``StoreError``: a store the user named is never silently ignored."""
+    from whichgpu.estimate.calibration import ImplausibleMeasurement
+    from whichgpu.store import ResultStore, catalog_gpu
+
+    run = step.run
+    results = ResultStore(Path(store) if store else None).list(workload=chosen.info.name)
+    same = ("mode", "precision", "method", "optimizer", "checkpointing")
+    by_key: dict[tuple[str, int], list[BenchResult]] = {}
+    unknown: dict[str, int] = {}
+    for r in results:  # newest first
+        if r.gpu is None or not r.throughput:
+            continue
+        if any(getattr(r.run, k) != getattr(run, k) for k in same):
+            continue
+        if run.seq_len is not None and r.seq_len != run.seq_len:
+            continue
+        gpu = catalog_gpu(r.gpu)
+        if gpu is None:
+            unknown[r.gpu] = unknown.get(r.gpu, 0) + 1
+            continue
+        by_key.setdefault((gpu, r.n_gpus), []).append(r)
+    if unknown:
+        count = sum(unknown.values())
+        notes.append(
+            f"{count} stored result{'s' if count > 1 else ''} of this run "
+            f"{'are' if count > 1 else 'is'} not used: measured on "
+            f"{', '.join(sorted(unknown))}, which this whichgpu's catalog does not know (a "
+            "newer whichgpu may: pip install --upgrade whichgpu)"
+        )
+    found: dict[tuple[str, int], BenchResult] = {}
+    calibrations: list[tuple[Calibration, float]] = []
+    for key, candidates in by_key.items():
+        if key[1] > 1:
+            found[key] = candidates[0]
+            continue
+        for r in candidates:  # the newest possible measurement on this GPU is used
+            short = r.id[:8]
+            try:
+                calibrations.append(calibration_of(chosen, step, r, software))
+            except ImplausibleMeasurement as exc:
+                notes.append(
+                    f"your measurement {short} is not used: {exc.reason}; check it (whichgpu "
+                    f"results show {short}) and delete it if it is wrong"
+                )
+                continue
+            except UsageError as exc:  # a real measurement the model cannot compare: kept
+                why = str(exc).removeprefix("--calibrate: ")
+                notes.append(f"your measurement {short} corrects no prediction: {why}")
+            found[key] = r
+            break
+    calibration = max(calibrations, key=lambda c: c[0].result.created_at, default=None)
+    return found, calibration

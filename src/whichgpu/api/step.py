@@ -1,0 +1,279 @@
+"""One training (or inference) step, ready to be sized on GPUs: what ``fit`` and ``predict``
+(and ``recommend``, ``report`` and ``bench``'s guesses) share.
+
+``ask`` is the preamble of every sizing question, written once: check the run against the
+workload, resolve the GPUs and the software stack, and ``prepare`` the step (the run's sizes
+resolved, its profile stored, kept or traced, its allocator replays). ``predictor`` turns a
+prepared step into the throughput model's ``ThroughputPredictor``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from whichgpu.api.catalog import resolve_gpus
+from whichgpu.catalog.stacks import get_stack
+from whichgpu.errors import NotSplittable, UsageError
+from whichgpu.schema import GpuSpec, RunConfig, SoftwareStack
+from whichgpu.workloads import check_for_workload, select_workload
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.hf import read_config
+from whichgpu.workloads.registry import get_workload
+from whichgpu.workloads.run_config import inference_context
+from whichgpu.workloads.stored import ScalableProfile, load_stored, profile_key
+
+if TYPE_CHECKING:
+    from whichgpu.estimate.memory import StepMemory
+    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+
+
+def select(
+    workload: str | None, config: Path | str | None, task: str | None, model: str | None
+) -> Workload:
+    """The workload a call names: registered, a config file, or the user's model."""
+    return select_workload(
+        workload,
+        Path(config) if config else None,
+        task,  # type: ignore[arg-type]
+        model=model,
+    )
+
+
+def scalable_profile(
+    workload: Workload, run: RunConfig, progress: Callable[[str], None] | None = None
+) -> tuple[ScalableProfile, str]:
+    """The step of ``workload`` for every size: stored if shipped, else kept from an earlier
+    trace on this machine (``workloads.profile_cache``), else traced (needs torch; ``progress``
+    hears each size as it is traced) and kept.
+
+    Returns the profile and how it was obtained (``stored profile``, ``traced (kept from an
+    earlier run)`` or ``traced``).
+    """
+    from whichgpu.workloads.profile_cache import cached_profile, keep_profile
+
+    named = is_registered(workload)
+    if named:
+        stored = load_stored(workload.info.name, run)
+        if stored is not None:
+            return stored, "stored profile"
+    kept = cached_profile(workload, run, named=named)
+    if kept is not None:
+        return kept, _traced("traced (kept from an earlier run)", kept)
+    try:
+        from whichgpu.trace.scaling import trace_scalable
+    except ImportError as exc:
+        what = "this run configuration" if named else "a workload of your own"
+        raise UsageError(
+            f"No stored profile answers for {workload.info.name} with {what}, and tracing one "
+            "needs torch: pip install 'whichgpu[torch]'."
+        ) from exc
+    profile = trace_scalable(workload, run, progress=progress)
+    keep_profile(workload, run, profile, named=named)
+    return profile, _traced("traced", profile)
+
+
+def _traced(method: str, profile: ScalableProfile) -> str:
+    """How a traced profile was obtained, saying so when it was traced with a few of its
+    layers and extended (``whichgpu.trace.depth``)."""
+    layers = profile.choices.get("layers")
+    return method if layers is None else f"{method}; {layers}"
+
+
+def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]:
+    """The model's ``config.json``: the user's file or the shipped one."""
+    if config is not None:
+        doc: dict[str, Any] = json.loads(Path(config).read_text(encoding="utf-8"))
+        return doc
+    return read_config(workload.info.name)
+
+
+def is_registered(workload: Workload) -> bool:
+    """Whether ``workload`` is the registered workload of its name (not the user's own)."""
+    try:
+        return get_workload(workload.info.name) is workload
+    except Exception:
+        return False
+
+
+@dataclass(frozen=True)
+class Step:
+    """A workload's step, ready to be sized on GPUs: run options resolved, profile loaded."""
+
+    run: RunConfig
+    profile: ScalableProfile
+    method: str
+    memory: StepMemory
+    seq_limit: int | None
+    """Longest sequence the model takes (minus the new tokens of an inference run)."""
+    kv_per_token: int | None
+    """KV-cache bytes per token (inference of a language model), else None."""
+    kv_heads: int | None = None
+    """The model's key/value heads (inference of a language model), else None."""
+    model_config: dict[str, Any] | None = None
+    """The model's ``config.json`` (inference of a language model), else None."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A sizing question, checked and prepared: the step and where to size it."""
+
+    chosen: Workload
+    step: Step
+    targets: list[GpuSpec]
+    """The GPUs asked about (every catalog GPU with a known memory size when none named)."""
+    software: SoftwareStack
+
+
+def ask(
+    chosen: Workload,
+    run: RunConfig,
+    *,
+    gpus: Sequence[str] | None,
+    stack: str | None,
+    config: Path | str | None,
+    progress: Callable[[str], None] | None,
+    one_node: bool = False,
+) -> Asked:
+    """The preamble ``fit`` and ``predict`` share: check ``run`` against the workload (and,
+    with ``one_node``, that its GPUs fit in one machine, as speed questions need), resolve
+    the GPUs and the software stack, and prepare the step."""
+    check_for_workload(run, chosen.info)
+    if one_node:
+        from whichgpu.estimate.data_parallel import check_one_node
+
+        check_one_node(run.gpus)
+    targets = resolve_gpus(gpus)
+    software = get_stack(stack)
+    step = prepare(chosen, run, config, progress)
+    return Asked(chosen, step, targets, software)
+
+
+def prepare(
+    chosen: Workload,
+    run: RunConfig,
+    config: Path | str | None,
+    progress: Callable[[str], None] | None,
+    loaded: tuple[ScalableProfile, str] | None = None,
+) -> Step:
+    """Resolve the run's sizes for ``chosen`` and load (or trace) its step (``loaded``: the
+    profile and how it was obtained, when the caller has it already; it does not depend on
+    how many GPUs share the step)."""
+    if run.mode == "inference" and run.concurrency != 1 and run.batch_size is None:
+        run = run.model_copy(update={"batch_size": run.concurrency})
+    if chosen.info.is_sequence_model and run.seq_len is None and run.mode == "train":
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if progress is not None:
+        progress(f"profiling {chosen.info.name}")
+    profile, method = loaded or scalable_profile(chosen, run, progress)
+    seq_limit = chosen.info.max_seq_len
+    kv_per_token = kv_head_count = None
+    doc: dict[str, Any] | None = None
+    if "kv_cache" in profile.choices:  # inference of a language model
+        run, doc, seq_limit, kv_per_token, kv_head_count = _serving_run(
+            chosen, run, config, seq_limit
+        )
+    elif chosen.info.is_sequence_model and run.seq_len is None:
+        run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
+        raise NotSplittable(
+            f"--gpus with --mode inference serves a language model tensor parallel; "
+            f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
+            "estimate one GPU."
+        )
+    memory = _step_memory(chosen, run, profile)
+    return Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count, doc)
+
+
+def _serving_run(
+    chosen: Workload, run: RunConfig, config: Path | str | None, seq_limit: int | None
+) -> tuple[RunConfig, dict[str, Any], int | None, int, int]:
+    """A language model's inference run with its context and new tokens resolved, its
+    ``config.json``, the longest prompt it takes, its KV-cache bytes per token and its
+    key/value heads; a model that cannot be split over the run's GPUs tensor parallel raises
+    ``NotSplittable``."""
+    from whichgpu.estimate.serving import (
+        kv_bytes_per_token,
+        kv_heads,
+        serving_dtype_bytes,
+        tensor_parallel_refusal,
+    )
+
+    context, new_tokens = inference_context(chosen.info, run)
+    if seq_limit is not None:
+        seq_limit -= new_tokens
+    run = run.model_copy(update={"seq_len": context, "context": context, "new_tokens": new_tokens})
+    doc = _config_doc(chosen, config)
+    kv_per_token = kv_bytes_per_token(doc, serving_dtype_bytes(run.precision))
+    kv_head_count = kv_heads(doc)
+    refusal = tensor_parallel_refusal(doc, run.gpus)
+    if refusal is not None:
+        raise NotSplittable(
+            f"--gpus {run.gpus}: {chosen.info.name} cannot be served so: {refusal}."
+        )
+    return run, doc, seq_limit, kv_per_token, kv_head_count
+
+
+def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
+    """The replays of ``profile``: of a stored profile, shared by every call in this process
+    and started from the replays shipped with it (``estimate.replay_cache``)."""
+    from whichgpu.estimate.replay_cache import kept_memory, step_memory
+    from whichgpu.workloads.profile_cache import kept_file
+
+    named = is_registered(workload)
+    stem = profile_key(workload.info.name, run) if named else None
+    if stem is not None and load_stored(workload.info.name, run) is profile:
+        return step_memory(profile, stem)
+    kept = kept_file(workload, run, named=named)
+    return step_memory(profile) if kept is None else kept_memory(profile, kept)
+
+
+def keep_replays() -> None:
+    """Keep what this call replayed of profiles from the trace cache, for the next run."""
+    from whichgpu.estimate.replay_cache import keep_new_replays
+
+    keep_new_replays()
+
+
+def predictor(chosen: Workload, step: Step) -> ThroughputPredictor:
+    """The throughput predictor of ``step``: what its GPUs exchange, and for a mixture of
+    experts served, how its tokens are routed."""
+    from whichgpu.estimate.prediction import ThroughputPredictor
+    from whichgpu.estimate.serving import routed_experts
+
+    return ThroughputPredictor(
+        step.profile,
+        step.run,
+        family=chosen.info.family,
+        method=step.method,
+        state=_exchange_state(step),
+        routed=None if step.model_config is None else routed_experts(step.model_config),
+    )
+
+
+def _exchange_state(step: Step) -> StepState | None:
+    """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
+    data-parallel training, hidden states in tensor-parallel inference."""
+    from whichgpu.estimate.prediction import StepState
+    from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
+    from whichgpu.estimate.sharding import Parallel, working_bytes
+
+    if step.run.gpus <= 1:
+        return None
+    if step.model_config is not None:  # a language model served tensor parallel
+        layers, hidden = layer_shape(step.model_config)
+        return StepState(
+            layers=layers,
+            hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),
+            kv_heads=step.kv_heads or 0,
+        )
+    gradient_bytes = sum(step.memory.state_sizes("gradient"))
+    parameter_bytes = sum(step.memory.state_sizes("parameter"))
+    if step.memory.plan(Parallel(step.run.gpus, step.run.sharding)).working_parameters:
+        # the GPUs gather and reduce the plan's 16-bit working copies
+        gradient_bytes = working_bytes(gradient_bytes)
+        parameter_bytes = working_bytes(parameter_bytes)
+    return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)

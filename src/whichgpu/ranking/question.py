@@ -1,0 +1,272 @@
+"""The question ``recommend`` answers, checked once: how to acquire the GPUs, for what job,
+under which constraints.
+
+``ask`` turns what the caller gave (keywords, and a preset whose values fill what was not
+given) into a ``Question`` and the run options to size, applying every rule on how the
+options combine: one job size, ``--within`` only with a job in work, ``--used`` and
+``--gpu-only`` only to buy, a renter's ``--budget`` only with a job. Where a preset's value
+cannot apply it is dropped with a note rather than refused; where the user's can not, it is
+a ``UsageError``. ``gpu_counts``, ``keep_vendor`` and ``check_provider`` check the options that
+need the catalog.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from whichgpu.catalog.query import Catalog
+from whichgpu.errors import UsageError, require_positive
+from whichgpu.schema import AcquireMode, GpuSpec, JobSize, RankMetric, Vendor
+
+METRICS: tuple[RankMetric, ...] = ("cost", "perf-per-dollar", "time", "throughput")
+"""What ``sort`` may choose (the default depends on the job: see ``whichgpu.ranking.rank``)."""
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the user asked: how to acquire, for what job, under which constraints."""
+
+    mode: AcquireMode = "buy"
+    metric: RankMetric | None = None
+    job: JobSize | None = None
+    budget_usd: float | None = None
+    within_hours: float | None = None
+    region: str | None = None
+    used: bool = False
+    gpu_only: bool = False
+    provider: str | None = None
+    min_batch: int | None = None
+    top: int | None = None
+    preset: str | None = None
+    vendor: str | None = None
+    notes: tuple[str, ...] = ()
+    """What the question took for granted beyond its fields (a preset's maker), for the
+    assumptions."""
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A question with a preset's values merged in and checked, before the catalog is asked:
+    the ``Question`` (its ``region`` and ``vendor`` still to be resolved) and what sizes it."""
+
+    question: Question
+    workload: str | None
+    """The workload named, else the preset's (None when neither names one)."""
+    run_options: dict[str, Any] = field(default_factory=dict)
+    """The run options: the given ones over the preset's."""
+    gpu_count: int | str | None = None
+    """GPUs per machine as given (a count, ``auto`` or a range; see ``gpu_counts``)."""
+    vendor: str | None = None
+    """The maker asked for, as given (see ``keep_vendor``)."""
+
+
+def ask(
+    *,
+    workload: str | None,
+    named: bool,
+    run_options: Mapping[str, Any],
+    preset: str | None = None,
+    acquire: str | None = None,
+    budget_usd: float | None = None,
+    within_hours: float | None = None,
+    used: bool = False,
+    gpu_only: bool = False,
+    provider: str | None = None,
+    gpu_count: int | str | None = None,
+    vendor: str | None = None,
+    hours: float | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+    epochs: float | None = None,
+    dataset_size: int | None = None,
+    min_batch: int | None = None,
+    top: int | None = None,
+    sort: str | None = None,
+) -> Asked:
+    """The question asked, checked. ``named``: the caller names its own model (a ``config``
+    file or a ``model`` function), so the preset's workload does not replace it; explicit
+    arguments win over the preset's values."""
+    from whichgpu.ranking.presets import get_preset
+
+    chosen = get_preset(preset) if preset is not None else None
+    notes: list[str] = []
+    budget_given, within_given = budget_usd is not None, within_hours is not None
+    options = dict(run_options)
+    if chosen is not None:
+        if workload is None and not named:
+            workload = chosen.workload
+        options = {**chosen.run, **{k: v for k, v in run_options.items() if v is not None}}
+        asked = chosen.question
+        acquire = acquire or asked.get("mode")
+        budget_usd = budget_usd if budget_usd is not None else asked.get("budget_usd")
+        within_hours = within_hours if within_hours is not None else asked.get("within_hours")
+        if min_batch is None and asked.get("min_batch") is not None:
+            if workload == chosen.workload:
+                min_batch = asked["min_batch"]
+            else:  # a batch size means something only for the preset's own workload
+                notes.append(
+                    f"the preset's --min-batch {asked['min_batch']} is for its own workload "
+                    f"({chosen.workload}); give --min-batch for yours"
+                )
+        gpu_count = gpu_count if gpu_count is not None else asked.get("gpus")
+        if vendor is None and asked.get("vendor"):
+            vendor = asked["vendor"]
+            notes.append(
+                f"preset {chosen.id} keeps to {Vendor(vendor).label} GPUs: "
+                f"{chosen.vendor_rationale}; --vendor any considers every maker"
+            )
+        if hours is None and samples is None and tokens is None and epochs is None:
+            hours, samples, tokens = asked.get("hours"), asked.get("samples"), asked.get("tokens")
+    mode = _acquire(acquire or "buy", used=used, gpu_only=gpu_only)
+    require_positive("--budget", budget_usd, "dollars")
+    require_positive("--within", within_hours, "hours")
+    require_positive("--min-batch", min_batch, "samples")
+    require_positive("--top", top, "rows")
+    job = job_size(hours, samples, tokens, epochs, dataset_size)
+    if within_hours is not None and (job is None or job.hours is not None):
+        if within_given:
+            raise UsageError(
+                "--within is a deadline for finishing a job: give its size in work (--samples, "
+                "--tokens, or --epochs with --dataset-size)."
+            )
+        notes.append(f"the preset's {within_hours:,.0f} h deadline needs a job size in work")
+        within_hours = None
+    if budget_usd is not None and mode == "rent" and job is None:
+        if budget_given:
+            raise UsageError(
+                "With --rent, --budget caps what the job's rental costs: give the job's size "
+                "(--hours of use, --samples, --tokens, or --epochs with --dataset-size)."
+            )
+        notes.append(
+            f"the preset's ${budget_usd:,.0f} budget is for buying; renting without a job size "
+            "has no total to hold to it"
+        )
+        budget_usd = None
+    question = Question(
+        mode=mode,
+        metric=metric(sort),
+        job=job,
+        budget_usd=budget_usd,
+        within_hours=within_hours,
+        used=used,
+        gpu_only=gpu_only,
+        provider=provider,
+        min_batch=min_batch,
+        top=top,
+        preset=chosen.id if chosen else None,
+        notes=tuple(notes),
+    )
+    return Asked(question, workload, options, gpu_count, vendor)
+
+
+def _acquire(acquire: str, *, used: bool, gpu_only: bool) -> AcquireMode:
+    """``buy`` or ``rent``, checked against the options that only buying takes."""
+    if acquire not in ("buy", "rent"):
+        raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
+    if used and acquire == "rent":
+        raise UsageError("--used prices cards to buy; drop it to rent (or use --buy).")
+    if gpu_only and acquire == "rent":
+        raise UsageError(
+            "--gpu-only prices bought cards without a computer around them; drop it to rent "
+            "(or use --buy)."
+        )
+    return "rent" if acquire == "rent" else "buy"
+
+
+def job_size(
+    hours: float | None,
+    samples: float | None,
+    tokens: float | None,
+    epochs: float | None,
+    dataset_size: int | None,
+) -> JobSize | None:
+    """The job from its one given size, or None; two sizes at once are a usage error."""
+    sizes = (("--hours", hours), ("--samples", samples), ("--tokens", tokens), ("--epochs", epochs))
+    given = [n for n, v in sizes if v is not None]
+    if len(given) > 1:
+        raise UsageError(f"Give one job size, not {' and '.join(given)}.")
+    if epochs is not None and dataset_size is None:
+        raise UsageError("--epochs needs --dataset-size (samples per epoch).")
+    if dataset_size is not None and epochs is None:
+        raise UsageError("--dataset-size goes with --epochs.")
+    if not given:
+        return None
+    for name, v in (*sizes, ("--dataset-size", dataset_size)):
+        require_positive(name, v)
+    return JobSize(
+        hours=hours, samples=samples, tokens=tokens, epochs=epochs, dataset_size=dataset_size
+    )
+
+
+def metric(sort: str | None) -> RankMetric | None:
+    """The metric ``sort`` names (None: the job decides)."""
+    if sort is None:
+        return None
+    if sort not in METRICS:
+        raise UsageError(f"--sort: '{sort}' is not one of {', '.join(METRICS)}.")
+    return sort
+
+
+def gpu_counts(spec: int | str | None) -> list[int]:
+    """``--gpus``: a count, ``auto`` (1, 2, 4, 8) or a range ``A-B`` (the powers of 2 in it),
+    each within one machine."""
+    from whichgpu.estimate.data_parallel import check_one_node
+
+    if spec is None:
+        return [1]
+    if isinstance(spec, int):
+        counts = [spec]
+    else:
+        text = str(spec).strip().lower()
+        try:
+            if text == "auto":
+                counts = [1, 2, 4, 8]
+            elif "-" in text:
+                low, high = (int(x) for x in text.split("-", 1))
+                if low > high:
+                    raise UsageError(
+                        f"--gpus: the range '{spec}' runs backwards; write {high}-{low}."
+                    )
+                counts = [n for n in (1, 2, 4, 8) if low <= n <= high] or [low]
+            else:
+                counts = [int(text)]
+        except ValueError as exc:
+            raise UsageError(
+                f"--gpus: '{spec}' is not a count, 'auto' or a range like 1-4."
+            ) from exc
+    if any(n < 1 for n in counts):
+        raise UsageError(f"--gpus: counts start at 1, not {spec}.")
+    for n in counts:
+        check_one_node(n)
+    return counts
+
+
+def keep_vendor(targets: Sequence[GpuSpec], vendor: str | None) -> tuple[list[GpuSpec], str | None]:
+    """The GPUs of the maker ``vendor`` names (``any`` or None: every maker), and the maker."""
+    maker = vendor.strip().lower() if vendor is not None else None
+    if maker == "any":
+        maker = None
+    if maker is None:
+        return list(targets), None
+    makers = sorted({g.vendor.value for g in targets})
+    if maker not in makers:
+        raise UsageError(f"--vendor: '{vendor}' is not one of {', '.join(makers)} (or any).")
+    return [g for g in targets if g.vendor.value == maker], maker
+
+
+def check_provider(provider: str | None, mode: AcquireMode, catalog: Catalog) -> None:
+    """A provider to rent from must have cloud prices in ``catalog``, and goes with renting."""
+    if provider is None:
+        return
+    from whichgpu.cost.pricing import known_providers
+
+    providers = known_providers(catalog)
+    if provider.strip().lower() not in providers:
+        raise UsageError(
+            f"--provider: unknown provider '{provider}'. Providers with cloud prices in the "
+            f"catalog: {', '.join(providers)}."
+        )
+    if mode != "rent":
+        raise UsageError("--provider chooses whom to rent from; add --rent.")
