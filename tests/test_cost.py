@@ -34,7 +34,7 @@ from whichgpu.catalog.cost_data import (
 )
 from whichgpu.catalog.loader import DATA_DIR
 from whichgpu.cost.build import most_that_fit, placement
-from whichgpu.cost.pricing import cloud_price, price_note, retention_per_year
+from whichgpu.cost.pricing import cloud_price, price_note, resale_curve
 from whichgpu.errors import CatalogError, UsageError
 from whichgpu.schema import BuildCheck, BuildReport
 
@@ -151,33 +151,68 @@ def test_resale_above_the_price_is_refused() -> None:
         cost.breakeven(**GUIDE, resale_usd=5000, catalog=CATALOG)
 
 
-def test_resale_from_used_against_launch_price() -> None:
-    spec = CATALOG.get("rtx-3090")
-    found = retention_per_year(CATALOG, spec)
-    assert found is not None
-    kept, how = found
-    used = CATALOG.prices("rtx-3090", "used")[0]
-    assert spec.launch_price_usd and spec.launch_date
-    years = (used.as_of - spec.launch_date).days / 365
-    assert kept == pytest.approx((used.usd / spec.launch_price_usd) ** (1 / years))
-    assert 0 < kept <= 1 and "rtx-3090" in how
-    result = cost.breakeven(gpu="rtx-3090", cloud_usd_per_hour=1.0, years=2, catalog=CATALOG)
-    bought = CATALOG.purchase_price("rtx-3090")
-    assert bought is not None
-    assert result.resale_usd == pytest.approx(bought.usd * kept**2)
-    assert any("Resale" in a for a in result.assumptions)
+def test_the_resale_curve_is_fitted_to_several_dated_used_prices() -> None:
+    curve = resale_curve(CATALOG, "consumer")
+    assert curve is not None
+    assert len(curve.observations) >= 3 and len({o.gpu_id for o in curve.observations}) >= 2
+    assert len({o.as_of for o in curve.observations}) >= 2  # a series, not one price
+    # least squares of ln(used / new) against age, through 1 at launch
+    logs = [math.log(o.used_usd / o.new_usd) for o in curve.observations]
+    ages = curve.ages_years
+    slope = sum(t * y for t, y in zip(ages, logs, strict=True)) / sum(t * t for t in ages)
+    assert curve.retention_per_year == pytest.approx(min(1.0, math.exp(slope)))
+    assert curve.retention_per_year < 0.95  # not the 99 % a year of the 4090's one used price
+    described = curve.describe(CATALOG)
+    assert "cost/resale.yaml" in described and "cost-techspot-used-2022-06" in described
+    # too few used prices of datacenter parts (one H100 PCIe): no curve
+    assert resale_curve(CATALOG, "datacenter") is None
 
 
-def test_resale_is_never_more_than_a_used_one_sells_for_today() -> None:
-    # the 4090 sells new above its launch price, so the kept share of the new price would
-    # resell it for more than the used market pays now
-    bought, used = CATALOG.purchase_price("rtx-4090"), CATALOG.prices("rtx-4090", "used")[0]
-    found = retention_per_year(CATALOG, CATALOG.get("rtx-4090"))
-    assert bought is not None and found is not None
-    assert bought.usd * found[0] ** 3 > used.usd
+def test_resale_observations_are_catalog_gpus_at_their_launch_price() -> None:
+    for obs in shipped_cost_data().resale_observations:
+        spec = CATALOG.get(obs.gpu_id)
+        assert spec.launch_date is not None and obs.as_of > spec.launch_date
+        if spec.launch_price_usd is not None:
+            assert obs.new_usd == spec.launch_price_usd, obs
+        assert obs.provenance["used_usd"].source in CATALOG.sources
+
+
+def test_resale_starts_from_the_used_price_today_and_follows_the_curve() -> None:
+    # the 4090 sells new ($1,900) above its used price; resale starts from the used price and
+    # loses the consumer curve's share each year: not $1,550 after 3 years
+    curve = resale_curve(CATALOG, "consumer")
+    used = CATALOG.prices("rtx-4090", "used")[0]
+    assert curve is not None
     result = cost.breakeven(gpu="rtx-4090", count=2, cloud_usd_per_hour=1.0, catalog=CATALOG)
-    assert result.resale_usd == pytest.approx(2 * used.usd)
-    assert any("never more than a used one sells for today" in a for a in result.assumptions)
+    assert result.resale_usd == pytest.approx(2 * used.usd * curve.retention_per_year**3)
+    assert result.resale_usd < 2 * used.usd * 0.8
+    assert "consumer resale curve" in result.inputs["resale_usd"]
+    assert any("cost/resale.yaml" in a for a in result.assumptions)
+
+
+def test_the_user_sets_the_share_kept_per_year() -> None:
+    result = cost.breakeven(
+        gpu="rtx-3090", cloud_usd_per_hour=1.0, years=2, resale_per_year=0.5, catalog=CATALOG
+    )
+    used = CATALOG.prices("rtx-3090", "used")[0]
+    assert result.resale_usd == pytest.approx(used.usd * 0.25)
+    assert "(given)" in result.inputs["resale_usd"]
+    with pytest.raises(UsageError, match="not both"):
+        cost.breakeven(gpu="rtx-3090", resale_usd=100, resale_per_year=0.5, catalog=CATALOG)
+    with pytest.raises(UsageError, match="--resale-per-year"):
+        cost.breakeven(gpu="rtx-3090", cloud_usd_per_hour=1.0, resale_per_year=1.5)
+    args = ("--gpu", "3090", "--cloud-rate", "1", "--resale-per-year", "0.5", "--years", "2")
+    done = run_cli("cost", "breakeven", *args, "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["resale_usd"] == pytest.approx(used.usd * 0.25)
+
+
+def test_no_curve_no_resale() -> None:
+    result = cost.breakeven(
+        gpu="h100-pcie", system_cost_usd=40000, cloud_usd_per_hour=2.0, catalog=CATALOG
+    )
+    assert result.resale_usd == 0 and result.inputs["resale_usd"] == "none assumed"
+    assert any("--resale-per-year" in a for a in result.assumptions)
 
 
 def test_defaults_come_from_catalog_and_cost_data() -> None:
@@ -661,3 +696,14 @@ def test_amp_rate_of_a_gpu_without_tensor_cores_is_its_fp32_rate() -> None:
         assert spec.amp_tensor_tflops == spec.fp32_tflops
     ampere = CATALOG.get("rtx-3090")
     assert ampere.amp_tensor_tflops == ampere.fp16_tensor_tflops
+
+
+def test_a_job_longer_than_a_machine_lives_or_an_answer_beyond_1e18_is_refused() -> None:
+    # 1e17 hours passed the CLI's 1e18 input check and printed a bill of $8.8e15
+    done = run_cli("cost", "energy", "--hours", "1e17", "--gpu", "4090", "--json")
+    assert done.returncode == 2
+    assert "at most 262,800 h (30 years" in json.loads(done.stdout)["error"]["message"]
+    with pytest.raises(UsageError, match="beyond the largest number"):
+        cost.job_energy(1e18, 1e5)
+    with pytest.raises(UsageError, match="beyond the largest number"):
+        cost.breakeven(**{**GUIDE, "cloud_usd_per_hour": 1e17}, catalog=CATALOG)

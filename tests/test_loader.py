@@ -105,6 +105,8 @@ HEADER = "gpu_id,kind,usd,per,provider,region,as_of,source,note\n"
         ("nope,new,100,unit,,,2025-01-01,doc-a,\n", 2, "gpu_id"),
         ("test-gpu,new,cheap,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
         ("test-gpu,new,inf,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
+        ("test-gpu,new,1e300,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
+        ("test-gpu,new,2e18,unit,,,2025-01-01,doc-a,\n", 2, "usd"),
         ("test-gpu,cloud-on-demand,1.5,unit,aws,us-east-1,2025-01-01,doc-a,\n", 2, "per"),
         ("test-gpu,new,100,unit,,,2025-13-01,doc-a,\n", 2, "as_of"),
         ("test-gpu,rent,100,unit,,,2025-01-01,doc-a,\n", 2, "kind"),
@@ -225,3 +227,25 @@ def test_default_user_price_file_is_read(tmp_path: Path, _isolated_config: Path)
 def test_missing_explicit_price_file_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(PriceFileError, match="cannot be read"):
         load_catalog([tmp_path / "absent.csv"])
+
+
+def test_a_user_price_file_names_gpus_as_the_commands_do(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text(HEADER + "4090,new,1700,unit,,US,2025-01-01,my quote,\n", encoding="utf-8")
+    (price,) = [p for p in load_catalog([path]).prices("rtx-4090", "new") if p.user]
+    assert price.usd == 1700
+    assert price.note is not None and "'4090' read as rtx-4090" in price.note
+    path.write_text(HEADER + "A100,new,9000,unit,,,2025-01-01,my quote,\n", encoding="utf-8")
+    with pytest.raises(PriceFileError, match="matches 4 GPUs") as err:
+        load_catalog([path])
+    assert err.value.field == "gpu_id"
+    path.write_text(HEADER + "rtx 4900,new,1,unit,,,2025-01-01,my quote,\n", encoding="utf-8")
+    with pytest.raises(PriceFileError, match=r"Did you mean: rtx-4090"):
+        load_catalog([path])
+
+
+def test_a_price_file_refuses_an_amount_beyond_any_answer(tmp_path: Path) -> None:
+    path = tmp_path / "mine.csv"
+    path.write_text(HEADER + "rtx-4090,new,1e300,unit,,,2025-01-01,me,\n", encoding="utf-8")
+    with pytest.raises(PriceFileError, match="at most 1e"):
+        load_catalog([path])

@@ -87,3 +87,40 @@ def test_a_name_that_holds_the_whole_query_is_suggested_first() -> None:
     with pytest.raises(UnknownGpu) as err:
         load_catalog().resolve("rtx 5060 ti")
     assert err.value.suggestions[0].startswith("rtx-5060-ti-16gb")
+
+
+def test_a_family_name_means_its_default_variant_with_a_note() -> None:
+    catalog = load_catalog([])
+    spec, note = catalog.resolve_noted("RTX 3080")
+    assert spec.id == "rtx-3080-10gb"
+    assert note is not None and "10 GB" in note and "rtx-3080-12gb" in note
+    assert catalog.resolve("3080").id == "rtx-3080-10gb"
+    # a name of one record carries no note; the variants stay reachable
+    assert catalog.resolve_noted("RTX 3080 12GB") == (catalog.get("rtx-3080-12gb"), None)
+    # a reported memory size picks the variant: NVML names both "NVIDIA GeForce RTX 3080"
+    assert catalog.resolve("NVIDIA GeForce RTX 3080", memory_gb=12.9).id == "rtx-3080-12gb"
+    assert catalog.resolve("NVIDIA GeForce RTX 3080", memory_gb=10.5).id == "rtx-3080-10gb"
+    # a memory size no variant has does not fall back to the default
+    with pytest.raises(AmbiguousGpu):
+        catalog.resolve("NVIDIA GeForce RTX 3080", memory_gb=24)
+
+
+@pytest.mark.parametrize("family", ["A100", "H100", "H200", "V100", "RTX 4060 Ti", "Titan X"])
+def test_real_ambiguities_stay_ambiguous(family: str) -> None:
+    with pytest.raises(AmbiguousGpu):
+        load_catalog([]).resolve(family)
+
+
+def test_default_variants_are_one_per_family() -> None:
+    from whichgpu.catalog.names import alias_keys
+
+    gpus = load_catalog([]).all()
+    owners: dict[str, list[GpuSpec]] = {}
+    for spec in gpus:
+        for key in alias_keys(spec):
+            owners.setdefault(key, []).append(spec)
+    for spec in (g for g in gpus if g.default_variant):
+        families = [specs for specs in owners.values() if spec in specs and len(specs) > 1]
+        assert families, f"{spec.id} is a default variant but shares no family name"
+    for key, specs in owners.items():
+        assert sum(s.default_variant for s in specs) <= 1, key

@@ -241,3 +241,63 @@ def test_a_recommendation_at_the_batch_searchs_cap_says_more_fits() -> None:
     ranking = wg.recommend(model=f"{FIXTURE}:build", gpus=["h100-sxm"], acquire="rent", hours=10)
     (first,) = ranking.ranking
     assert "the batch search stops at 65536: more fits" in first.reasons[0]
+
+
+def test_a_shape_mistake_is_one_line_without_torchs_logged_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    model = tmp_path / "shapes.py"
+    model.write_text(
+        "import torch\nfrom torch import nn\n\n"
+        "def build():\n"
+        "    net = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(60, 10))\n"
+        "    return net, torch.randn(4, 32)\n",
+        encoding="utf-8",
+    )
+    code = main(["profile", "--model", f"{model}:build", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    assert "must have same reduction dim" in json.loads(out)["error"]["message"]
+    # torch's fake-tensor logger logs the whole traceback at ERROR before raising
+    assert not [r for r in caplog.records if r.name.startswith("torch")], caplog.text
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "shown", "line"),
+    [("import sys\nsys.exit(0)\n", "sys.exit(0)", 2), ("raise SystemExit('bye')\n", "'bye'", 1)],
+)
+def test_a_model_file_that_exits_at_import_is_an_input_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, shown: str, line: int
+) -> None:
+    model = tmp_path / "exits.py"
+    model.write_text(body + "\ndef build():\n    pass\n", encoding="utf-8")
+    code = main(["fit", "--model", f"{model}:build", "--gpu", "4090", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2
+    error = json.loads(out)["error"]
+    assert error["exit_code"] == 2 and error["kind"] == "UserModelError"
+    assert shown in error["message"] and 'if __name__ == "__main__"' in error["message"]
+    assert f"{model}:{line})" in err
+
+
+def test_a_function_that_exits_is_an_input_error(tmp_path: Path) -> None:
+    model = tmp_path / "exits_late.py"
+    model.write_text("import sys\n\ndef build():\n    sys.exit(3)\n", encoding="utf-8")
+    with pytest.raises(WorkloadError, match=r"build\(\) called sys.exit\(3\)"):
+        trace_step(model_workload(f"{model}:build"), RunConfig())
+
+
+def test_a_config_transformers_refuses_is_an_input_error_naming_the_fields(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = json.loads((ROOT / "tests/fixtures/tiny-llama.json").read_text(encoding="utf-8"))
+    config.update(hidden_size=1000, num_attention_heads=3, num_key_value_heads=3)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    code = main(["fit", "--config", str(path), "--gpu", "4090", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 2, err
+    message = json.loads(out)["error"]["message"]
+    assert "'hidden_size' (1000)" in message and "'num_attention_heads' (3)" in message
+    assert "bug in whichgpu" not in err and "Traceback" not in err

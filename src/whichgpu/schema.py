@@ -243,6 +243,10 @@ class GpuSpec(_Tabular):
     """Consumer, workstation or datacenter."""
     aliases: tuple[str, ...] = ()
     """Other names that resolve to this record (NVML names, cloud catalogue names, short forms)."""
+    default_variant: bool = False
+    """Whether a family name this record shares with others (``RTX 3080``) means this card when
+    given alone: the original card of the family, where one variant is *the* card (the 10 GB
+    RTX 3080, not the later 12 GB refresh). At most one record of a family sets it."""
 
     architecture: str | None = None
     """Architecture family (``Ampere``, ``CDNA3``, …)."""

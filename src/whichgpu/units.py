@@ -62,6 +62,9 @@ WATTS_PER_KILOWATT: Final = 1_000.0
 GRAMS_PER_KILOGRAM: Final = 1_000.0
 USD_PER_KUSD: Final = 1_000.0
 """Dollars in the "per $1,000" of value figures."""
+LARGEST_NUMBER: Final = 1e18
+"""The largest number whichgpu takes (a price, hours, watts) or answers with (a bill, kWh, kg of
+CO2): none is meaningful beyond it, and larger ones only overflow into infinities."""
 MILLION: Final = 1_000_000.0
 """The "per million" of per-unit prices (USD per million tokens or samples)."""
 

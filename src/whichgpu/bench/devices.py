@@ -154,6 +154,11 @@ class Session(Protocol):
         """The step time every rank decides on (the slowest rank's)."""
         ...
 
+    def clock(self) -> float:
+        """The time in seconds that step times are measured with (``time.perf_counter`` on a
+        real device; the simulated device's own clock, which its steps advance)."""
+        ...
+
     def nvml_target(self) -> NvmlTarget | None:
         """The GPU to sample through NVML (None off CUDA)."""
         ...
@@ -496,9 +501,12 @@ class FakeDevice:
     """A simulated device: memory and step time are formulas, failures are on request.
 
     One step of ``units = batch x (seq_len or 1)`` needs ``fixed_bytes + bytes_per_unit x
-    units`` and takes ``step_base_s + step_per_unit_s x units`` seconds (slept, so timing and
-    timeouts are real), the first ``slow_steps`` steps ``slow_factor`` times longer (as
-    compilation and autotuning make them), each with a relative ``noise`` (seeded).
+    units`` and takes ``step_base_s + step_per_unit_s x units`` seconds, the first
+    ``slow_steps`` steps ``slow_factor`` times longer (as compilation and autotuning make them),
+    each with a relative ``noise`` (seeded). The step sleeps that long (so timeouts are real),
+    but its time is measured on the session's simulated clock (``FakeSession.clock``), which
+    the step advances by exactly that much: the timings do not depend on how busy the machine
+    is.
     """
 
     capacity_bytes: int = 16 * GIB
@@ -579,6 +587,7 @@ class FakeSession:
         limit = spec.memory_limit_bytes or device.capacity_bytes
         self._capacity = min(device.capacity_bytes, limit)
         self._peak: int | None = None
+        self._now_s = 0.0
 
     @property
     def units_per_step(self) -> int:
@@ -621,6 +630,11 @@ class FakeSession:
         if device.noise:
             seconds *= max(0.0, 1.0 + self._random.gauss(0.0, device.noise))
         time.sleep(seconds)
+        self._now_s += seconds
+
+    def clock(self) -> float:
+        """Simulated seconds: the sum of the steps' times so far (not the wall clock)."""
+        return self._now_s
 
     def synchronize(self) -> None:
         return None

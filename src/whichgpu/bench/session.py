@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -253,6 +254,9 @@ class TorchSession:
         value = torch.tensor([seconds], dtype=torch.float64, device=where)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return float(value.item())
+
+    def clock(self) -> float:
+        return time.perf_counter()
 
     def nvml_target(self) -> NvmlTarget | None:
         return self._device.nvml_target()

@@ -79,6 +79,7 @@ def measure_task(job: MeasureJob, report: Report) -> Measurement:
             session.step,
             session.synchronize,
             job.rule,
+            clock=session.clock,
             agree=session.agree,
             on_step=on_step,
             on_timing_start=sampler.start,

@@ -23,6 +23,7 @@ from whichgpu.catalog.loader import (
     read_data_dir,
     read_price_csv,
 )
+from whichgpu.catalog.names import NameIndex
 from whichgpu.catalog.query import Catalog, sort_gpus
 from whichgpu.schema import Price
 from whichgpu.settings import user_prices_path
@@ -36,12 +37,14 @@ def _shipped() -> CatalogData:
 
 
 def read_user_prices(paths: Sequence[Path], data: CatalogData | None = None) -> tuple[Price, ...]:
-    """Read user price files (same columns as the shipped ones; free-text sources allowed)."""
+    """Read user price files (same columns as the shipped ones; free-text sources allowed, and a
+    ``gpu_id`` may be any GPU name the commands accept, such as ``4090``)."""
     data = data or _shipped()
     ids = [g.id for g in data.gpus]
+    names = NameIndex(data.gpus)
     prices: list[Price] = []
     for path in paths:
-        prices.extend(read_price_csv(path, ids, data.sources, user=True))
+        prices.extend(read_price_csv(path, ids, data.sources, user=True, names=names))
     return tuple(prices)
 
 

@@ -1,4 +1,4 @@
-"""Cost data: electricity and carbon by region, build classes, and the rules of thumb.
+"""Cost data: electricity and carbon by region, build classes, rules of thumb, used prices.
 
 Read from ``data/v1/cost/*.yaml`` (documented in ``data/README.md``, "Cost data"). Every value
 is a scalar or ``{value, source, confidence, method, note}`` like the GPU records, and cites the
@@ -8,7 +8,9 @@ field. The cost package (``whichgpu.cost``) computes with these; this module onl
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,26 @@ _RULE_VALUES = tuple(name for name in CostRules.model_fields if name != "provena
 
 
 @dataclass(frozen=True)
+class ResaleObservation:
+    """One published used price of a GPU at a date, against its price new (``cost/resale.yaml``).
+
+    The resale curves are fitted to these (``whichgpu.cost.pricing.resale_curve``); the GPU's
+    launch date and segment come from its catalog record.
+    """
+
+    gpu_id: str
+    """Catalog id of the GPU."""
+    as_of: dt.date
+    """The month (or day) the used price describes."""
+    used_usd: float
+    """The used price reported, USD."""
+    new_usd: float
+    """The price new it is compared with (launch MSRP, or the source's reference), USD."""
+    provenance: Mapping[str, Provenance]
+    """Where ``used_usd`` and ``new_usd`` come from."""
+
+
+@dataclass(frozen=True)
 class CostData:
     """Everything read from the cost files of one data folder, validated."""
 
@@ -58,6 +80,8 @@ class CostData:
     """Named utilisations."""
     rules: CostRules
     """Rules of thumb."""
+    resale_observations: tuple[ResaleObservation, ...] = ()
+    """Dated used prices against prices new, oldest first."""
 
     @property
     def provenance(self) -> tuple[Provenance, ...]:
@@ -66,6 +90,7 @@ class CostData:
         records += [c.provenance for c in self.build_classes]
         records += [p.provenance for p in self.utilization_profiles]
         records.append(self.rules.provenance)
+        records += [o.provenance for o in self.resale_observations]
         return tuple(prov for record in records for prov in record.values())
 
 
@@ -126,6 +151,44 @@ def _check_build_class(build: BuildClass, where: str) -> None:
         )
 
 
+def _resale_observation(
+    record: Any, sources: Mapping[str, Source], where: str
+) -> ResaleObservation:
+    """One record of ``resale_observations``: ``gpu``, ``as_of``, sourced ``used_usd`` and
+    ``new_usd`` (positive amounts)."""
+    if not isinstance(record, Mapping):
+        raise CatalogError(f"{where}: expected a mapping of fields.")
+    fields = ("gpu", "as_of", "used_usd", "new_usd")
+    unknown = set(record) - set(fields)
+    if unknown:
+        raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
+    missing = [f for f in fields if record.get(f) is None]
+    if missing:
+        raise CatalogError(f"{where}: missing {missing}.")
+    if not isinstance(record["gpu"], str):
+        raise CatalogError(f"{where}, field 'gpu': give a catalog id.")
+    as_of = record["as_of"]
+    if not isinstance(as_of, dt.date):
+        raise CatalogError(f"{where}, field 'as_of': '{as_of}' is not a date like 2022-06-01.")
+    amounts: dict[str, float] = {}
+    provenance: dict[str, Provenance] = {}
+    for name in ("used_usd", "new_usd"):
+        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise CatalogError(f"{where}, field '{name}': '{value}' is not an amount in USD.")
+        if not (math.isfinite(value) and value > 0):
+            raise CatalogError(f"{where}, field '{name}': must be a positive amount in USD.")
+        amounts[name] = float(value)
+        provenance[name] = prov
+    return ResaleObservation(
+        gpu_id=record["gpu"],
+        as_of=as_of,
+        used_usd=amounts["used_usd"],
+        new_usd=amounts["new_usd"],
+        provenance=provenance,
+    )
+
+
 def read_cost_data(data_dir: Path = DATA_DIR) -> CostData:
     """Read and validate the cost files of a data folder."""
     sources = read_sources(sorted((data_dir / "sources").glob("*.yaml")))
@@ -133,11 +196,18 @@ def read_cost_data(data_dir: Path = DATA_DIR) -> CostData:
     classes: list[BuildClass] = []
     profiles: list[UtilizationProfile] = []
     rules: CostRules | None = None
+    observations: list[ResaleObservation] = []
     for path in sorted((data_dir / COST_FOLDER).glob("*.yaml")):
         doc = _read_yaml(path) or {}
         if not isinstance(doc, Mapping):
             raise CatalogError(f"{path}: expected a mapping at the top level.")
-        unknown = set(doc) - {"regions", "build_classes", "utilization_profiles", "rules"}
+        unknown = set(doc) - {
+            "regions",
+            "build_classes",
+            "utilization_profiles",
+            "rules",
+            "resale_observations",
+        }
         if unknown:
             raise CatalogError(f"{path}: unknown sections {sorted(unknown)}.")
         for record in _records(doc, "regions", path):
@@ -179,6 +249,10 @@ def read_cost_data(data_dir: Path = DATA_DIR) -> CostData:
                     where=where,
                 )
             )
+        for index, record in enumerate(_records(doc, "resale_observations", path)):
+            gpu = record.get("gpu", "?") if isinstance(record, Mapping) else "?"
+            where = f"{path}: resale observation {index + 1} ('{gpu}')"
+            observations.append(_resale_observation(record, sources, where))
         if "rules" in doc:
             if rules is not None:
                 raise CatalogError(f"{path}: 'rules:' is also given in another cost file.")
@@ -214,6 +288,7 @@ def read_cost_data(data_dir: Path = DATA_DIR) -> CostData:
         build_classes=tuple(sorted(classes, key=lambda c: c.gpus)),
         utilization_profiles=tuple(profiles),
         rules=rules,
+        resale_observations=tuple(sorted(observations, key=lambda o: (o.as_of, o.gpu_id))),
     )
 
 

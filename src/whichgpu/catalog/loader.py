@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -20,7 +19,8 @@ from typing import Any, get_args
 import yaml
 from pydantic import ValidationError
 
-from whichgpu.errors import CatalogError, PriceFileError
+from whichgpu.catalog.names import NameIndex
+from whichgpu.errors import CatalogError, GpuLookupError, PriceFileError
 from whichgpu.schema import (
     SPEC_FIELDS,
     Confidence,
@@ -30,13 +30,23 @@ from whichgpu.schema import (
     Provenance,
     Source,
 )
+from whichgpu.units import LARGEST_NUMBER
 
 DATA_VERSION = "v1"
 """The data folder this version of the code reads."""
 
 DATA_DIR = Path(__file__).parent / "data" / DATA_VERSION
 
-_IDENTITY_FIELDS = ("id", "name", "vendor", "segment", "aliases", "source", "notes")
+_IDENTITY_FIELDS = (
+    "id",
+    "name",
+    "vendor",
+    "segment",
+    "aliases",
+    "default_variant",
+    "source",
+    "notes",
+)
 _VALUE_KEYS = {"value", "source", "confidence", "method", "note"}
 _STR_FIELDS = {"compute_capability", "gfx_target", "interconnect_gen", "chip", "architecture"}
 PRICE_COLUMNS = ("gpu_id", "kind", "usd", "per", "provider", "region", "as_of", "source", "note")
@@ -139,7 +149,9 @@ def parse_gpu_record(
         raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
     default_source = record.get("source")
     fields: dict[str, Any] = {
-        k: record[k] for k in ("id", "name", "vendor", "segment", "notes") if k in record
+        k: record[k]
+        for k in ("id", "name", "vendor", "segment", "notes", "default_variant")
+        if k in record
     }
     fields["aliases"] = tuple(str(a) for a in record.get("aliases") or ())
     provenance: dict[str, Provenance] = {}
@@ -190,11 +202,14 @@ def read_price_csv(
     sources: Mapping[str, Source],
     *,
     user: bool,
+    names: NameIndex | None = None,
 ) -> tuple[Price, ...]:
     """Read one price CSV (columns ``PRICE_COLUMNS``, optionally ``OPTIONAL_PRICE_COLUMNS``).
 
-    Shipped files must cite a key of the source table; user files may cite anything (a URL, a
-    quote number). Errors name the file, line and field.
+    Shipped files must cite a key of the source table and name GPUs by catalog id; user files
+    may cite anything (a URL, a quote number), and with ``names`` a ``gpu_id`` may be any name
+    the commands accept (``4090``), read as its catalog id (the row's note says so). Errors name
+    the file, line and field.
     """
     known_ids = set(gpu_ids)
     try:
@@ -219,7 +234,7 @@ def read_price_csv(
     prices: list[Price] = []
     for index, row in enumerate(rows):
         line = line_numbers[index + 1] if index + 1 < len(line_numbers) else None
-        prices.append(_parse_price_row(row, path, line, known_ids, sources, user=user))
+        prices.append(_parse_price_row(row, path, line, known_ids, sources, user=user, names=names))
     return tuple(prices)
 
 
@@ -231,13 +246,24 @@ def _parse_price_row(
     sources: Mapping[str, Source],
     *,
     user: bool,
+    names: NameIndex | None = None,
 ) -> Price:
     def fail(field: str, problem: str) -> PriceFileError:
         return PriceFileError(str(path), line, field, problem)
 
     cell = {k: (v or "").strip() for k, v in row.items() if k is not None}
+    read_as = None
     if cell["gpu_id"] not in known_ids:
-        raise fail("gpu_id", f"'{cell['gpu_id']}' is not a catalog id (see `whichgpu gpus`)")
+        if names is None:
+            raise fail("gpu_id", f"'{cell['gpu_id']}' is not a catalog id (see `whichgpu gpus`)")
+        try:
+            spec, variant = names.resolve_noted(cell["gpu_id"])
+        except GpuLookupError as exc:
+            raise fail("gpu_id", str(exc).rstrip(".")) from None
+        read_as = f"gpu_id '{cell['gpu_id']}' read as {spec.id}" + (
+            f" ({variant.rstrip('.')})" if variant else ""
+        )
+        cell["gpu_id"] = spec.id
     kinds = get_args(PriceKind)
     if cell["kind"] not in kinds:
         raise fail("kind", f"'{cell['kind']}' is not one of {', '.join(kinds)}")
@@ -245,8 +271,12 @@ def _parse_price_row(
         usd = float(cell["usd"])
     except ValueError:
         raise fail("usd", f"'{cell['usd']}' is not a number") from None
-    if not 0 < usd < math.inf:
-        raise fail("usd", "must be a positive amount in US dollars")
+    if not 0 < usd <= LARGEST_NUMBER:
+        raise fail(
+            "usd",
+            f"'{cell['usd']}' is not a positive amount in US dollars of a realistic size (at "
+            f"most {LARGEST_NUMBER:.0e})",
+        )
     expected_per = _KIND_PER.get(cell["kind"], "hour")
     if cell["per"] != expected_per:
         raise fail("per", f"a '{cell['kind']}' price is per '{expected_per}', not '{cell['per']}'")
@@ -282,7 +312,7 @@ def _parse_price_row(
         region=cell["region"] or None,
         as_of=as_of,
         source=cell["source"],
-        note=cell["note"] or None,
+        note="; ".join(n for n in (cell["note"], read_as) if n) or None,
         instance_gpus=instance_gpus,
         user=user,
     )

@@ -4,8 +4,11 @@ Names are compared after ``normalize`` (lower case, brand words and punctuation 
 ``RTX 3090``, ``rtx3090`` and ``NVIDIA GeForce RTX 3090`` meet. Each record answers to its id, its
 name, its aliases and the short form of its name (``3090`` for ``RTX 3090``). A key owned by
 several records (``A100``) is ambiguous on purpose and raises ``AmbiguousGpu`` with the
-candidates, unless the caller narrows it (e.g. by the memory size a device reports). An unknown
-name raises ``UnknownGpu`` with close suggestions.
+candidates, unless the caller narrows it (e.g. by the memory size a device reports) or one of
+the records is *the* card of the family (``default_variant`` in the data: ``RTX 3080`` is the
+10 GB card, the 12 GB one a later refresh); then that one is taken and ``resolve_noted`` says
+which variant the name was read as. An unknown name raises ``UnknownGpu`` with close
+suggestions.
 """
 
 from __future__ import annotations
@@ -84,15 +87,24 @@ class NameIndex:
     def resolve(self, query: str, *, memory_gb: float | None = None) -> GpuSpec:
         """The one record ``query`` names; ``memory_gb`` (of one device, as it reports itself)
         narrows a family name to a variant."""
+        return self.resolve_noted(query, memory_gb=memory_gb)[0]
+
+    def resolve_noted(
+        self, query: str, *, memory_gb: float | None = None
+    ) -> tuple[GpuSpec, str | None]:
+        """The one record ``query`` names, and a note when a family name was read as its
+        default variant (``RTX 3080 means the 10 GB card; …``); ``memory_gb`` (of one device,
+        as it reports itself) narrows a family name to a variant first."""
         query = query.strip()
         if query in self._by_id:
-            return self._by_id[query]
+            return self._by_id[query], None
         exact = self._exact.get(exact_key(query), ())
         if len(exact) == 1:
-            return self._by_id[exact[0]]
+            return self._by_id[exact[0]], None
         ids = self._owners.get(normalize(query), ())
         if not ids:
             raise UnknownGpu(query, self.suggest(query))
+        narrowed: tuple[str, ...] = ()
         if len(ids) > 1 and memory_gb is not None:
             narrowed = tuple(
                 i
@@ -101,9 +113,27 @@ class NameIndex:
                 and abs(mem - memory_gb) <= MEMORY_MATCH_TOLERANCE * mem
             )
             ids = narrowed or ids
-        if len(ids) > 1:
-            raise AmbiguousGpu(query, [(i, self._by_id[i].name) for i in ids])
-        return self._by_id[ids[0]]
+        if len(ids) == 1:
+            return self._by_id[ids[0]], None
+        defaults = [i for i in ids if self._by_id[i].default_variant]
+        if len(defaults) == 1 and (memory_gb is None or narrowed):
+            chosen = self._by_id[defaults[0]]
+            others = "; ".join(
+                f"the {self._memory(i)} is {i}" if self._memory(i) else f"{i} is another"
+                for i in ids
+                if i != chosen.id
+            )
+            note = (
+                f"'{query}' means the {self._memory(chosen.id) or chosen.name} card "
+                f"({chosen.id}, the original {chosen.name}); {others}."
+            )
+            return chosen, note
+        raise AmbiguousGpu(query, [(i, self._by_id[i].name) for i in ids])
+
+    def _memory(self, gpu_id: str) -> str:
+        """``12 GB``: the memory that tells a record from its family's other variants."""
+        memory = self._by_id[gpu_id].one_device().memory_gb
+        return f"{memory:g} GB" if memory is not None else ""
 
     def suggest(self, query: str, limit: int = 5) -> list[str]:
         """Close matches for an unknown name, as ``id (name)`` strings, best first."""

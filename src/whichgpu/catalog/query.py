@@ -7,6 +7,7 @@ region) and add the rest.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 
 from whichgpu.catalog.loader import CatalogData
@@ -15,6 +16,9 @@ from whichgpu.errors import UsageError
 from whichgpu.schema import GpuSpec, Price, PriceKind, Segment, Source, Vendor
 
 _BUY_PREFERENCE: tuple[PriceKind, ...] = ("new", "used", "launch")
+_LOG = logging.getLogger("whichgpu.catalog")
+"""Where the note on a family name read as its default variant goes (a warning: on stderr when
+logging is not configured, never on stdout)."""
 
 
 def _price_key(price: Price) -> tuple[str, str, str | None, str | None]:
@@ -40,6 +44,7 @@ class Catalog:
         self._gpus = data.gpus
         self._by_id = {g.id: g for g in data.gpus}
         self._names = NameIndex(data.gpus)
+        self._noted: set[str] = set()
         self._prices = merge_prices(data.prices, user_prices)
 
     def __len__(self) -> int:
@@ -60,7 +65,19 @@ class Catalog:
             raise UsageError(
                 f"A GPU is named by a string, such as '4090' or 'h100-sxm', not {name!r}."
             )
-        return self._names.resolve(name, memory_gb=memory_gb)
+        spec, note = self._names.resolve_noted(name, memory_gb=memory_gb)
+        if note is not None and note not in self._noted:
+            self._noted.add(note)
+            _LOG.warning("note: %s", note)
+        return spec
+
+    def resolve_noted(
+        self, name: str, *, memory_gb: float | None = None
+    ) -> tuple[GpuSpec, str | None]:
+        """``resolve``, with the note saying which variant a family name was read as (``RTX
+        3080 means the 10 GB card; …``), None where the name named one record."""
+        self.resolve(name, memory_gb=memory_gb)  # the same checks and errors
+        return self._names.resolve_noted(name, memory_gb=memory_gb)
 
     def search(
         self,

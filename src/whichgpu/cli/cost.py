@@ -166,8 +166,16 @@ def breakeven(
         Optional[float],  # noqa: UP045
         typer.Option(
             "--resale-usd",
-            help="What the machine sells for after --years, USD (default: the GPUs' value "
-            "kept at the rate their used price shows; nothing without one).",
+            help="What the machine sells for after --years, USD (default: the GPUs' used "
+            "price today, else the price paid, kept at --resale-per-year each year).",
+        ),
+    ] = None,
+    resale_per_year: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--resale-per-year",
+            help="Share of their value the GPUs keep each year, 0-1 (default: the resale "
+            "curve of the GPU's segment, fitted to dated used prices; see docs/cost.md).",
         ),
     ] = None,
     region: RegionOption = None,
@@ -209,6 +217,7 @@ def breakeven(
         spot=spot,
         years=years,
         resale_usd=resale,
+        resale_per_year=resale_per_year,
         region=region,
         price_kind=price_kind,
         build_class=build_class,

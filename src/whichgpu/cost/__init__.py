@@ -79,6 +79,7 @@ def breakeven(
     region: str | None = None,
     price_kind: PriceChoice | str = "buy",
     build_class: str | None = None,
+    resale_per_year: float | None = None,
     catalog: Catalog | None = None,
 ) -> Breakeven:
     """Cloud against own: yearly costs, the break-even day, N-year totals with resale.
@@ -88,7 +89,9 @@ def breakeven(
     from board power; CPU power from the build class; electricity and carbon from ``region``
     (default: the data's default region); utilisation and years from the rules of thumb; the
     rent from ``provider``'s (or the cheapest) rate for ``cloud_gpu`` (default: ``gpu``) x
-    ``count``; resale from the GPU's used against launch price. ``catalog`` defaults to
+    ``count``; resale from what a used one sells for today (else the price paid) kept at
+    ``resale_per_year`` a year (default: the segment's resale curve, fitted to the dated used
+    prices of ``cost/resale.yaml``). ``catalog`` defaults to
     ``load_catalog()`` (shipped data and the user's price file).
     """
     catalog = catalog or load_catalog()
@@ -110,6 +113,7 @@ def breakeven(
         region=region,
         price_kind=check_price_choice(price_kind),
         build_class=build_class,
+        resale_per_year=resale_per_year,
     )
 
 

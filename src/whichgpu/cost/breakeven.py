@@ -37,16 +37,22 @@ from whichgpu.catalog.cost_data import (
 )
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost.energy import co2_kg, hours_per_year, yearly_energy_kwh
-from whichgpu.cost.inputs import fraction, non_negative, ownership_years, positive
+from whichgpu.cost.inputs import (
+    answerable,
+    fraction,
+    non_negative,
+    ownership_years,
+    positive,
+)
 from whichgpu.cost.pricing import (
     PriceChoice,
     cloud_price,
     price_note,
     purchase_price,
-    retention_per_year,
+    resale_curve,
 )
 from whichgpu.errors import UsageError
-from whichgpu.schema import Breakeven, CostPoint, GpuSpec
+from whichgpu.schema import Breakeven, CostPoint, GpuSpec, Price
 from whichgpu.units import DAYS_PER_YEAR, HOURS_PER_DAY
 
 MONTHS_PER_YEAR = 12
@@ -109,6 +115,13 @@ def compare_rent_own(
         use_hours = days * HOURS_PER_DAY * utilization
     own_tco = system_cost_usd + electricity * years - resale_usd
     cloud_tco = cloud * years
+    given = "the prices and the power given (--system-cost, --cloud-rate, --electricity, watts)"
+    for label, figure in (
+        ("The cost of owning", system_cost_usd + electricity * years),
+        ("The cost of renting", cloud_tco),
+        ("The energy per year", energy),
+    ):
+        answerable(label, figure, given)
     steps = max(1, math.ceil(years * MONTHS_PER_YEAR))
     curve = []
     for step in range(steps + 1):
@@ -176,13 +189,16 @@ def breakeven(
     region: str | None = None,
     price_kind: PriceChoice = "buy",
     build_class: str | None = None,
+    resale_per_year: float | None = None,
 ) -> Breakeven:
     """Renting against owning, every input not given filled in from the catalog and cost data.
 
     ``gpu`` (with ``count``) prices the machine (GPUs at ``price_kind`` + the build class's base
     system), gives its GPU power (board power) and, with ``provider`` or ``cloud_gpu``, the
     rent. ``utilization`` may be a fraction, a percentage (``"15%"``) or a profile id
-    (``phd-desktop``). Explicit numbers always win. ``Breakeven.inputs`` says where each value
+    (``phd-desktop``). Resale: ``resale_usd``, else the GPUs' value after ``years`` at
+    ``resale_per_year`` (else the segment's resale curve, ``pricing.resale_curve``). Explicit
+    numbers always win. ``Breakeven.inputs`` says where each value
     came from.
     """
     data = shipped_cost_data()
@@ -200,6 +216,13 @@ def breakeven(
     _check_given(
         system_cost_usd, gpu_w, cpu_w, utilization, electricity_usd_per_kwh, years, resale_usd
     )
+    if resale_per_year is not None:
+        if resale_usd is not None:
+            raise UsageError(
+                "Give either the resale value (--resale-usd) or the share kept per year "
+                "(--resale-per-year), not both."
+            )
+        fraction("The share of value kept per year (--resale-per-year)", resale_per_year)
     if cloud_usd_per_hour is not None:
         positive("The cloud rate (--cloud-rate)", cloud_usd_per_hour)
     place = get_region(region, data)
@@ -299,37 +322,17 @@ def breakeven(
         inputs["years"] = "given"
 
     if resale_usd is None:
-        resale_usd = 0.0
-        retention = retention_per_year(catalog, gpu) if gpu is not None else None
-        if gpu is not None and retention is not None:
-            paid = gpu_price or purchase_price(catalog, gpu.id, price_kind)
-            if paid is not None:
-                kept, how = retention
-                each = paid.usd * kept**years
-                used_now = catalog.prices(gpu.id, "used")[0].usd
-                formula = f"${paid.usd:,.0f} x {kept:.3f}^{years:g}"
-                cap = ""
-                if each > used_now:  # a purchase above the launch price does not resell so
-                    each = used_now
-                    formula = f"min({formula}, used today ${used_now:,.0f})"
-                    cap = (
-                        f"; never more than a used one sells for today (${used_now:,.0f}), "
-                        "which caps it here"
-                    )
-                resale_usd = min(count * each, system_cost_usd)
-                inputs["resale_usd"] = f"{count} x {formula}"
-                assumptions.append(
-                    f"Resale: the GPUs keep the yearly share their used price shows ({how})"
-                    f"{cap}; the rest of the machine is assumed to sell for nothing."
-                )
-        if "resale_usd" not in inputs:
-            inputs["resale_usd"] = "none assumed"
-            why = (
-                f"the catalog has no used and launch price of {gpu.name} to derive it from"
-                if gpu is not None
-                else "no GPU given to derive it from"
-            )
-            assumptions.append(f"Resale: none assumed ({why}); give --resale-usd.")
+        resale_usd = _resale(
+            catalog,
+            gpu,
+            count,
+            years,
+            gpu_price or (purchase_price(catalog, gpu.id, price_kind) if gpu else None),
+            resale_per_year,
+            system_cost_usd,
+            inputs,
+            assumptions,
+        )
     else:
         inputs["resale_usd"] = "given"
 
@@ -351,6 +354,61 @@ def breakeven(
         inputs=inputs,
         assumptions=tuple(assumptions),
     )
+
+
+def _resale(
+    catalog: Catalog,
+    gpu: GpuSpec | None,
+    count: int,
+    years: float,
+    paid: Price | None,
+    per_year: float | None,
+    system_cost_usd: float,
+    inputs: dict[str, str],
+    assumptions: list[str],
+) -> float:
+    """The GPUs' value after ``years``: from what a used one sells for today (never more than
+    was paid), else the price paid, times the share kept per year (``per_year``, else the
+    segment's resale curve) to the power ``years``; records how in ``inputs``/``assumptions``."""
+    if gpu is None or paid is None:
+        why = "no GPU given to derive it from" if gpu is None else f"no price of {gpu.name}"
+        inputs["resale_usd"] = "none assumed"
+        assumptions.append(f"Resale: none assumed ({why}); give --resale-usd.")
+        return 0.0
+    if per_year is not None:
+        kept, curve_note, how = per_year, "given", f"{per_year:.1%} kept per year (given)"
+    else:
+        curve = resale_curve(catalog, gpu.segment.value)
+        if curve is None:
+            inputs["resale_usd"] = "none assumed"
+            assumptions.append(
+                f"Resale: none assumed (the cost data has too few dated used prices of "
+                f"{gpu.segment.value} GPUs for a resale curve); give --resale-per-year or "
+                "--resale-usd."
+            )
+            return 0.0
+        kept, curve_note = curve.retention_per_year, f"{gpu.segment.value} resale curve"
+        how = curve.describe(catalog)
+    used = catalog.prices(gpu.id, "used")
+    start, start_note = paid.usd, "paid"
+    if used and used[0].usd < paid.usd:
+        start = used[0].usd
+        start_note = f"used today, {used[0].as_of}, {used[0].source}"
+    each: float = start * kept**years
+    inputs["resale_usd"] = (
+        f"{count} x ${start:,.0f} ({start_note}) x {kept:.3f}^{years:g} ({curve_note})"
+    )
+    assumptions.append(
+        f"Resale: {how}; the GPUs start from "
+        + (
+            f"what a used {gpu.name} sells for today (${start:,.0f}), not the ${paid.usd:,.0f} paid"
+            if start < paid.usd
+            else f"the ${paid.usd:,.0f} paid"
+        )
+        + "; the rest of the machine is assumed to sell for nothing. Set the share with "
+        "--resale-per-year or the value with --resale-usd."
+    )
+    return min(count * each, system_cost_usd)
 
 
 def _check_given(

@@ -14,7 +14,8 @@ caller or from the region data (``whichgpu.catalog.cost_data``).
 
 from __future__ import annotations
 
-from whichgpu.cost.inputs import fraction, non_negative, positive
+from whichgpu.cost.inputs import LONGEST_YEARS, answerable, fraction, non_negative, positive
+from whichgpu.errors import UsageError
 from whichgpu.schema import JobEnergy
 from whichgpu.units import DAYS_PER_YEAR, HOURS_PER_DAY, grams_to_kilograms, watts_to_kilowatts
 
@@ -58,6 +59,13 @@ def job_energy(
     """
     positive("The power (--watts)", power_w)
     positive("The run time (--hours)", hours)
+    longest_h = LONGEST_YEARS * DAYS_PER_YEAR * HOURS_PER_DAY
+    if hours > longest_h:
+        years = hours / (DAYS_PER_YEAR * HOURS_PER_DAY)
+        raise UsageError(
+            f"The run time (--hours) must be at most {longest_h:,.0f} h ({LONGEST_YEARS} years, "
+            f"longer than any GPU machine is kept), not {hours:g} h ({years:.3g} years)."
+        )
     kwh = energy_kwh(power_w, hours)
     usd = None
     if electricity_usd_per_kwh is not None:
@@ -66,6 +74,12 @@ def job_energy(
     co2 = None
     if grid_gco2_per_kwh is not None:
         co2 = co2_kg(kwh, non_negative("The carbon intensity (--grid-gco2)", grid_gco2_per_kwh))
+    given = "the run time (--hours) and the power (--watts)"
+    answerable("The energy of the job", kwh, given)
+    if usd is not None:
+        answerable("The electricity bill", usd, f"{given} and the price (--electricity)")
+    if co2 is not None:
+        answerable("The CO2 of the job", co2, f"{given} and the carbon intensity (--grid-gco2)")
     return JobEnergy(
         power_w=power_w,
         hours=hours,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from whichgpu.errors import UsageError
+from whichgpu.units import LARGEST_NUMBER
 
 
 def positive(name: str, value: float) -> float:
@@ -48,5 +49,17 @@ def fraction(name: str, value: float) -> float:
         raise UsageError(
             f"{name} must be a fraction above 0 and at most 1 (0.15 = 15 % of the time), "
             f"not {value:g}."
+        )
+    return value
+
+
+def answerable(name: str, value: float, inputs: str) -> float:
+    """``value`` if it is a finite number no larger than ``LARGEST_NUMBER``: an answer never
+    holds more (the README's promise); else a ``UsageError`` naming the figure and the
+    ``inputs`` that made it."""
+    if not (math.isfinite(value) and abs(value) <= LARGEST_NUMBER):
+        raise UsageError(
+            f"{name} comes to {value:.3g}, beyond the largest number whichgpu answers with "
+            f"({LARGEST_NUMBER:.0e}); check {inputs}."
         )
     return value

@@ -5,17 +5,23 @@ the newest price of the kind asked; ``buy`` takes the newest new price, else use
 launch price (as ``whichgpu compare`` does). Cloud rates are per GPU-hour; without a provider
 the cheapest one is taken.
 
-Resale assumption: a GPU keeps, each year, the share of its value that its used street price
-shows it kept since launch: ``retention = (used / launch) ** (1 / years since launch)``, never
-above 1 (a card is not assumed to gain value). The rest of the machine is assumed to sell for
-nothing. Without a used and a launch price no resale is assumed.
+Resale assumption: a GPU keeps, each year, the share of its value that its segment's resale
+curve gives (``resale_curve``): a fit of dated used prices of several GPUs against their prices
+new (``cost/resale.yaml``, each figure sourced), ``used / new = retention ** age``, never above
+1. Over the years owned, the value it starts from is what a used one sells for today where the
+catalog has that price (never more than was paid), else the price paid. The user may give the
+yearly share instead (``--resale-per-year``). The rest of the machine is assumed to sell for
+nothing. A segment with too few observations gets no curve, and then no resale is assumed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
+from whichgpu.catalog.cost_data import CostData, ResaleObservation, shipped_cost_data
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.schema import GpuSpec, Price, PriceKind
@@ -130,23 +136,73 @@ def price_note(price: Price) -> str:
     )
 
 
-def retention_per_year(catalog: Catalog, spec: GpuSpec) -> tuple[float, str] | None:
-    """Share of its value a GPU keeps per year, from its used and launch prices, with how.
+MIN_RESALE_OBSERVATIONS = 3
+"""Used prices a segment needs, of at least ``MIN_RESALE_GPUS`` GPUs, for a resale curve."""
+MIN_RESALE_GPUS = 2
+"""GPUs a segment's used prices must cover for a resale curve."""
 
-    None when the catalog lacks a used price, a launch price or a launch date.
+
+@dataclass(frozen=True)
+class ResaleCurve:
+    """How fast GPUs of one segment lose value, fitted to dated used prices.
+
+    ``used / new = retention_per_year ** age_years`` fitted by least squares on the logarithm
+    (through 1 at launch) to ``observations``.
     """
-    used = catalog.prices(spec.id, "used")
-    if not used or spec.launch_price_usd is None or spec.launch_date is None:
+
+    segment: str
+    """The catalog segment it applies to (``consumer``, ``workstation``, ``datacenter``)."""
+    retention_per_year: float
+    """Share of its value a GPU keeps per year (at most 1)."""
+    observations: tuple[ResaleObservation, ...]
+    """The dated used prices it is fitted to, oldest first."""
+    ages_years: tuple[float, ...]
+    """Age of the GPU at each observation, years since its launch."""
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The source keys of the used prices, in order of first use."""
+        keys = [o.provenance["used_usd"].source for o in self.observations]
+        return tuple(dict.fromkeys(keys))
+
+    def describe(self, catalog: Catalog) -> str:
+        """``consumer GPUs keep 91.5 % a year: 6 used prices of RTX 3090, … (sources …)``."""
+        names = dict.fromkeys(catalog.get(o.gpu_id).name for o in self.observations)
+        first, last = self.observations[0].as_of, self.observations[-1].as_of
+        return (
+            f"{self.segment} GPUs keep {self.retention_per_year:.1%} of their value a year: fit "
+            f"of {len(self.observations)} dated used prices against prices new ("
+            f"{', '.join(names)}; {first:%Y-%m} to {last:%Y-%m}; cost/resale.yaml, sources "
+            f"{', '.join(self.sources)})"
+        )
+
+
+def resale_curve(
+    catalog: Catalog, segment: str, data: CostData | None = None
+) -> ResaleCurve | None:
+    """The resale curve of ``segment`` from the cost data's used prices; None with fewer than
+    ``MIN_RESALE_OBSERVATIONS`` of ``MIN_RESALE_GPUS`` GPUs (of that segment, with a launch
+    date, observed after launch)."""
+    data = data or shipped_cost_data()
+    kept: list[ResaleObservation] = []
+    ages: list[float] = []
+    for obs in data.resale_observations:
+        spec = catalog.get(obs.gpu_id)
+        if spec.segment.value != segment or spec.launch_date is None:
+            continue
+        age = (obs.as_of - spec.launch_date).days / DAYS_PER_YEAR
+        if age <= 0:
+            continue
+        kept.append(obs)
+        ages.append(age)
+    if len(kept) < MIN_RESALE_OBSERVATIONS or len({o.gpu_id for o in kept}) < MIN_RESALE_GPUS:
         return None
-    newest = used[0]
-    years = (newest.as_of - spec.launch_date).days / DAYS_PER_YEAR
-    if years <= 0:
-        return None
-    ratio = newest.usd / spec.launch_price_usd
-    retention = min(1.0, ratio ** (1 / years))
-    how = (
-        f"{spec.id}: used ${newest.usd:,.0f} ({newest.as_of}, {newest.source}) against the "
-        f"${spec.launch_price_usd:,.0f} launch price ({spec.launch_date}) = {ratio:.0%} after "
-        f"{years:.1f} years, i.e. {retention:.1%} kept per year"
+    # least squares of ln(used / new) = age x ln(retention), through the origin
+    slope = sum(t * math.log(o.used_usd / o.new_usd) for o, t in zip(kept, ages, strict=True))
+    slope /= sum(t * t for t in ages)
+    return ResaleCurve(
+        segment=segment,
+        retention_per_year=min(1.0, math.exp(slope)),
+        observations=tuple(kept),
+        ages_years=tuple(ages),
     )
-    return retention, how

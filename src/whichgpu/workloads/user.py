@@ -199,10 +199,10 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         raise UsageError(f"--config {path} has no 'vocab_size'.")
 
     def build(run: RunConfig) -> BuiltWorkload:
-        return built(build_hf_model(config, run))
+        return built(_config_model(path, config, run))
 
     def build_with_layers(run: RunConfig, layers: int) -> BuiltWorkload:
-        return built(build_hf_model(with_layers(config, layers), run))
+        return built(_config_model(path, with_layers(config, layers), run))
 
     def built(model: torch.nn.Module) -> BuiltWorkload:
         import torch
@@ -258,11 +258,95 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
     )
 
 
+def _config_model(path: Path, config: Mapping[str, Any], run: RunConfig) -> torch.nn.Module:
+    """The model of the user's config; a config ``transformers`` refuses (a ``hidden_size`` not
+    divisible by ``num_attention_heads`` …) is a ``UsageError`` that names the fields."""
+    try:
+        return build_hf_model(dict(config), run)
+    except Exception as exc:
+        if not _is_config_error(exc):
+            raise
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        message = str(cause).strip().rstrip(".")
+        named = _fields_named(config, message, getattr(exc, "field", None))
+        fields = (
+            f" Check {', '.join(named)} in the file."
+            if named
+            else " Check the model's size fields in the file."
+        )
+        raise UsageError(
+            f"--config {path}: transformers refuses this {config.get('model_type')} config: "
+            f"{message}.{fields}"
+        ) from exc
+
+
+def _is_config_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``transformers`` refusing a config's values (its strict dataclass
+    validation, or the ``ValueError`` older configs raise)."""
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # pragma: no cover - older huggingface_hub: ValueError only
+        return isinstance(exc, ValueError)
+    return isinstance(exc, StrictDataclassError | ValueError)
+
+
+def _fields_named(config: Mapping[str, Any], message: str, field: object) -> list[str]:
+    """``'hidden_size' (1000)`` for each config field the error names, by key (``head_dim``)
+    or in words (``hidden size``, ``number of attention heads`` for ``num_attention_heads``)."""
+    text = message.lower()
+    named: list[str] = []
+    for key, value in config.items():
+        if isinstance(value, dict | list):
+            continue
+        words = key.lower().replace("_", " ")
+        bare = words.removeprefix("num ")
+        if key == field or key in text or words in text or (bare != words and bare in text):
+            named.append(f"'{key}' ({json.dumps(value)})")
+    return named
+
+
 # --- --model FILE.py:FUNCTION / package.module:FUNCTION ------------------------------------
 
 
 class UserModelError(WorkloadError):
     """The ``--model`` function could not be loaded, called or run; the message says which."""
+
+
+_TRACEBACK_LOGGERS = ("torch._subclasses.fake_tensor",)
+"""torch loggers that log a whole traceback when an operator fails under fake tensors (a shape
+mistake in the user's model), before the exception whichgpu reports in one line."""
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Silence ``_TRACEBACK_LOGGERS`` while the user's code runs (the error is reported anyway,
+    as a ``UserModelError``); their levels are restored afterwards."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in _TRACEBACK_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels, strict=True):
+            logger.setLevel(level)
+
+
+def _exit_error(spec: str, what: str, exc: SystemExit) -> UserModelError:
+    """A ``sys.exit`` in the user's code as an error that says where and what to do."""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if not f.filename.startswith(_PACKAGE_DIR) and "site-packages" not in f.filename
+    ]
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return UserModelError(
+        f"--model {spec}: {what} called sys.exit({exc.code!r}){where}. A model file must not "
+        'exit: put script code under `if __name__ == "__main__":` so that importing the '
+        "file and calling the function only build the model."
+    )
 
 
 class MakeBatch(Protocol):
@@ -353,11 +437,18 @@ def model_workload(spec: str) -> Workload:
     default_batch = defaults.batch_size or _example_size(function, takes_run, directory) or 1
 
     def build(run: RunConfig) -> BuiltWorkload:
-        with _on_path(directory), default_dtype(weight_dtype(run)), skip_init_when_fake():
+        with (
+            _on_path(directory),
+            default_dtype(weight_dtype(run)),
+            skip_init_when_fake(),
+            _quiet_torch(),
+        ):
             try:
                 result = function(run) if takes_run else function()
             except WhichGpuError:
                 raise
+            except SystemExit as exc:
+                raise _exit_error(spec, f"{name}()", exc) from exc
             except Exception as exc:
                 raise UserModelError(f"--model {spec} raised {_describe(exc)}") from exc
         return _built(spec, result, run, unit, defaults)
@@ -412,6 +503,9 @@ def _import_file(spec: str, path: Path) -> tuple[ModuleType, Path]:
     with _on_path(directory):
         try:
             loader_spec.loader.exec_module(module)
+        except SystemExit as exc:
+            del sys.modules[module_name]
+            raise _exit_error(spec, f"importing {path}", exc) from exc
         except Exception as exc:
             del sys.modules[module_name]
             raise UserModelError(
@@ -426,6 +520,8 @@ def _import_module(spec: str) -> tuple[ModuleType, Path]:
     with _on_path(directory):
         try:
             return importlib.import_module(target), directory
+        except SystemExit as exc:
+            raise _exit_error(spec, f"importing {target}", exc) from exc
         except ModuleNotFoundError as exc:
             missing = exc.name or ""
             if target == missing or target.startswith(missing + "."):
@@ -666,6 +762,7 @@ def _example_size(function: Callable[..., Any], takes_run: bool, directory: Path
             _on_path(directory),
             default_dtype(weight_dtype(run)),
             skip_init_when_fake(),
+            _quiet_torch(),
         ):
             result = function(run) if takes_run else function()
             example = (
@@ -673,7 +770,7 @@ def _example_size(function: Callable[..., Any], takes_run: bool, directory: Path
                 if isinstance(result, tuple) and len(result) in (2, 3)
                 else None
             )
-    except Exception:
+    except (Exception, SystemExit):
         return None
     return example.size if example is not None else None
 
@@ -695,11 +792,13 @@ def _check_fake(spec: str, model: torch.nn.Module) -> None:
 
 def _checked_batch(spec: str, make_batch: Callable[..., Any], run: RunConfig) -> MakeBatch:
     def checked(batch_size: int, seq_len: int | None) -> Mapping[str, Any]:
-        with default_dtype(weight_dtype(run)):
+        with default_dtype(weight_dtype(run)), _quiet_torch():
             try:
                 batch = make_batch(batch_size, seq_len)
             except WhichGpuError:
                 raise
+            except SystemExit as exc:
+                raise _exit_error(spec, "make_batch", exc) from exc
             except Exception as exc:
                 raise UserModelError(
                     f"make_batch of --model {spec} raised {_describe(exc)}"
@@ -727,9 +826,12 @@ def _checked_forward(
 
     def checked(model: torch.nn.Module, batch: Batch) -> Any:
         try:
-            return forward(model, batch)
+            with _quiet_torch():
+                return forward(model, batch)
         except WhichGpuError:
             raise
+        except SystemExit as exc:
+            raise _exit_error(spec, "the forward pass", exc) from exc
         except Exception as exc:
             raise UserModelError(
                 f"the forward pass of --model {spec} raised {_describe(exc)}"
@@ -749,9 +851,12 @@ def _checked_loss(
         import torch
 
         try:
-            value = user_loss(model, batch) if user_loss else output_loss(forward(model, batch))
+            with _quiet_torch():
+                value = user_loss(model, batch) if user_loss else output_loss(forward(model, batch))
         except WhichGpuError:
             raise
+        except SystemExit as exc:
+            raise _exit_error(spec, "the loss", exc) from exc
         except Exception as exc:
             what = "loss" if user_loss else "the forward pass"
             raise UserModelError(f"{what} of --model {spec} raised {_describe(exc)}") from exc
