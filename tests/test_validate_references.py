@@ -103,7 +103,10 @@ def test_llm_foundry_runs_are_asked_of_fit_and_predict_on_eight_gpus() -> None:
             seq_len=2048,
             gpu_count=8,
             sharding="fsdp",
+            optimizer_impl="for-loop",  # Composer's DecoupledAdamW
+            loss_kernel="fused",  # the MPT models' fused cross-entropy
         )
+    assert (case.run.optimizer_impl, case.run.loss_kernel) == ("for-loop", "fused")
     assert case.run.gpus == 8 and case.run.sharding == "fsdp"
     assert case.fits == direct.fits and case.predicted_max_batch == direct.max_batch_size
     (timed,) = foundry_throughput([run])

@@ -445,6 +445,16 @@ class Comparison(_Tabular):
 Mode = Literal["train", "inference"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
 Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd"]
+OptimizerImpl = Literal["foreach", "for-loop", "fused"]
+"""How the optimizer step runs: ``foreach`` (PyTorch's default on CUDA: each operation over all
+parameters at once, with temporaries the size of them all), ``for-loop`` (one parameter at a
+time: ``foreach=False``, and the loop of Composer's ``DecoupledAdamW`` that llm-foundry trains
+with), ``fused`` (one kernel per parameter group, no temporaries: ``fused=True``)."""
+LossKernel = Literal["torch", "fused"]
+"""A language model's cross-entropy: ``torch`` (transformers' loss: the logits upcast to fp32, a
+log-softmax and its gradient in fp32) or ``fused`` (one kernel that reads the 16-bit logits and
+writes their gradient, as flash-attn's ``CrossEntropyLoss`` — llm-foundry's default — and
+Liger's do)."""
 Method = Literal["full", "lora", "qlora"]
 Sharding = Literal["ddp", "zero2", "zero3", "fsdp"]
 """How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
@@ -470,6 +480,11 @@ class RunConfig(_Frozen):
     """Tokens per sequence for sequence models; None = the workload's default."""
     optimizer: Optimizer = "adamw"
     """Optimizer for training."""
+    optimizer_impl: OptimizerImpl = "foreach"
+    """How the optimizer step runs (see ``OptimizerImpl``); adamw and sgd take all three,
+    adafactor foreach and for-loop, adamw-8bit its own kernels only."""
+    loss_kernel: LossKernel = "torch"
+    """A language model's cross-entropy kernel (see ``LossKernel``)."""
     checkpointing: bool = False
     """Gradient (activation) checkpointing."""
     method: Method = "full"
@@ -510,7 +525,13 @@ class RunConfig(_Frozen):
         plain run, and the sequence length (``seq_len`` when resolved from the workload)."""
         parts: list[str] = [self.mode, self.precision]
         if self.mode == "train":
-            parts.append(self.optimizer)
+            parts.append(
+                self.optimizer
+                if self.optimizer_impl == "foreach"
+                else f"{self.optimizer} ({self.optimizer_impl})"
+            )
+            if self.loss_kernel != "torch":
+                parts.append(f"{self.loss_kernel} cross-entropy")
             if self.method != "full":
                 parts.append(f"{self.method} rank {self.lora_rank}")
             if self.checkpointing:

@@ -119,6 +119,27 @@ OptimizerOption = Annotated[
         "--optimizer", help="adamw (default), adamw-8bit, adafactor, sgd.", rich_help_panel=_RUN
     ),
 ]
+OptimizerImplOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--optimizer-impl",
+        help="How the optimizer step runs: foreach (default, PyTorch's choice on CUDA: "
+        "temporaries the size of all parameters), for-loop (one parameter at a time, as "
+        "Composer/llm-foundry's DecoupledAdamW), fused (one kernel, no temporaries: "
+        "torch.optim.AdamW(fused=True), torchtitan's default).",
+        rich_help_panel=_RUN,
+    ),
+]
+LossKernelOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--loss-kernel",
+        help="A language model's cross-entropy: torch (default, transformers' loss: fp32 "
+        "logits, log-softmax and gradient) or fused (one kernel over the 16-bit logits, as "
+        "flash-attn's CrossEntropyLoss in llm-foundry or Liger's).",
+        rich_help_panel=_RUN,
+    ),
+]
 CheckpointingOption = Annotated[
     bool, typer.Option("--checkpointing", help="Gradient checkpointing.", rich_help_panel=_RUN)
 ]

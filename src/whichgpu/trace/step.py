@@ -43,7 +43,7 @@ from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
 from whichgpu.workloads.base import BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
-from whichgpu.workloads.hf import experts_choice, quiet_transformers
+from whichgpu.workloads.hf import experts_choice, fused_cross_entropy_loss, quiet_transformers
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -60,7 +60,8 @@ def check_supported(run: RunConfig) -> None:
 
 
 def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
-    """The optimizer of a run, with the implementation CUDA would use by default.
+    """The optimizer of a run, in the implementation it asks for (``foreach`` by default, as
+    CUDA picks it).
 
     ``adamw-8bit`` is bitsandbytes' ``AdamW8bit`` rebuilt in plain PyTorch (``optim8bit``).
     """
@@ -70,15 +71,30 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
             "check that the model's layers are registered as submodules (an nn.Module "
             "attribute or nn.ModuleList, not a plain list), or use --mode inference."
         )
+    # foreach=True: one kernel per operation over all parameters; False: a loop over them;
+    # fused=True: one kernel per parameter group (foreach then stays unset, as torch asks)
+    foreach = {"foreach": True, "for-loop": False, "fused": None}[run.optimizer_impl]
+    fused = True if run.optimizer_impl == "fused" else None
     if run.optimizer == "adamw":
-        return torch.optim.AdamW(params, lr=1e-4, foreach=True)
+        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach, fused=fused)
     if run.optimizer == "adamw-8bit":
         return AdamW8bit(params, lr=1e-4)
     if run.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=True)
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach, fused=fused)
     if run.optimizer == "adafactor":
-        return torch.optim.Adafactor(params, lr=1e-3, foreach=True)
+        return torch.optim.Adafactor(params, lr=1e-3, foreach=foreach)
     raise UnsupportedWorkload(f"Optimizer '{run.optimizer}' is not supported.")
+
+
+def step_loss(
+    built: BuiltWorkload, run: RunConfig, model: torch.nn.Module, batch: Any
+) -> torch.Tensor:
+    """The training step's loss: the workload's own, or, with ``loss_kernel="fused"``, one
+    fused cross-entropy kernel over a language model's logits (``workloads.hf``). The tracer
+    and the bench both take the loss from here."""
+    if run.loss_kernel == "fused":
+        return fused_cross_entropy_loss(model, batch)
+    return built.loss(model, batch)
 
 
 class _CudaDropout(torch.overrides.TorchFunctionMode):
@@ -173,7 +189,7 @@ def _train_steps(
                 rec.mark(leaf, "input")
         rec.phase = "forward"
         with contextlib.nullcontext() if master else _autocast(run):
-            loss = built.loss(model, batch)
+            loss = step_loss(built, run, model, batch)
         rec.end_forward()
         rec.phase = "backward"
         loss.backward()  # type: ignore[no-untyped-call]

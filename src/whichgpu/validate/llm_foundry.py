@@ -125,7 +125,11 @@ class FoundryRun:
 
     @property
     def run(self) -> RunConfig:
-        """The run asked of whichgpu: one micro-batch per GPU, FSDP over the run's GPUs."""
+        """The run asked of whichgpu: one micro-batch per GPU, FSDP over the run's GPUs, with
+        llm-foundry's optimizer and loss: Composer's ``DecoupledAdamW`` steps one parameter
+        at a time (``composer/optim/decoupled_weight_decay.py``: a loop, no foreach), and the
+        MPT models' ``loss_fn`` defaults to ``fused_crossentropy``, flash-attn's
+        ``CrossEntropyLoss`` (``llmfoundry/models/mpt/modeling_mpt.py``)."""
         return run_config(
             precision=PRECISIONS[self.precision],
             batch_size=self.micro_batch_size,
@@ -133,6 +137,8 @@ class FoundryRun:
             checkpointing=self.activation_checkpointing,
             gpus=self.n_gpus,
             sharding="fsdp",
+            optimizer_impl="for-loop",
+            loss_kernel="fused",
         )
 
 

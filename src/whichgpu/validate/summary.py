@@ -37,8 +37,11 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "with FSDP FULL_SHARD and DEFAULT mixed precision (whichgpu's bf16, --sharding fsdp, "
         "--gpus 8) on a100_80gb = a100-sxm4-80gb and h100_80gb = h100-sxm; one micro-batch per "
         "GPU per step (the table's gradient accumulation, 1 to 21 micro-batches per optimizer "
-        "step, is not modelled: the optimizer step is counted once per micro-batch); the "
-        "table ran Triton/flash attention, the configs SDPA"
+        "step, is not modelled: the optimizer step is counted once per micro-batch); "
+        "llm-foundry's optimizer and loss (--optimizer-impl for-loop: Composer's "
+        "DecoupledAdamW; --loss-kernel fused: flash-attn's cross-entropy); not modelled: its "
+        "low_precision_layernorm (bf16 layer norms); the table ran Triton/flash attention, "
+        "the configs SDPA"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

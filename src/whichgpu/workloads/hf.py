@@ -7,6 +7,7 @@ torch and transformers are imported inside the functions, never at module import
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
@@ -293,3 +294,56 @@ def loss_from_output(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.
     held = {key: value for key, value in output.items() if key != "loss"}
     setattr(loss, HELD_OUTPUT, held)
     return loss
+
+
+def fused_cross_entropy_loss(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """A language model's loss through one fused cross-entropy kernel (``loss_kernel="fused"``).
+
+    The model runs without ``labels`` and returns its logits in the compute dtype (bf16 under
+    autocast); the loss is then taken as flash-attn's ``CrossEntropyLoss`` (llm-foundry's default
+    loss, ``flash_attn/ops/triton/cross_entropy.py``) and Liger's kernel take it: one pass over
+    each row of logits keeps the row's log-sum-exp (fp32, one number a token), and the backward
+    pass reads the logits once more and writes their gradient in their own dtype. There is no
+    fp32 copy of the logits, no log-softmax output and no fp32 gradient, which transformers'
+    loss makes (``ForCausalLMLoss`` upcasts the logits). The rest of the output is held with the
+    loss, as ``loss_from_output`` holds it.
+    """
+    labels = batch.get("labels")
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    output = model(**inputs)
+    logits = getattr(output, "logits", None)
+    if labels is None or logits is None or logits.dim() != 3 or logits.shape[:2] != labels.shape:
+        raise UnsupportedWorkload(
+            "--loss-kernel fused is a language model's cross-entropy over its vocabulary: this "
+            "model's step has no token labels and logits of (batch, tokens, vocabulary). Drop "
+            "--loss-kernel."
+        )
+    loss: torch.Tensor = _fused_cross_entropy().apply(logits, labels)
+    setattr(loss, HELD_OUTPUT, dict(output.items()))
+    return loss
+
+
+@functools.cache
+def _fused_cross_entropy() -> Any:
+    """The fused kernel's autograd function, built once torch is imported.
+
+    Its operators stand for the kernel's memory traffic: ``amax`` over each row reads the
+    logits once and writes one number a row (the log-sum-exp, kept in fp32); the backward's
+    ``mul`` reads the logits once and writes a gradient of their size and dtype. Their FLOPs
+    (a few per logit) are negligible beside the LM head's GEMM.
+    """
+    import torch
+
+    class FusedCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+            log_sum_exp = torch.amax(logits, dim=-1).float()
+            ctx.save_for_backward(logits, log_sum_exp)
+            return log_sum_exp.mean()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            logits, _ = ctx.saved_tensors
+            return torch.mul(logits, grad.to(logits.dtype)), None
+
+    return FusedCrossEntropy

@@ -96,14 +96,27 @@ def run_config(**options: Any) -> RunConfig:
             raise UsageError(
                 f"--sharding {run.sharding} splits training state; it applies to --mode train only."
             )
-        if "optimizer" in given:
-            raise UsageError("--optimizer applies to training; inference has no optimizer.")
+        for name in ("optimizer", "optimizer_impl", "loss_kernel"):
+            if name in given:
+                raise UsageError(
+                    f"--{name.replace('_', '-')} applies to training; inference has no "
+                    "optimizer step and no loss."
+                )
         if "seq_len" in given and "context" in given and run.seq_len != run.context:
             raise UsageError(
                 f"--seq-len {run.seq_len} and --context {run.context} disagree: in inference "
                 "the prompt length is --context (a model that does not generate takes "
                 "--seq-len). Give one of them."
             )
+    if run.optimizer == "adamw-8bit" and run.optimizer_impl != "foreach":
+        raise UsageError(
+            "--optimizer-impl applies to PyTorch's optimizers; adamw-8bit runs bitsandbytes' "
+            "own kernels. Drop --optimizer-impl."
+        )
+    if run.optimizer == "adafactor" and run.optimizer_impl == "fused":
+        raise UsageError(
+            "PyTorch's Adafactor has no fused kernel: --optimizer-impl foreach or for-loop."
+        )
     if run.method == "full" and run.lora_targets:
         raise UsageError("--lora-targets needs --method lora or qlora.")
     if run.method == "full" and "lora_rank" in given:

@@ -436,7 +436,9 @@ PROFILE_DIR = "profiles"
 def profile_key(workload: str, run: RunConfig) -> str:
     """File stem of a stored profile: the workload and what of the run changes the trace.
 
-    Training: ``<workload>_train_<precision>_<optimizer>[_ckpt][_<method><rank>]``. Inference:
+    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused][_fusedce][_ckpt]
+    [_<method><rank>]`` (the optimizer's implementation and the loss kernel when not the
+    default). Inference:
     ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
     the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
     A TF32 run is the FP32 step (TF32 is how the GPU multiplies FP32 matrices: the same
@@ -446,6 +448,10 @@ def profile_key(workload: str, run: RunConfig) -> str:
     if run.mode == "inference":
         return f"{workload}_inference_{precision}_new{run.new_tokens or DEFAULT_NEW_TOKENS}"
     parts = [workload, run.mode, precision, run.optimizer]
+    if run.optimizer_impl != "foreach":
+        parts.append(run.optimizer_impl.replace("-", ""))
+    if run.loss_kernel != "torch":
+        parts.append(f"{run.loss_kernel}ce")
     if run.checkpointing:
         parts.append("ckpt")
     if run.method != "full":
