@@ -53,6 +53,7 @@ from whichgpu.trace.step import (
     prompt_ids,
     serving_sizes,
     static_cache,
+    step_loss,
 )
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
@@ -306,7 +307,7 @@ class TorchSession:
 
     def _train_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         with self._autocast():
-            loss = self._built.loss(model, self._batch)
+            loss = step_loss(self._built, self._spec.run, model, self._batch)
         if self._scaler is not None:
             self._scaler.scale(loss).backward()
             self._scaler.step(optimizer)
