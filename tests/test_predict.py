@@ -544,7 +544,12 @@ def test_a_16_bit_gemm_off_the_16_byte_alignment_is_marked_and_runs_slower() -> 
 
 
 def test_batch_norm_reads_twice_and_half_precision_nchw_convolutions_transpose() -> None:
-    from whichgpu.estimate.throughput import EXTRA_READS, layout_bytes, op_table
+    from whichgpu.estimate.throughput import (
+        EXTRA_READS,
+        backward_split_bytes,
+        layout_bytes,
+        op_table,
+    )
     from whichgpu.workloads import get_workload, run_config
 
     # forward of a 3x3 conv, 64 -> 128 channels, stride 2, on 2 x 56 x 56: input and output
@@ -561,12 +566,43 @@ def test_batch_norm_reads_twice_and_half_precision_nchw_convolutions_transpose()
             if op.name in EXTRA_READS:
                 extra_read = EXTRA_READS[op.name] * op.bytes_read
                 assert table.bytes_moved[i] == pytest.approx(traced + extra_read)
-            elif op.kind == "conv" and precision == "bf16":
+            elif op.kind == "conv":
                 assert op.conv is not None
-                extra = layout_bytes(list(op.conv), op.phase == "backward")
+                backward = op.phase == "backward"
+                half = precision == "bf16"
+                extra = layout_bytes(list(op.conv), backward) if half else 0.0
+                if backward:
+                    element = 2 if half else 4
+                    extra += backward_split_bytes(list(op.conv), element, half, op.bytes_written)
                 assert table.bytes_moved[i] == pytest.approx(traced + extra)
             else:
                 assert table.bytes_moved[i] == traced
+
+
+def test_convolution_backward_is_two_kernels_each_reading_the_output_gradient() -> None:
+    from whichgpu.estimate.throughput import backward_split_bytes, op_table
+    from whichgpu.workloads import get_workload, run_config
+
+    # 3x3 conv, 64 -> 128 channels, stride 2, on 2 x 56 x 56: dY has 2 x 128 x 28 x 28
+    # elements; dgrad and wgrad each read it (one more read), and on NCHW 16-bit tensors each
+    # transposes it (one more read and write)
+    conv = [2, 64, 56, 56, 128, 3, 3, 2, 1]
+    x, y = 2 * 64 * 56 * 56, 2 * 128 * 28 * 28
+    assert backward_split_bytes(conv, 2, True, 2.0 * x) == 2 * 3 * y
+    assert backward_split_bytes(conv, 4, False, 4.0 * x) == 4 * y
+    # the first layer's backward computes only the weight gradient: one kernel
+    assert backward_split_bytes(conv, 2, True, 2.0 * 64 * 128 * 9) == 0.0
+    profile, _ = wg.scalable_profile(get_workload("resnet50"), run_config(precision="bf16"))
+    step = profile.at(4, None)
+    table = op_table(profile, 4, None)
+    first = next(i for i, op in enumerate(step.ops) if op.name == "aten.convolution_backward")
+    # the backward order ends at the stem, whose input (the images) needs no gradient
+    last = max(i for i, op in enumerate(step.ops) if op.name == "aten.convolution_backward")
+    last_op = step.ops[last]
+    assert last_op.conv is not None and last_op.conv[1] == 3
+    assert backward_split_bytes(list(last_op.conv), 2, True, last_op.bytes_written) == 0.0
+    # the first backward convolution (the last layer's) computes both gradients
+    assert table.bytes_moved[first] > step.ops[first].bytes_read + step.ops[first].bytes_written
 
 
 def test_multi_pass_kernels_read_their_inputs_again() -> None:

@@ -63,6 +63,7 @@ EXPERT_OPS = ("aten._grouped_mm",)
 experts: one grouped GEMM over the experts the tokens were routed to)."""
 
 _HALF = ("float16", "bfloat16")
+_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 Rate = float | npt.NDArray[np.float64]
 """A GPU figure: one number, or one per operator of a table that stacks several GPUs."""
 PARAMETERS_FILE = "throughput.json"
@@ -460,8 +461,9 @@ class _OpColumns:
     is_experts: npt.NDArray[np.bool_]
     gemm: list[tuple[int, tuple[int, ...]]]
     """``(row, polynomial indices of (batch, M, N, K))`` of the 16-bit matrix multiplies."""
-    convs: list[tuple[int, tuple[int, ...], bool]]
-    """``(row, polynomial indices of the shape, is backward)`` of the 16-bit convolutions."""
+    convs: list[tuple[int, tuple[int, ...], bool, int]]
+    """``(row, polynomial indices of the shape, is backward, element bytes)`` of the
+    convolutions (16-bit: 2 bytes)."""
     extra_reads: npt.NDArray[np.float64]
     """Extra reads of each operator's inputs, as a multiple of its traced input bytes
     (``EXTRA_READS``: kernels that pass over their inputs more than once)."""
@@ -494,9 +496,9 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
             if op.gemm_bmnk is not None and op.dtype in _HALF and op.kind in MATRIX_KINDS
         ],
         convs=[
-            (i, op.conv, op.phase == "backward")
+            (i, op.conv, op.phase == "backward", _ELEMENT_BYTES[op.dtype])
             for i, op in enumerate(ops)
-            if op.conv is not None and op.dtype in _HALF and op.kind == "conv"
+            if op.conv is not None and op.dtype in _ELEMENT_BYTES and op.kind == "conv"
         ],
         extra_reads=np.array([EXTRA_READS.get(op.name, 0.0) for op in ops], dtype=np.float64),
     )
@@ -517,11 +519,16 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
     misaligned = np.zeros(len(columns.kinds), dtype=bool)
     for row, dims in columns.gemm:
         misaligned[row] = misaligned_matrix([int(values[i]) for i in dims[1:]])
-    for row, shape_at, backward in columns.convs:
+    written = values[columns.bytes_written]
+    for row, shape_at, backward, element in columns.convs:
         shape = [int(values[i]) for i in shape_at]
         spatial = (len(shape) - 5) // 2
-        misaligned[row] = misaligned_matrix([shape[1], shape[2 + spatial]])
-        moved[row] += layout_bytes(shape, backward)
+        half = element == 2
+        if half:
+            misaligned[row] = misaligned_matrix([shape[1], shape[2 + spatial]])
+            moved[row] += layout_bytes(shape, backward)
+        if backward:
+            moved[row] += backward_split_bytes(shape, element, half, float(written[row]))
     return OpTable(
         kinds=columns.kinds,
         dtypes=columns.dtypes,
@@ -612,13 +619,38 @@ def layout_bytes(conv: list[int], backward: bool) -> float:
     forward moves the input and the output; the backward the input, the output gradient and
     the input gradient. ``conv`` is ``OpRecord.conv`` (N, C_in, spatial…, C_out, kernel…,
     stride, groups); elements of 2 bytes."""
+    x, y = _conv_sizes(conv)
+    moved = 2 * x + y if backward else x + y
+    return 2 * 2 * moved
+
+
+def _conv_sizes(conv: list[int]) -> tuple[float, float]:
+    """Elements of a convolution's input and of its output (``OpRecord.conv``)."""
     spatial = (len(conv) - 5) // 2
     batch, c_in, c_out, stride = conv[0], conv[1], conv[2 + spatial], max(1, conv[-2])
     sizes = conv[2 : 2 + spatial]
     x = batch * c_in * float(np.prod(sizes))
     y = batch * c_out * float(np.prod([-(-s // stride) for s in sizes]))
-    moved = 2 * x + y if backward else x + y
-    return 2 * 2 * moved
+    return x, y
+
+
+def backward_split_bytes(
+    conv: list[int], element_bytes: int, transposed: bool, written_bytes: float
+) -> float:
+    """Extra bytes of a convolution's backward that computes both gradients: it is two
+    kernels, not one. PyTorch's ``convolution_backward`` on cuDNN runs the data gradient and
+    the weight gradient as separate calls (``aten/src/ATen/native/cudnn/ConvShared.cpp``:
+    ``cudnn_convolution_backward_input`` and ``cudnn_convolution_backward_weight``, cuDNN's
+    ``BackwardData`` and ``BackwardFilter`` operations, each its own implicit GEMM), and each
+    reads the output gradient dY: one more read of dY than the traced operands count. On NCHW
+    16-bit tensors (``transposed``) each call also transposes dY to NHWC itself, one more read
+    and write of it than ``layout_bytes`` counts. A backward that computes only the weight
+    gradient (the first layer, whose input needs none: ``written_bytes`` below the input's
+    size) is one kernel and moves nothing more."""
+    x, y = _conv_sizes(conv)
+    if written_bytes < x * element_bytes:
+        return 0.0
+    return element_bytes * y * (3.0 if transposed else 1.0)
 
 
 def read_experts(table: OpTable, share: float) -> OpTable:
