@@ -46,6 +46,8 @@ def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     monkeypatch.setenv("WHICHGPU_STORE", str(tmp_path / "results.sqlite"))
     monkeypatch.delenv("WHICHGPU_PRICES", raising=False)
     monkeypatch.delenv("WHICHGPU_DEBUG", raising=False)
+    monkeypatch.delenv("WHICHGPU_STALE_AFTER", raising=False)
+    monkeypatch.delenv("WHICHGPU_LIVE_PRICES", raising=False)
     yield config
 
 

@@ -341,7 +341,7 @@ def test_sizes_past_any_machine_are_refused_not_overflowed() -> None:
 
 
 def test_inference_takes_one_prompt_length() -> None:
-    with pytest.raises(UsageError, match="--seq-len 100 and --context 50 disagree"):
+    with pytest.raises(UsageError, match="seq_len 100 and context 50 disagree"):
         fit("llama-3.2-1b", gpus=["4090"], mode="inference", seq_len=100, context=50)
 
 
@@ -350,3 +350,27 @@ def test_dropping_a_batch_of_one_is_no_way_to_need_less_memory() -> None:
 
     assert not any("--batch-size" in lever for lever in RunConfig(batch_size=1).memory_levers())
     assert any("--batch-size" in lever for lever in RunConfig(batch_size=8).memory_levers())
+
+
+def test_a_config_is_named_by_its_architecture_and_size_in_answers_and_headlines() -> None:
+    import whichgpu.api as wg
+    from whichgpu.api.step import parameter_count
+    from whichgpu.report.html import render_html
+
+    config = FIXTURES / "tiny-llama.json"
+    (memory,) = fit(config=config, gpus=["rtx-4090"], seq_len=64)
+    label = memory.workload
+    assert label.startswith("LlamaForCausalLM, ") and label.endswith(f" parameters ({config})")
+    (speed,) = predict(config=config, gpus=["rtx-4090"], seq_len=64)
+    assert speed.workload == label
+    ranking = wg.recommend(config=config, gpus=["rtx-4090"], seq_len=64, acquire="rent")
+    assert ranking.workload == label
+    data = wg.report(config=config, gpus=["rtx-4090"], seq_len=64, acquire="rent")
+    assert data.title == label and f"Which GPU for {label}?" in render_html(data)
+    text = " ".join(
+        run_cli("fit", "--config", str(config), "-g", "4090", "--seq-len", "64").stdout.split()
+    )
+    assert text.startswith(label)
+    assert [parameter_count(n) for n in (1_235_814_400, 124_439_808, 85_800, 7)] == [
+        "1.24B", "124M", "85.8K", "7",
+    ]  # fmt: skip

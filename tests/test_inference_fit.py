@@ -181,3 +181,35 @@ def test_bad_inference_options_exit_2(
     assert main(["fit", *args, "-g", "4090"]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_an_unfit_concurrency_tells_one_story_in_table_text_json_and_hint() -> None:
+    # llama-3.2-1b serving 64 sequences of 4,096 on a 4090: fewer sequences fit at that context
+    # (max concurrency) and a shorter context at that concurrency (max context); one sequence
+    # of 4,096 fits, so no "one sequence does not fit" ladder, and the hint names the
+    # inference levers, not --batch-size
+    ask = {"mode": "inference", "concurrency": 64, "context": 4096}
+    (estimate,) = fit("llama-3.2-1b", gpus=["rtx-4090"], **ask)
+    assert not estimate.fits and 1 <= estimate.max_batch_size < 64
+    assert estimate.fits_at_seq_len is None  # one sequence of 4,096 fits
+    assert estimate.max_seq_len is not None and estimate.max_seq_len < 4096
+    (most,) = fit(
+        "llama-3.2-1b", gpus=["rtx-4090"], **{**ask, "concurrency": estimate.max_batch_size}
+    )
+    (longest,) = fit("llama-3.2-1b", gpus=["rtx-4090"], **{**ask, "context": estimate.max_seq_len})
+    assert most.fits and longest.fits
+    (one,) = fit("llama-3.2-1b", gpus=["rtx-4090"], **{**ask, "concurrency": 1})
+    assert one.fits
+    result = CliRunner().invoke(
+        app,
+        ["fit", "llama-3.2-1b", "--mode", "inference", "--concurrency", "64", "--context",
+         "4096", "--gpu", "4090"],
+        terminal_width=250,
+    )  # fmt: skip
+    text = " ".join(result.stdout.split())
+    assert "max context" in text and "Where one sequence" not in text
+    hint = text.split("Nothing fits as asked. To need less memory, try: ")[1]
+    assert f"--concurrency {estimate.max_batch_size} or fewer" in hint
+    assert f"--context {estimate.max_seq_len:,} or shorter" in hint
+    assert "fewer --new-tokens" in hint and "--gpus N" in hint
+    assert "--batch-size" not in text

@@ -224,7 +224,7 @@ def test_a_deadline_leaves_out_what_would_finish_late_and_modules_need_a_server(
     assert late and all("more than the 48 h asked" in e.reason for e in late)
     h100 = [c for c in ranking.ranking if c.gpu == "h100-sxm"]
     assert h100 and all("server base system" in c.price_note for c in h100)
-    with pytest.raises(UsageError, match="--within"):
+    with pytest.raises(UsageError, match="^within_hours must be a finite number above 0"):
         wg.recommend("resnet50", gpus=["rtx-4090"], within_hours=0)
 
 
@@ -474,3 +474,24 @@ def test_the_table_writes_large_speeds_in_full_and_hourly_costs_with_their_unit(
     shown = run_cli("recommend", "gpt2", "--rent", "--gpu", "4090", "--gpu", "5090")
     assert shown.returncode == 0, shown.stderr
     assert "e+0" not in shown.stdout and "cost $/h" in shown.stdout
+
+
+def test_inference_says_what_its_tokens_per_second_count_and_that_its_gpus_split_the_model() -> (
+    None
+):
+    from whichgpu.report.recommend import recommend_view
+    from whichgpu.schema import GENERATED_RATE_NOTE
+
+    ask = {"mode": "inference", "concurrency": 8, "context": 4096, "acquire": "rent"}
+    ranking = wg.recommend("llama-3.1-70b", gpus=["b200", "rtx-4090"], gpu_count=2, **ask)
+    assert ranking.ranking and GENERATED_RATE_NOTE in ranking.assumptions
+    assert "prefill" in GENERATED_RATE_NOTE and "decode" in GENERATED_RATE_NOTE
+    (unfit,) = [e for e in ranking.excluded if e.gpu == "rtx-4090"]
+    assert "(2 GPUs, tensor parallel)" in unfit.reason and "ddp" not in unfit.reason
+    from rich.console import Console
+
+    console = Console(width=250, record=True)
+    console.print(recommend_view(ranking))
+    assert "generated tokens/s" in console.export_text()
+    training = wg.recommend("gpt2", gpus=["rtx-4090"], acquire="rent")
+    assert GENERATED_RATE_NOTE not in training.assumptions

@@ -89,12 +89,12 @@ def test_bf16_pure_builds_bf16_weights() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"batch_size": 0}, "--batch-size must be at least 1"),
-        ({"precision": "fp12"}, "--precision"),
-        ({"context": 100}, "--mode inference only"),
-        ({"mode": "inference", "method": "lora"}, "use --mode train"),
-        ({"lora_targets": "q_proj"}, "--method lora or qlora"),
-        ({"lora_rank": 8}, "--lora-rank needs --method lora or qlora"),
+        ({"batch_size": 0}, "batch_size must be at least 1"),
+        ({"precision": "fp12"}, "precision"),
+        ({"context": 100}, "mode inference only"),
+        ({"mode": "inference", "method": "lora"}, "use mode train"),
+        ({"lora_targets": "q_proj"}, "method lora or qlora"),
+        ({"lora_rank": 8}, "lora_rank needs method lora or qlora"),
         ({"mode": "inference", "optimizer": "sgd"}, "inference has no optimizer"),
     ],
 )
@@ -119,7 +119,7 @@ def test_a_run_describes_what_differs_from_a_plain_one() -> None:
 
 
 def test_seq_len_does_not_apply_to_images() -> None:
-    with pytest.raises(UnsupportedWorkload, match="--seq-len does not apply"):
+    with pytest.raises(UnsupportedWorkload, match="seq_len does not apply"):
         check_for_workload(RunConfig(seq_len=128), get_workload("resnet50").info)
 
 
@@ -293,3 +293,43 @@ def test_release_reads_the_numeric_part_of_a_version() -> None:
     assert _release("5.17.0.dev0") == (5, 17, 0)
     assert _release("5.3.0rc1") == (5, 3, 0)
     assert _release("5.17.0") < _release("5.24.0") < _release("5.100.1")
+
+
+@pytest.mark.parametrize(
+    ("options", "field", "api", "cli"),
+    [
+        ({"batch_size": -1}, "batch_size", "batch_size must be at least 1", "--batch-size"),
+        ({"gpus": 0}, "gpu_count", "gpu_count must be at least 1", "--gpus must be"),
+        ({"precision": "fp12"}, "precision", "precision: ", "--precision: "),
+        ({"mode": "inference", "checkpointing": True}, "checkpointing", "checkpointing saves",
+         "--checkpointing saves"),
+    ],
+)  # fmt: skip
+def test_an_api_error_names_the_keyword_and_the_cli_the_flag(
+    options: dict[str, object], field: str, api: str, cli: str
+) -> None:
+    from whichgpu.cli.output import error_message
+
+    with pytest.raises(UsageError) as caught:
+        run_config(**options)
+    assert caught.value.field == field
+    assert str(caught.value).startswith(api) and "--" not in str(caught.value)
+    assert cli in error_message(caught.value)
+
+
+def test_the_api_and_the_cli_name_a_bad_batch_size_each_their_way(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import json
+
+    import whichgpu
+    from whichgpu.cli import main
+
+    with pytest.raises(UsageError, match=r"^batch_size must be at least 1, not -1\.$") as caught:
+        whichgpu.fit("resnet50", gpus=["4090"], batch_size=-1)
+    assert caught.value.field == "batch_size"
+    assert main(["fit", "resnet50", "-g", "4090", "--batch-size", "-1", "--json"]) == 2
+    out = capsys.readouterr()
+    assert "error: --batch-size must be at least 1, not -1." in out.err
+    error = json.loads(out.out)["error"]
+    assert error["field"] == "batch_size" and error["message"].startswith("--batch-size")

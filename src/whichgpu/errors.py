@@ -10,22 +10,28 @@
      │    └── AmbiguousGpu        several records match; carries the candidates
      ├── WorkloadError            a workload cannot be found or run as asked
      │    ├── UnknownWorkload     no registered workload has that name; carries suggestions
-     │    └── UnsupportedWorkload the run configuration cannot work for it (says why)
-     ├── UsageError               arguments that cannot work together
-     │    ├── MissingRates        the catalog lacks a figure a speed needs (names the fields)
-     │    └── NotSplittable       the model does not split over that many GPUs as asked
+     │    └── UnsupportedWorkload the run configuration cannot work for it (says why; also a
+     │                            NamesOptions)
+     ├── NamesOptions             about options given: ``field`` is the option, the message names
+     │    │                       it by the API's keyword (the CLI writes its flag instead)
+     │    └── UsageError          arguments that cannot work together
+     │         ├── MissingRates   the catalog lacks a figure a speed needs (names the fields)
+     │         └── NotSplittable  the model does not split over that many GPUs as asked
      ├── BenchError               a benchmark could not measure (says what failed and why)
      │    └── BenchTimeout        a probe or run outlived its time limit
      └── StoreError               the results store cannot be read or written (names the file)
 
 The CLI turns a ``WhichGpuError`` into a one-paragraph message on stderr and exit code 1 (2 for
-``UsageError`` and lookup errors, which are bad input), never a traceback.
+``UsageError`` and lookup errors, which are bad input), never a traceback; it writes the options
+a ``NamesOptions`` names (``option``) as its flags.
 ``require_positive`` is the one check of a number option that many questions share.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Callable
 
 
 class WhichGpuError(Exception):
@@ -90,8 +96,38 @@ class AmbiguousGpu(GpuLookupError):
         )
 
 
-class UsageError(WhichGpuError):
-    """Arguments that cannot work together."""
+def option(field: str) -> str:
+    """Where an error's message names the option ``field`` (a keyword of the Python API,
+    ``batch_size``): a marker that ``UsageError`` writes as the keyword, and a front end as
+    its own name for it (the CLI: ``--batch-size``; see ``UsageError.message_as``)."""
+    return "{{" + field + "}}"
+
+
+_OPTION = re.compile(r"\{\{([a-z][a-z0-9_]*)\}\}")
+
+
+class NamesOptions(WhichGpuError):
+    """An error about options the caller gave (``UsageError``, ``UnsupportedWorkload``).
+
+    A message written with ``option("batch_size")`` names that option: ``str()`` gives the
+    Python API's keyword (``batch_size must be at least 1``), ``message_as(name)`` another
+    front end's name (the CLI passes ``--batch-size``). ``fields`` are the options named, in
+    order; ``field`` is the first (the one the error is about), None when it names none.
+    """
+
+    def __init__(self, message: str = "", *args: object) -> None:
+        self.template = message
+        self.fields: tuple[str, ...] = tuple(dict.fromkeys(_OPTION.findall(message)))
+        self.field: str | None = self.fields[0] if self.fields else None
+        super().__init__(self.message_as(lambda field: field), *args)
+
+    def message_as(self, name: Callable[[str], str]) -> str:
+        """The message with each option named by ``name(field)``."""
+        return _OPTION.sub(lambda m: name(m.group(1)), self.template)
+
+
+class UsageError(NamesOptions):
+    """Arguments that cannot work together (``field``: the option the error is about)."""
 
 
 class MissingRates(UsageError):
@@ -130,8 +166,9 @@ class UnknownWorkload(WorkloadError):
         )
 
 
-class UnsupportedWorkload(WorkloadError):
-    """The run configuration cannot work for this workload; the message says why."""
+class UnsupportedWorkload(WorkloadError, NamesOptions):
+    """The run configuration cannot work for this workload; the message says why (and names
+    the option, ``field``, as ``UsageError`` does)."""
 
 
 class BenchError(WhichGpuError):
@@ -146,10 +183,12 @@ class StoreError(WhichGpuError):
     """The results store cannot be read or written; the message names the file."""
 
 
-def require_positive(option: str, value: float | None, unit: str = "") -> None:
+def require_positive(field: str, value: float | None, unit: str = "") -> None:
     """``UsageError`` unless ``value`` (when given) is a finite number above 0; the message
-    names ``option`` and its ``unit``."""
+    names the option ``field`` (the API's keyword, ``budget_usd``; see ``option``) and its
+    ``unit``."""
     if value is not None and not (math.isfinite(value) and value > 0):
         raise UsageError(
-            f"{option} must be a finite number above 0{f' ({unit})' if unit else ''}, not {value}."
+            f"{option(field)} must be a finite number above 0{f' ({unit})' if unit else ''}, "
+            f"not {value}."
         )

@@ -505,17 +505,31 @@ class RunConfig(_Frozen):
     sharding: Sharding = "ddp"
     """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
 
+    def parallelism(self) -> str:
+        """How the run's GPUs share it, in words: ``tensor parallel`` for inference (one model
+        split across them; ``sharding`` is a training option and stays ``ddp``), else the
+        training's ``sharding`` (``ddp``, ``zero2`` …)."""
+        return "tensor parallel" if self.mode == "inference" else self.sharding
+
     def memory_levers(self) -> tuple[str, ...]:
         """Options not used by this run that make a step need less memory per GPU, in words
         (what to suggest when nothing fits); GPU counts are left to the caller."""
         levers: list[str] = []
-        if self.mode == "train":
-            if not self.checkpointing:
-                levers.append("--checkpointing (recompute activations in the backward pass)")
-            if self.method == "full":
-                levers.append("--method lora or qlora")
-                if self.optimizer == "adamw":
-                    levers.append("--optimizer adamw-8bit")
+        if self.mode == "inference":  # the batch is the concurrency; the KV cache the lever
+            if self.concurrency > 1 or (self.batch_size or 1) > 1:
+                levers.append("a lower --concurrency (or none: the most that fit)")
+            levers.append("a shorter --context")
+            levers.append(
+                f"fewer --new-tokens than {self.new_tokens or 'the default'} (each sequence's "
+                "KV cache holds context + new tokens)"
+            )
+            return tuple(levers)
+        if not self.checkpointing:
+            levers.append("--checkpointing (recompute activations in the backward pass)")
+        if self.method == "full":
+            levers.append("--method lora or qlora")
+            if self.optimizer == "adamw":
+                levers.append("--optimizer adamw-8bit")
         if self.batch_size is not None and self.batch_size > 1:  # below 1 is no batch at all
             levers.append("no --batch-size (the largest batch that fits)")
         return tuple(levers)
@@ -1163,11 +1177,22 @@ class MemoryValidation(_Frozen):
 # --- Throughput ------------------------------------------------------------------------------
 
 
+GENERATED_RATE_NOTE = (
+    "tokens/s of a language model's inference = tokens generated per second over whole "
+    "requests, the prefill of the context included: concurrency x new tokens / (prefill + new "
+    "tokens x decode step); the decode alone runs faster (concurrency / the per-token time)"
+)
+"""What an inference rate in tokens/s counts, in the words every view and note uses (it is
+``estimate.prediction``'s: a request batch is one prefill and one decode step per new token)."""
+
+
 class ThroughputEstimate(_Tabular):
     """Predicted throughput of a workload on a GPU (or N data parallel), with its band.
 
     Training: ``step_time_s`` is one step. Inference of a language model: ``step_time_s`` is
-    one request batch (prefill and every decode step) and ``throughput`` generated tokens/s.
+    one request batch (the prefill and every decode step) and ``throughput`` the tokens it
+    generates per second, the prefill's time included (``GENERATED_RATE_NOTE``); the decode
+    alone is ``decode_step_s``.
     """
 
     gpu: str
@@ -1189,7 +1214,9 @@ class ThroughputEstimate(_Tabular):
     step_time_s: float | None
     """Predicted time of one training step, s (None when it does not fit)."""
     throughput: float | None
-    """Predicted units per second over all GPUs (None when it does not fit)."""
+    """Predicted units per second over all GPUs (None when it does not fit). Inference of a
+    language model: tokens generated per second over whole requests, the prefill included
+    (``GENERATED_RATE_NOTE``)."""
     throughput_unit: str
     """``images/s``, ``tokens/s``, ``sequences/s`` or ``samples/s``."""
     low: float | None
@@ -1846,7 +1873,9 @@ class Candidate(_Frozen):
     batch_size: int
     """Batch per GPU the speed is for."""
     throughput: float
-    """Units per second over all GPUs."""
+    """Units per second over all GPUs. Inference of a language model: tokens generated per
+    second over whole requests, the prefill included (``GENERATED_RATE_NOTE``); a measured one
+    is ``bench``'s, counted the same way."""
     throughput_unit: str
     """``images/s``, ``tokens/s`` …"""
     throughput_low: float
@@ -1875,7 +1904,12 @@ class Candidate(_Frozen):
     perf_per_dollar_unit: str
     """Unit of ``perf_per_dollar``."""
     price_note: str
-    """Which price was used (kind, provider, date, source)."""
+    """Which price was used (kind, provider, date, age, source)."""
+    price_as_of: dt.date | None = None
+    """Date of that price (None where none was used)."""
+    price_stale: bool = False
+    """Whether that price is older than the staleness threshold of its kind (``--stale-after``;
+    ``whichgpu.catalog.freshness``): refresh it before acting on it."""
     reasons: tuple[str, ...]
     """Why it ranks where it does, and what to know about it."""
 

@@ -19,6 +19,11 @@ ENV_CACHE_DIR = "WHICHGPU_CACHE_DIR"
 """Path of the cache of traced profiles (default: ``$XDG_CACHE_HOME/whichgpu``)."""
 ENV_NO_CACHE = "WHICHGPU_NO_CACHE"
 """Any non-empty value turns the cache of traced profiles off (every question traces anew)."""
+ENV_STALE_AFTER = "WHICHGPU_STALE_AFTER"
+"""Age in days after which a price is stale: ``DAYS`` for every price, or ``CLOUD,STREET``."""
+ENV_LIVE_PRICES = "WHICHGPU_LIVE_PRICES"
+"""Path of the cloud rates written by ``whichgpu prices update`` (default:
+``<config dir>/live-prices.csv``)."""
 ENV_DEBUG = "WHICHGPU_DEBUG"
 """Any non-empty value makes the CLI show tracebacks."""
 
@@ -75,3 +80,17 @@ def user_prices_path() -> Path | None:
 def debug_enabled() -> bool:
     """Whether the user asked for tracebacks through the environment."""
     return bool(os.environ.get(ENV_DEBUG))
+
+
+def stale_after_setting() -> str | None:
+    """``$WHICHGPU_STALE_AFTER`` as given (None when unset or empty)."""
+    return os.environ.get(ENV_STALE_AFTER) or None
+
+
+def live_prices_path() -> Path:
+    """Where ``whichgpu prices update`` writes cloud rates and every command reads them:
+    ``$WHICHGPU_LIVE_PRICES``, else ``<config dir>/live-prices.csv``."""
+    explicit = os.environ.get(ENV_LIVE_PRICES)
+    if explicit:
+        return Path(explicit).expanduser()
+    return config_dir() / "live-prices.csv"

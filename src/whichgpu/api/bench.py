@@ -74,7 +74,7 @@ def bench(
     chosen = select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     check_for_workload(run, chosen.info)
-    require_positive("--memory-limit", memory_limit_gib, "GiB")
+    require_positive("memory_limit_gib", memory_limit_gib, "GiB")
     defaults = TimingRule()
     options = BenchOptions(
         find_max_batch=find_max_batch,

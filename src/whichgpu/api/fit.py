@@ -15,7 +15,7 @@ from whichgpu.api.catalog import resolve_gpus
 from whichgpu.api.step import ask, keep_replays, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
-from whichgpu.errors import UsageError
+from whichgpu.errors import UsageError, option
 from whichgpu.schema import MemoryEstimate, RunConfig
 from whichgpu.tabular import ResultList
 from whichgpu.workloads import check_for_workload, run_config
@@ -63,18 +63,24 @@ def fit(
     run = run_config(gpus=gpu_count, **run_options)
     if fast:
         if serving is not None:
-            raise UsageError("--fast covers training; drop --serving (or --fast).")
+            raise UsageError(
+                f"{option('fast')} covers training; drop {option('serving')} (or {option('fast')})."
+            )
         return _fit_fast(chosen, run, workload, config, task, gpus, stack, progress)
     engine = None
     if serving is not None:
         if run.mode != "inference":
-            raise UsageError("--serving sizes a serving engine's KV cache; add --mode inference.")
+            raise UsageError(
+                f"{option('serving')} sizes a serving engine's KV cache; add {option('mode')} "
+                "inference."
+            )
         engine = get_serving_engine(serving)
     asked = ask(chosen, run, gpus=gpus, stack=stack, config=config, progress=progress)
     step = asked.step
     if engine is not None and step.kv_per_token is None:
         raise UsageError(
-            f"--serving applies to language models that generate; {chosen.info.name} does not."
+            f"{option('serving')} applies to language models that generate; "
+            f"{chosen.info.name} does not."
         )
     catalog = load_catalog()
     estimates = []
@@ -123,8 +129,9 @@ def _fit_fast(
     else:
         covered = ", ".join(closed_form.closed_form_workloads())
         raise UsageError(
-            f"--fast answers from a Hugging Face config: one of {covered}, or --config FILE; "
-            f"not {workload or 'a --model function'}. Drop --fast to use the traced path."
+            f"{option('fast')} answers from a Hugging Face config: one of {covered}, or "
+            f"{option('config')} FILE; not {workload or 'a ' + option('model') + ' function'}. "
+            f"Drop {option('fast')} to use the traced path."
         )
     check_for_workload(run, chosen.info)
     if run.seq_len is None:

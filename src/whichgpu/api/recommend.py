@@ -22,7 +22,14 @@ from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError
 from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
-from whichgpu.schema import BenchResult, GpuSpec, Ranking, RunConfig, SoftwareStack
+from whichgpu.schema import (
+    GENERATED_RATE_NOTE,
+    BenchResult,
+    GpuSpec,
+    Ranking,
+    RunConfig,
+    SoftwareStack,
+)
 from whichgpu.workloads import check_for_workload, run_config
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.stored import ScalableProfile
@@ -124,15 +131,23 @@ def recommend(
         notes=(*asked.question.notes, *sized.notes),
     )
     keep_replays()
-    return rank(
+    ranking = rank(
         sized.options,
-        workload=chosen.info.name,
+        # a --config's model by its architecture and size (``step.config_label``)
+        workload=next((o.memory.workload for o in sized.options), chosen.info.name),
         run=sized.run,
         question=question,
         units_per_sample=sized.units_per_sample,
         catalog=catalog,
         region=place.id,
     )
+    if sized.run.mode == "inference" and any(
+        c.throughput_unit == "tokens/s" for c in ranking.ranking
+    ):  # what the rate counts: the whole request, prefill included
+        ranking = ranking.model_copy(
+            update={"assumptions": (*ranking.assumptions, GENERATED_RATE_NOTE)}
+        )
+    return ranking
 
 
 @dataclass

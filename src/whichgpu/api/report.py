@@ -145,8 +145,8 @@ def report(
     )
     keep_replays()
     return ReportData(
-        title=str(config) if config else (model or chosen.info.name),
-        workload=chosen.info.name,
+        title=ranking.workload if config else (model or chosen.info.name),
+        workload=ranking.workload if config else chosen.info.name,
         run=ranking.run,
         ranking=ranking,
         reference=ref_id,

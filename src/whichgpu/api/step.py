@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.catalog import resolve_gpus
 from whichgpu.catalog.stacks import get_stack
-from whichgpu.errors import NotSplittable, UsageError
+from whichgpu.errors import NotSplittable, UsageError, option
+from whichgpu.numbers import significant
 from whichgpu.schema import GpuSpec, RunConfig, SoftwareStack
 from whichgpu.workloads import check_for_workload, select_workload
 from whichgpu.workloads.base import Workload
@@ -89,6 +90,23 @@ def _config_doc(workload: Workload, config: Path | str | None) -> dict[str, Any]
         doc: dict[str, Any] = json.loads(Path(config).read_text(encoding="utf-8"))
         return doc
     return read_config(workload.info.name)
+
+
+def config_label(config: Path | str, params_total: int) -> str:
+    """How answers name the model of a ``--config`` file: its architecture and size, then the
+    file (``LlamaForCausalLM, 1.24B parameters (my-model/config.json)``), in headlines, report
+    titles and the results' ``workload``."""
+    named = json.loads(Path(config).read_text(encoding="utf-8")).get("architectures") or []
+    architecture = str(named[0]) if named else "a model"
+    return f"{architecture}, {parameter_count(params_total)} parameters ({config})"
+
+
+def parameter_count(params: int) -> str:
+    """A parameter count as model cards write it: ``1.24B``, ``124M``, ``85.8K``."""
+    for factor, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if params >= factor:
+            return f"{significant(params / factor)}{suffix}"
+    return str(params)
 
 
 def is_registered(workload: Workload) -> bool:
@@ -169,6 +187,8 @@ def prepare(
     if progress is not None:
         progress(f"profiling {chosen.info.name}")
     profile, method = loaded or scalable_profile(chosen, run, progress)
+    if config is not None:  # answers name the model, not only its file
+        profile = replace(profile, workload=config_label(config, profile.params_total))
     seq_limit = chosen.info.max_seq_len
     kv_per_token = kv_head_count = None
     doc: dict[str, Any] | None = None
@@ -180,7 +200,8 @@ def prepare(
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
-            f"--gpus with --mode inference serves a language model tensor parallel; "
+            f"{option('gpu_count')} with {option('mode')} inference serves a language model "
+            "tensor parallel; "
             f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
             "estimate one GPU."
         )
@@ -212,7 +233,8 @@ def _serving_run(
     refusal = tensor_parallel_refusal(doc, run.gpus)
     if refusal is not None:
         raise NotSplittable(
-            f"--gpus {run.gpus}: {chosen.info.name} cannot be served so: {refusal}."
+            f"{chosen.info.name} cannot be served tensor parallel on {run.gpus} GPUs "
+            f"({option('gpu_count')}): {refusal}."
         )
     return run, doc, seq_limit, kv_per_token, kv_head_count
 

@@ -5,14 +5,17 @@
 >>> catalog.resolve("3090").id
 'rtx-3090'
 
-``load_catalog`` reads the shipped data once per process (cached) and lays the user's price
-file over it: ``prices_files`` given explicitly, else the default user file
+``load_catalog`` reads the shipped data once per process (cached) and lays over it the cloud
+rates fetched by ``whichgpu prices update`` (``whichgpu.settings.live_prices_path``, when that
+file exists; a provider's live rates for a GPU replace its shipped ones) and then the user's
+price file: ``prices_files`` given explicitly, else the default user file
 (``whichgpu.settings.user_prices_path``) when it exists.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -24,9 +27,9 @@ from whichgpu.catalog.loader import (
     read_price_csv,
 )
 from whichgpu.catalog.names import NameIndex
-from whichgpu.catalog.query import Catalog, sort_gpus
+from whichgpu.catalog.query import Catalog, merge_prices, sort_gpus
 from whichgpu.schema import Price
-from whichgpu.settings import user_prices_path
+from whichgpu.settings import live_prices_path, user_prices_path
 
 __all__ = ["Catalog", "load_catalog", "read_user_prices", "sort_gpus"]
 
@@ -64,4 +67,14 @@ def load_catalog(prices_files: Sequence[Path | str] | Path | str | None = None) 
         paths = [default] if default is not None else []
     else:
         paths = [Path(p).expanduser() for p in prices_files]
-    return Catalog(data, DATA_VERSION, read_user_prices(paths, data))
+    user = read_user_prices(paths, data)
+    live_file = live_prices_path()
+    if live_file.is_file():
+        live = read_user_prices([live_file], data)
+        covered = {(p.gpu_id, p.kind, p.provider) for p in live}
+        data = replace(
+            data,
+            prices=tuple(p for p in data.prices if (p.gpu_id, p.kind, p.provider) not in covered),
+        )
+        user = merge_prices(live, user)
+    return Catalog(data, DATA_VERSION, user)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from whichgpu.catalog.freshness import stale_policy
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.schema import Comparison, ComparisonRow, GpuSpec, Price
@@ -35,13 +36,16 @@ ROWS: tuple[tuple[str, str, str, bool], ...] = (
 
 
 def _price_note(price: Price | None) -> str:
-    """Which price, where from: kind, provider, amount, date and source."""
+    """Which price, where from: kind, provider, amount, date, age (``STALE`` past the
+    threshold) and source."""
     if price is None:
         return "no price"
     where = f" {price.provider}" if price.provider else ""
     amount = f"${price.usd:,.2f}/h" if price.per == "hour" else f"${price.usd:,.0f}"
     source = "your price file" if price.user else price.source
-    return f"{price.kind}{where} {amount} ({price.as_of}, {source})"
+    return (
+        f"{price.kind}{where} {amount} ({price.as_of}, {stale_policy().age_note(price)}, {source})"
+    )
 
 
 def _per_kusd(value: float | None, price: Price | None) -> float | None:

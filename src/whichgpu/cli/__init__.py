@@ -10,18 +10,20 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Sequence
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
+from whichgpu.catalog.freshness import set_stale_after
 from whichgpu.cli.bench import bench
 from whichgpu.cli.cache import cache_app
 from whichgpu.cli.compare import compare
 from whichgpu.cli.cost import cost_app
 from whichgpu.cli.fit import fit
 from whichgpu.cli.gpus import gpus
-from whichgpu.cli.output import emit_error, emit_json_error
+from whichgpu.cli.output import emit_error, emit_json_error, error_message
 from whichgpu.cli.predict import predict
+from whichgpu.cli.prices import prices_app
 from whichgpu.cli.profile import profile
 from whichgpu.cli.recommend import recommend
 from whichgpu.cli.report import report
@@ -31,6 +33,7 @@ from whichgpu.cli.validate import validate_app
 from whichgpu.cli.workloads import workloads
 from whichgpu.errors import (
     GpuLookupError,
+    NamesOptions,
     PriceFileError,
     UsageError,
     WhichGpuError,
@@ -67,6 +70,7 @@ app.command("predict")(predict)
 app.command("recommend")(recommend)
 app.command("report")(report)
 app.add_typer(cost_app, name="cost")
+app.add_typer(prices_app, name="prices")
 app.command("bench")(bench)
 app.add_typer(results_app, name="results")
 app.add_typer(cache_app, name="cache")
@@ -85,8 +89,20 @@ def _root(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version.")
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    stale_after: Annotated[
+        Optional[str],  # noqa: UP045 - typer needs Optional at runtime on Python 3.10
+        typer.Option(
+            "--stale-after",
+            help="Flag prices older than DAYS as stale (DAYS for every price, or CLOUD,STREET; "
+            "default 90,180; also $WHICHGPU_STALE_AFTER), e.g. whichgpu --stale-after 30 "
+            "recommend ...",
+            metavar="DAYS",
+        ),
+    ] = None,
 ) -> None:
-    """Root options (handled in ``main``)."""
+    """Root options (``--version``, ``--debug``: handled in ``main``)."""
+    if stale_after is not None:
+        set_stale_after(stale_after)
 
 
 def _is_parser_error(exc: Exception) -> bool:
@@ -122,16 +138,22 @@ def check_numbers(args: Sequence[str]) -> None:
             )
 
 
-def _fail(message: str, kind: str, code: int, json_mode: bool) -> int:
+def _fail(message: str, kind: str, code: int, json_mode: bool, field: str | None = None) -> int:
     emit_error(message)
     if json_mode:
-        emit_json_error(message, kind, code)
+        emit_json_error(message, kind, code, field)
     return code
+
+
+def _failed(exc: WhichGpuError, code: int, json_mode: bool) -> int:
+    """A whichgpu error on stderr (and stdout under --json), its options named as flags."""
+    field = exc.field if isinstance(exc, NamesOptions) else None
+    return _fail(error_message(exc), type(exc).__name__, code, json_mode, field)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. With ``--json``, a failure also writes
-    ``{"error": {"message", "kind", "exit_code"}}`` to stdout."""
+    ``{"error": {"message", "kind", "exit_code", "field"}}`` to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args or debug_enabled()
     json_mode = "--json" in args
@@ -143,11 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (GpuLookupError, UsageError, PriceFileError, WorkloadError) as exc:
         if debug:
             raise
-        return _fail(str(exc), type(exc).__name__, EXIT_USAGE, json_mode)
+        return _failed(exc, EXIT_USAGE, json_mode)
     except WhichGpuError as exc:
         if debug:
             raise
-        return _fail(str(exc), type(exc).__name__, EXIT_FAILURE, json_mode)
+        return _failed(exc, EXIT_FAILURE, json_mode)
     except Exception as exc:
         if _is_parser_error(exc):
             exc.show()  # type: ignore[attr-defined]

@@ -12,7 +12,7 @@ from rich.console import Console, RenderableType
 from rich.markup import escape
 from rich.text import Text
 
-from whichgpu.errors import UsageError
+from whichgpu.errors import NamesOptions, UsageError
 from whichgpu.report.json_doc import dumps
 
 
@@ -30,12 +30,32 @@ def emit_json(data: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def emit_json_error(message: str, kind: str, exit_code: int) -> None:
+FLAG_OF_FIELD = {
+    "gpu_count": "--gpus",
+    "budget_usd": "--budget",
+    "within_hours": "--within",
+    "memory_limit_gib": "--memory-limit",
+}
+"""The options whose flag is not the API's keyword in kebab case (``batch_size`` is
+``--batch-size``)."""
+
+
+def flag(field: str) -> str:
+    """The CLI's flag for the API keyword ``field`` (``batch_size`` → ``--batch-size``)."""
+    return FLAG_OF_FIELD.get(field, "--" + field.replace("_", "-"))
+
+
+def error_message(exc: BaseException) -> str:
+    """An error's message as the CLI shows it: the options it names written as flags."""
+    return exc.message_as(flag) if isinstance(exc, NamesOptions) else str(exc)
+
+
+def emit_json_error(message: str, kind: str, exit_code: int, field: str | None = None) -> None:
     """With ``--json``, a failure is a JSON document too: ``{"error": {...}}`` on stdout (the
-    paragraph also goes to stderr), so a script that parses stdout always gets JSON."""
-    sys.stdout.write(
-        dumps({"error": {"message": message, "kind": kind, "exit_code": exit_code}}) + "\n"
-    )
+    paragraph also goes to stderr), so a script that parses stdout always gets JSON;
+    ``field``: the option it is about, as the API's keyword (None: none in particular)."""
+    error = {"message": message, "kind": kind, "exit_code": exit_code, "field": field}
+    sys.stdout.write(dumps({"error": error}) + "\n")
 
 
 PIPE_WIDTH = 160

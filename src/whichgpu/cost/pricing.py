@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
 from whichgpu.catalog.cost_data import CostData, ResaleObservation, shipped_cost_data
+from whichgpu.catalog.freshness import stale_policy
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.schema import GpuSpec, Price, PriceKind
@@ -124,7 +125,8 @@ def machine_sizes(rows: Iterable[Price]) -> str:
 
 
 def price_note(price: Price) -> str:
-    """Which price it is, in a few words: kind, provider, amount, date, source, machine size."""
+    """Which price it is, in a few words: kind, provider, amount, date and age (``STALE`` past
+    the threshold, ``catalog.freshness``), source, machine size."""
     where = f", {price.provider}" if price.provider else ""
     per = "/h" if price.per == "hour" else ""
     mine = ", your file" if price.user else ""
@@ -132,7 +134,8 @@ def price_note(price: Price) -> str:
     if price.instance_gpus is not None:
         size = f" in {'/'.join(str(n) for n in price.instance_gpus)}-GPU machines"
     return (
-        f"{price.kind}{where}: ${price.usd:,.2f}{per}{size} on {price.as_of} ({price.source}{mine})"
+        f"{price.kind}{where}: ${price.usd:,.2f}{per}{size} on {price.as_of} "
+        f"({stale_policy().age_note(price)}; {price.source}{mine})"
     )
 
 

@@ -618,7 +618,9 @@ def estimate_on_gpu(
         )
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
     shorter: int | None = None
-    if shorter_seq_when_unfit and seq_len is not None and total > capacity.bytes:
+    # only where not even one sample (one sequence) fits: when a larger asked batch does not,
+    # the answer is the largest batch and the longest length at that batch, not this ladder
+    if shorter_seq_when_unfit and seq_len is not None and max_batch == 0:
         shorter = _longest_on_ladder(
             lambda length: reserved_at(1, length) + outside_bytes, capacity.bytes, seq_len
         )

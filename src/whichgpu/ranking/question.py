@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from whichgpu.catalog.query import Catalog
-from whichgpu.errors import UsageError, require_positive
+from whichgpu.errors import UsageError, option, require_positive
 from whichgpu.schema import AcquireMode, GpuSpec, JobSize, RankMetric, Vendor
 
 METRICS: tuple[RankMetric, ...] = ("cost", "perf-per-dollar", "time", "throughput")
@@ -120,10 +120,10 @@ def ask(
         if hours is None and samples is None and tokens is None and epochs is None:
             hours, samples, tokens = asked.get("hours"), asked.get("samples"), asked.get("tokens")
     mode = _acquire(acquire or "buy", used=used, gpu_only=gpu_only)
-    require_positive("--budget", budget_usd, "dollars")
-    require_positive("--within", within_hours, "hours")
-    require_positive("--min-batch", min_batch, "samples")
-    require_positive("--top", top, "rows")
+    require_positive("budget_usd", budget_usd, "dollars")
+    require_positive("within_hours", within_hours, "hours")
+    require_positive("min_batch", min_batch, "samples")
+    require_positive("top", top, "rows")
     job = job_size(hours, samples, tokens, epochs, dataset_size)
     if within_hours is not None and (job is None or job.hours is not None):
         if within_given:
@@ -183,17 +183,17 @@ def job_size(
     dataset_size: int | None,
 ) -> JobSize | None:
     """The job from its one given size, or None; two sizes at once are a usage error."""
-    sizes = (("--hours", hours), ("--samples", samples), ("--tokens", tokens), ("--epochs", epochs))
+    sizes = (("hours", hours), ("samples", samples), ("tokens", tokens), ("epochs", epochs))
     given = [n for n, v in sizes if v is not None]
     if len(given) > 1:
-        raise UsageError(f"Give one job size, not {' and '.join(given)}.")
+        raise UsageError(f"Give one job size, not {' and '.join(option(n) for n in given)}.")
     if epochs is not None and dataset_size is None:
-        raise UsageError("--epochs needs --dataset-size (samples per epoch).")
+        raise UsageError(f"{option('epochs')} needs {option('dataset_size')} (samples per epoch).")
     if dataset_size is not None and epochs is None:
-        raise UsageError("--dataset-size goes with --epochs.")
+        raise UsageError(f"{option('dataset_size')} goes with {option('epochs')}.")
     if not given:
         return None
-    for name, v in (*sizes, ("--dataset-size", dataset_size)):
+    for name, v in (*sizes, ("dataset_size", dataset_size)):
         require_positive(name, v)
     return JobSize(
         hours=hours, samples=samples, tokens=tokens, epochs=epochs, dataset_size=dataset_size

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from whichgpu.catalog.cost_data import build_class_for
+from whichgpu.catalog.freshness import stale_note, stale_policy
 from whichgpu.catalog.query import Catalog
 from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
@@ -113,6 +114,8 @@ class _Priced:
     extra: list[str]
     ranking_band: float = 0.0
     """Error of its throughput against another GPU's (0: measured)."""
+    price: Price | None = None
+    """The price it was ranked with (its date and age go into the answer)."""
 
 
 def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
@@ -172,7 +175,7 @@ def rank(
                 else f"largest batch {memory.max_batch_size} is below --min-batch {at}"
             )
             if option.count > 1:
-                reason += f" per GPU ({option.count} GPUs, {run.sharding})"
+                reason += f" per GPU ({option.count} GPUs, {run.parallelism()})"
             if not memory.fits and memory.fits_at_seq_len and memory.batch_size == 1:
                 noun = "context" if run.mode == "inference" else "sequence length"
                 reason += f"; batch 1 fits at {noun} {memory.fits_at_seq_len:,}"
@@ -336,6 +339,7 @@ def rank(
                 note,
                 extra,
                 ranking_band,
+                price,
             )
         )
 
@@ -543,6 +547,8 @@ def _candidate(
         perf_per_dollar=p.ppd,
         perf_per_dollar_unit=_ppd_unit(unit, q),
         price_note=p.note,
+        price_as_of=p.price.as_of if p.price is not None else None,
+        price_stale=p.price is not None and stale_policy().is_stale(p.price),
         reasons=tuple(reasons),
     )
 
@@ -646,7 +652,9 @@ def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_g
 
 
 def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tuple[str, ...]:
-    notes = [
+    stale = stale_note([p.price for p in priced if p.price is not None])
+    notes = [] if stale is None else [stale]
+    notes += [
         f"ranked by {metric}"
         + (" (cost to finish the job)" if metric == "cost" else "")
         + (

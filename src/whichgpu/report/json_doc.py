@@ -1,4 +1,5 @@
-"""JSON documents of whichgpu results (what ``--json`` prints; stable keys, documented in README).
+"""JSON documents of whichgpu results (what ``--json`` prints; stable keys, documented in
+``docs/commands.md``).
 
 Each function returns plain JSON-ready data; ``dumps`` writes it. Keys carry units in their
 names; unknown values are ``null``.

@@ -46,7 +46,9 @@ PANDAS_MISSING = (
 
 Row = dict[str, Any]
 
-_LEFT_OUT = frozenset({"assumptions", "provenance", "overheads", "run", "per_rank", "serving"})
+_LEFT_OUT = frozenset(
+    {"assumptions", "provenance", "overheads", "run", "per_rank", "serving", "serving_speed"}
+)
 """Fields a row leaves out: prose, nested records (flattened separately) and raw details."""
 
 _HTML_COLUMNS: dict[type[BaseModel], tuple[str, ...]] = {

@@ -53,6 +53,8 @@ def recommend_view(ranking: Ranking) -> RenderableType:
     if ranking.ranking:
         table = Table(header_style="bold")
         unit = ranking.ranking[0].throughput_unit
+        if run.mode == "inference" and unit == "tokens/s":  # see GENERATED_RATE_NOTE
+            unit = "generated tokens/s"
         columns = ["#", "GPU", "batch", unit, "source"]
         columns += ["time h"] if ranking.job is not None and ranking.job.hours is None else []
         # renting with no job: the cost is the machine's hourly rate
@@ -71,7 +73,9 @@ def recommend_view(ranking: Ranking) -> RenderableType:
             ]
             if ranking.job is not None and ranking.job.hours is None:
                 cells.append(f"{(c.time_s or 0) / 3600:,.1f}")
-            cells += [_money(c.cost_usd), significant(c.perf_per_dollar)]
+            # a price past its staleness threshold is marked where it is used
+            cost = _money(c.cost_usd) + (" stale" if c.price_stale else "")
+            cells += [cost, significant(c.perf_per_dollar)]
             table.add_row(*cells)
         parts.append(table)
         for c in ranking.ranking[:3]:

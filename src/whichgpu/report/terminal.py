@@ -19,6 +19,7 @@ from whichgpu.report.validation import (
     source_summary_view,
 )
 from whichgpu.schema import (
+    GENERATED_RATE_NOTE,
     SPEC_FIELDS,
     Comparison,
     GpuSpec,
@@ -293,8 +294,7 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             f"{first.run.new_tokens} new tokens per sequence"
         )
     if first.gpus > 1:
-        split = "tensor parallel" if first.run.mode == "inference" else first.sharding
-        what += f"  (per GPU, {first.gpus} GPUs, {split})"
+        what += f"  (per GPU, {first.gpus} GPUs, {first.run.parallelism()})"
     head = Text.assemble((first.workload, "bold"), f"  {what}")
     if first.method.startswith("closed form"):
         head.append("  from the closed form (no trace; errs high)", style="yellow")
@@ -311,8 +311,9 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     table.add_column("headroom GiB", justify="right")
     table.add_column("GiB at max+1", justify="right")
     with_seq = any(e.max_seq_len is not None for e in estimates)
+    length = "context" if serving else "seq len"
     if with_seq:
-        table.add_column("max seq len", justify="right")
+        table.add_column(f"max {length}", justify="right")
     for e in estimates:
         max_batch = f"{e.max_batch_size}{'+' if e.max_batch_capped else ''}"
         max_seq = [] if not with_seq else [_max_seq(e)]
@@ -376,8 +377,8 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
         )
     if with_seq:
         notes.append(
-            "max seq len = the longest sequence that fits at this batch ('+': the model's "
-            "position limit, not memory, stops it)"
+            f"max {length} = the longest {'context' if serving else 'sequence'} that fits at "
+            f"this {unit} ('+': the model's position limit, not memory, stops it)"
         )
     shorter = [e for e in estimates if e.fits_at_seq_len]
     if shorter:
@@ -394,18 +395,58 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
         )
     parts.append(Text("Assumptions: " + "; ".join(notes) + ".", style="dim"))
     if not any(e.fits for e in estimates):
-        levers = [
-            lever
-            for lever in first.run.memory_levers()
-            if given or not lever.startswith("no --batch-size")
-        ]
-        if first.gpus == 1 and first.run.mode == "train":
-            levers.append("--gpus N --sharding zero3 (each GPU holds 1/N of the model state)")
+        levers = _inference_levers(first) if serving else _training_levers(first)
         if levers:
             parts.insert(
                 2, Text("Nothing fits as asked. To need less memory, try: " + "; ".join(levers))
             )
     return Group(*parts)
+
+
+def _training_levers(first: MemoryEstimate) -> list[str]:
+    """What would make a training step (or a model that does not generate) need less memory:
+    the run's unused options, and more GPUs that shard the model state."""
+    levers = [
+        lever
+        for lever in first.run.memory_levers()
+        if first.batch_given or not lever.startswith("no --batch-size")
+    ]
+    if first.gpus == 1 and first.run.mode == "train":
+        levers.append("--gpus N --sharding zero3 (each GPU holds 1/N of the model state)")
+    return levers
+
+
+def _inference_levers(first: MemoryEstimate) -> list[str]:
+    """What would make a language model's inference need less memory, with the figures of
+    ``first`` (the GPU that holds the most): a lower --concurrency (the most that fit), a
+    shorter --context (the longest at this concurrency), fewer --new-tokens, more GPUs."""
+    levers: list[str] = []
+    on = f"on {first.gpu_name}"
+    if first.batch_given and first.batch_size > 1:
+        levers.append(
+            f"--concurrency {first.max_batch_size} or fewer (the most that fit at context "
+            f"{first.seq_len:,} {on})"
+            if first.max_batch_size
+            else "--concurrency 1"
+        )
+    if first.max_seq_len:
+        levers.append(
+            f"--context {first.max_seq_len:,} or shorter (the longest at concurrency "
+            f"{first.batch_size} {on})"
+        )
+    elif first.fits_at_seq_len:
+        levers.append(f"--context {first.fits_at_seq_len:,} or shorter (one sequence fits {on})")
+    else:
+        levers.append("a shorter --context")
+    levers.append(
+        f"fewer --new-tokens than {first.run.new_tokens} (each sequence's KV cache holds "
+        "context + new tokens)"
+    )
+    levers.append(
+        ("--gpus N" if first.gpus == 1 else f"more --gpus than {first.gpus}")
+        + " (tensor parallel: each GPU holds 1/N of the weights and its share of the KV cache)"
+    )
+    return levers
 
 
 def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
@@ -703,7 +744,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     table = Table(header_style="bold", title_justify="left")
     batch = "sequences" if serving else "batch"
     step = "request ms" if serving else "step ms"
-    columns = ["GPU", batch, step, first.throughput_unit, "band", "MFU", "bound by"]
+    rate = f"generated {first.throughput_unit}" if serving else first.throughput_unit
+    columns = ["GPU", batch, step, rate, "band", "MFU", "bound by"]
     if many:
         columns[5:5] = ["scaling", "link"]
     if serving:
@@ -747,6 +789,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
             ]
         table.add_row(*cells)
     notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
+    if serving:
+        notes.append(GENERATED_RATE_NOTE)
     notes += [
         f"{e.gpu_name}: speed unknown: {e.speed_unknown}" for e in estimates if e.speed_unknown
     ]

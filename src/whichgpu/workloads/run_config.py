@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from whichgpu.errors import UnsupportedWorkload, UsageError
+from whichgpu.errors import UnsupportedWorkload, UsageError, option
 from whichgpu.schema import RunConfig, WorkloadInfo
 
 DEFAULT_NEW_TOKENS = 128
@@ -34,13 +34,21 @@ def inference_context(info: WorkloadInfo, run: RunConfig) -> tuple[int, int]:
     if limit is not None and (context < 1 or context + new_tokens > limit):
         raise UnsupportedWorkload(
             f"{info.name} has {limit} positions; a context of {context} tokens plus "
-            f"{new_tokens} new tokens does not fit. Shorten --context or --new-tokens."
+            f"{new_tokens} new tokens does not fit. Shorten {option('context')} or "
+            f"{option('new_tokens')}."
         )
     return context, new_tokens
 
 
+def _keyword(name: str) -> str:
+    """The option of ``RunConfig`` field ``name`` as errors name it (see ``errors.option``):
+    the API's keyword, which is the field's name but for ``gpus`` (``gpu_count=``)."""
+    return option("gpu_count" if name == "gpus" else name)
+
+
 def run_config(**options: Any) -> RunConfig:
-    """A ``RunConfig`` from user options (None = default), checked for consistency."""
+    """A ``RunConfig`` from user options (None = default), checked for consistency; an error
+    names the option it is about (``UsageError.field``) as the API's keyword."""
     given = {k: v for k, v in options.items() if v is not None}
     if "lora_targets" in given and isinstance(given["lora_targets"], str):
         given["lora_targets"] = tuple(
@@ -51,11 +59,12 @@ def run_config(**options: Any) -> RunConfig:
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
-        raise UsageError(f"--{field.replace('_', '-')}: {err['msg']}.") from exc
+        raise UsageError(f"{_keyword(field)}: {err['msg']}.") from exc
     if run.precision == "fp8":
         raise UsageError(
-            "--precision fp8 is not modelled yet: FP8 training keeps per-tensor scales and "
-            "casts (Transformer Engine's recipe) that the trace does not reproduce. Use bf16 "
+            f"{option('precision')} fp8 is not modelled yet: FP8 training keeps per-tensor "
+            "scales and casts (Transformer Engine's recipe) that the trace does not reproduce. "
+            "Use bf16 "
             "(the FP8 rates of each GPU are in `whichgpu gpus` and `whichgpu show`)."
         )
     for name in (
@@ -69,58 +78,61 @@ def run_config(**options: Any) -> RunConfig:
     ):
         value = getattr(run, name)
         if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} must be at least 1, not {value}.")
+            raise UsageError(f"{_keyword(name)} must be at least 1, not {value}.")
         if value is not None and value > LARGEST_SIZE:
             raise UsageError(
-                f"--{name.replace('_', '-')} {value:,} is beyond any GPU machine: at most "
-                f"{LARGEST_SIZE:,}."
+                f"{_keyword(name)} {value:,} is beyond any GPU machine: at most {LARGEST_SIZE:,}."
             )
     if run.mode == "train":
         for name in ("context", "new_tokens", "concurrency"):
             if name in given:
-                raise UsageError(f"--{name.replace('_', '-')} applies to --mode inference only.")
+                raise UsageError(f"{_keyword(name)} applies to {option('mode')} inference only.")
     else:
         if "concurrency" in given:  # the batch of an inference run: one given is one asked for
             if run.batch_size is not None and run.batch_size != run.concurrency:
                 raise UsageError(
-                    "In inference the batch is the --concurrency sequences served at once; "
-                    f"--batch-size {run.batch_size} disagrees with --concurrency "
-                    f"{run.concurrency}. Give one of them."
+                    f"In inference the batch is the {option('concurrency')} sequences served "
+                    f"at once; {option('batch_size')} {run.batch_size} disagrees with "
+                    f"{option('concurrency')} {run.concurrency}. Give one of them."
                 )
             run = run.model_copy(update={"batch_size": run.concurrency})
         if run.method != "full":
-            raise UsageError("--method lora/qlora is a way of training; use --mode train.")
+            raise UsageError(
+                f"{option('method')} lora/qlora is a way of training; use {option('mode')} train."
+            )
         if run.checkpointing:
-            raise UsageError("--checkpointing saves memory in training only; drop it.")
+            raise UsageError(f"{option('checkpointing')} saves memory in training only; drop it.")
         if run.sharding != "ddp":
             raise UsageError(
-                f"--sharding {run.sharding} splits training state; it applies to --mode train only."
+                f"{option('sharding')} {run.sharding} splits training state; it applies to "
+                f"{option('mode')} train only."
             )
         for name in ("optimizer", "optimizer_impl", "loss_kernel"):
             if name in given:
                 raise UsageError(
-                    f"--{name.replace('_', '-')} applies to training; inference has no "
-                    "optimizer step and no loss."
+                    f"{_keyword(name)} applies to training; inference has no optimizer step "
+                    "and no loss."
                 )
         if "seq_len" in given and "context" in given and run.seq_len != run.context:
             raise UsageError(
-                f"--seq-len {run.seq_len} and --context {run.context} disagree: in inference "
-                "the prompt length is --context (a model that does not generate takes "
-                "--seq-len). Give one of them."
+                f"{option('seq_len')} {run.seq_len} and {option('context')} {run.context} "
+                f"disagree: in inference the prompt length is {option('context')} (a model "
+                f"that does not generate takes {option('seq_len')}). Give one of them."
             )
     if run.optimizer == "adamw-8bit" and run.optimizer_impl != "foreach":
         raise UsageError(
-            "--optimizer-impl applies to PyTorch's optimizers; adamw-8bit runs bitsandbytes' "
-            "own kernels. Drop --optimizer-impl."
+            f"{option('optimizer_impl')} applies to PyTorch's optimizers; adamw-8bit runs "
+            f"bitsandbytes' own kernels. Drop {option('optimizer_impl')}."
         )
     if run.optimizer == "adafactor" and run.optimizer_impl == "fused":
         raise UsageError(
-            "PyTorch's Adafactor has no fused kernel: --optimizer-impl foreach or for-loop."
+            f"PyTorch's Adafactor has no fused kernel: {option('optimizer_impl')} foreach or "
+            "for-loop."
         )
     if run.method == "full" and run.lora_targets:
-        raise UsageError("--lora-targets needs --method lora or qlora.")
+        raise UsageError(f"{option('lora_targets')} needs {option('method')} lora or qlora.")
     if run.method == "full" and "lora_rank" in given:
-        raise UsageError("--lora-rank needs --method lora or qlora.")
+        raise UsageError(f"{option('lora_rank')} needs {option('method')} lora or qlora.")
     return run
 
 
@@ -129,11 +141,13 @@ def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
     if run.seq_len is not None and not info.is_sequence_model:
         if info.family == "user":
             raise UnsupportedWorkload(
-                f"{info.name} declares no sequence length, so --seq-len does not apply; mark "
-                "the function with @model_defaults(seq_len=N) (from whichgpu.workloads)."
+                f"{info.name} declares no sequence length, so {option('seq_len')} does not "
+                "apply; mark the function with @model_defaults(seq_len=N) (from "
+                "whichgpu.workloads)."
             )
         raise UnsupportedWorkload(
-            f"{info.name} takes fixed-size {info.input_desc} inputs; --seq-len does not apply."
+            f"{info.name} takes fixed-size {info.input_desc} inputs; {option('seq_len')} does "
+            "not apply."
         )
     limit = info.max_seq_len
     if (
@@ -144,8 +158,9 @@ def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
     ):
         raise UnsupportedWorkload(
             f"{info.name} has {limit:,} positions, so it cannot train on sequences of "
-            f"{run.seq_len:,} tokens (its position limit, max_position_embeddings). Use --seq-len "
-            f"{limit} or less, or a --config whose max_position_embeddings is longer."
+            f"{run.seq_len:,} tokens (its position limit, max_position_embeddings). Use "
+            f"{option('seq_len')} {limit} or less, or a {option('config')} whose "
+            "max_position_embeddings is longer."
         )
     if (
         run.mode == "inference"
@@ -153,5 +168,6 @@ def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
         and (run.context or run.new_tokens)
     ):
         raise UnsupportedWorkload(
-            f"{info.name} is not a language model; --context and --new-tokens do not apply."
+            f"{info.name} is not a language model; {option('context')} and "
+            f"{option('new_tokens')} do not apply."
         )
