@@ -224,7 +224,7 @@ def test_a_deadline_leaves_out_what_would_finish_late_and_modules_need_a_server(
     assert late and all("more than the 48 h asked" in e.reason for e in late)
     h100 = [c for c in ranking.ranking if c.gpu == "h100-sxm"]
     assert h100 and all("server base system" in c.price_note for c in h100)
-    with pytest.raises(UsageError, match="^within_hours must be a finite number above 0"):
+    with pytest.raises(UsageError, match=r"^within_hours must be a finite number above 0"):
         wg.recommend("resnet50", gpus=["rtx-4090"], within_hours=0)
 
 
