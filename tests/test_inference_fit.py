@@ -152,11 +152,15 @@ def test_serving_engine_on_tensor_parallel_gpus_holds_more_sequences() -> None:
     assert b.weights_bytes == -(-a.weights_bytes // 2)
     assert b.kv_bytes_per_token == a.kv_bytes_per_token // 2
     assert b.non_torch_bytes == a.non_torch_bytes + get_stack().nccl_bytes_per_gpu
+    # the profiling chunk's activations are split over the GPUs, as the layers are
+    assert b.activation_peak_bytes == -(-a.activation_peak_bytes // 2)
     assert (
         b.kv_cache_budget_bytes
         == a.kv_cache_budget_bytes
         + a.weights_bytes
         - b.weights_bytes
+        + a.activation_peak_bytes
+        - b.activation_peak_bytes
         - (b.non_torch_bytes - a.non_torch_bytes)
     )
     # half the cache per token and a larger budget: more than twice the sequences

@@ -795,6 +795,15 @@ class ServingEngine(_Frozen):
     profile_tokens: int
     """Tokens of the dummy forward pass whose peak activation the engine subtracts
     (``max_num_batched_tokens``)."""
+    prefill_chunk_tokens: int
+    """Tokens one scheduler step holds (vLLM's ``max_num_batched_tokens``, TensorRT-LLM's
+    ``max_num_tokens``): the running sequences' decode tokens first, then prompt chunks."""
+    memory_fraction_of: Literal["total", "free"] = "total"
+    """What ``gpu_memory_utilization`` is a fraction of: the card's total (vLLM) or what is
+    free after the weights and activations (TensorRT-LLM's ``free_gpu_memory_fraction``)."""
+    cuda_graphs_decode: bool = True
+    """Whether decode steps replay captured CUDA graphs (one launch per step, no per-operator
+    host dispatch)."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 
@@ -845,6 +854,81 @@ class ServingEstimate(_Frozen):
     """What the answer assumes, in words."""
     gpus: int = 1
     """GPUs serving the model together, tensor parallel."""
+
+
+class ServingSpeedPoint(_Frozen):
+    """A serving engine's latencies at one concurrency (``ServingSpeed.by_concurrency``)."""
+
+    concurrency: int
+    """Sequences decoding at once."""
+    ttft_s: float
+    """Time to first token of one request's prompt, prefilled in chunks beside the other
+    sequences' decodes, s."""
+    tpot_s: float
+    """Time per output token: one decode step of every running sequence, s."""
+    output_tokens_per_s: float
+    """``concurrency / tpot_s``: output tokens per second over all sequences."""
+
+
+class ServingSpeed(_Frozen):
+    """How fast a serving engine (CUDA graphs, paged KV cache, chunked prefill) serves a
+    language model on one GPU or ``gpus`` tensor-parallel ones (``predict --serving``).
+
+    A decode step is one graph launch whose time is ``max(bytes / achievable bandwidth, FLOPs
+    / achievable tensor rate)`` (``whichgpu.estimate.engine_speed``), plus the tensor-parallel
+    all-reduces; the prompt is prefilled in chunks of the engine's token budget.
+    """
+
+    engine: str
+    """Engine id (``vllm``)."""
+    engine_label: str
+    """The engine and the version its defaults come from."""
+    gpus: int
+    """GPUs serving the model together, tensor parallel."""
+    concurrency: int
+    """Sequences served at once (asked, or the most the engine's KV cache holds)."""
+    context: int
+    """Prompt tokens per request."""
+    new_tokens: int
+    """Generated tokens per request."""
+    ttft_s: float
+    """Time to first token at ``concurrency``, s."""
+    tpot_s: float
+    """Time per output token at ``concurrency`` (one decode step), s."""
+    output_tokens_per_s: float
+    """``concurrency / tpot_s``, over all GPUs serving the model."""
+    decode_bound: Literal["memory", "compute"]
+    """What limits the decode step: the bytes it reads or its FLOPs."""
+    decode_bytes: int
+    """Bytes one GPU reads in a decode step: its weights once, every sequence's KV cache at
+    the generation's average length (``context + new_tokens / 2``), the activations."""
+    decode_flops: float
+    """FLOPs of one GPU in a decode step."""
+    bandwidth_bound_tpot_s: float
+    """The decode step at the full DRAM bandwidth (``decode_bytes / bandwidth``), s: the floor
+    no engine goes under."""
+    max_concurrency: int | None = None
+    """The most sequences the engine's KV cache holds (``fit --serving``), None if unknown."""
+    by_concurrency: tuple[ServingSpeedPoint, ...] = ()
+    """TTFT, TPOT and output tokens/s as the concurrency doubles (1, 2, 4 … and the asked
+    one), up to the KV limit."""
+    target_tpot_s: float | None = None
+    """``--tpot-ms`` as seconds, when given."""
+    target_ttft_s: float | None = None
+    """``--ttft-ms`` as seconds, when given."""
+    max_concurrency_within_targets: int | None = None
+    """The largest concurrency (within the KV limit) whose TPOT and TTFT meet the targets;
+    0 when none does; None without targets."""
+    usd_per_gpu_hour: float | None = None
+    """The catalog's cheapest on-demand cloud rate per GPU-hour for ``gpus`` such GPUs in one
+    machine; None without a price."""
+    usd_per_million_output_tokens: float | None = None
+    """``usd_per_gpu_hour x gpus / (output tokens per hour) x 10^6`` at ``concurrency``
+    (the engine kept busy); None without a price."""
+    price_source: str | None = None
+    """Which price it is (provider, date, source), in words."""
+    assumptions: tuple[str, ...] = ()
+    """What the answer assumes, in words."""
 
 
 MemoryCategory = Literal[
@@ -1248,6 +1332,9 @@ class ThroughputEstimate(_Tabular):
     """Inference of a language model: time of the prompt's prefill (time to first token), s."""
     decode_step_s: float | None = None
     """Inference of a language model: time of one decode step (time per output token), s."""
+    serving_speed: ServingSpeed | None = None
+    """``--serving ENGINE``: the engine's TTFT, TPOT, output tokens/s and cost per million
+    output tokens (the eager fields above stay plain PyTorch generation's)."""
     tensor_flops_share: float
     """Share of the FLOPs on tensor cores."""
     assumptions: tuple[str, ...]

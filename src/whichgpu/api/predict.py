@@ -14,14 +14,26 @@ from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.step import Asked, Step, ask, keep_replays, predictor, select
 from whichgpu.catalog import load_catalog
-from whichgpu.errors import MissingRates, UsageError
-from whichgpu.schema import BenchResult, SoftwareStack, ThroughputEstimate
+from whichgpu.catalog.stacks import get_serving_engine
+from whichgpu.errors import MissingRates, UsageError, option
+from whichgpu.schema import (
+    BenchResult,
+    GpuSpec,
+    MemoryEstimate,
+    RunConfig,
+    ServingEngine,
+    ServingSpeed,
+    SoftwareStack,
+    ThroughputEstimate,
+)
 from whichgpu.tabular import ResultList
 from whichgpu.workloads import run_config
 from whichgpu.workloads.base import Workload
 
 if TYPE_CHECKING:
+    from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
+    from whichgpu.estimate.throughput import GpuRates
 
 
 def predict(
@@ -35,6 +47,9 @@ def predict(
     stack: str | None = None,
     calibrate: Path | str | BenchResult | None = None,
     store: Path | str | None = None,
+    serving: str | None = None,
+    tpot_ms: float | None = None,
+    ttft_ms: float | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ResultList[ThroughputEstimate]:
@@ -58,9 +73,18 @@ def predict(
     (default: the user's results store) — whose measured / predicted ratio corrects every GPU's
     prediction (``whichgpu.estimate.calibration``); the band becomes that correction's
     validated error.
+
+    ``serving="vllm"`` (or ``"tensorrt-llm"``; inference of a language model): each answer
+    also carries ``serving_speed``, the engine's speed (``whichgpu.estimate.engine_speed``:
+    CUDA-graph decode near the roofline, chunked prefill): TTFT, TPOT, output tokens/s and
+    their growth with the concurrency, the cost per million output tokens where the catalog
+    rents the GPU, and with ``tpot_ms`` / ``ttft_ms`` the largest concurrency within those
+    targets. Without ``concurrency`` the engine serves the most its KV cache holds; a GPU is
+    left out when the engine's KV cache cannot hold the sequences (``fit --serving``).
     """
     chosen = select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
+    engine = _engine(serving, run.mode, tpot_ms, ttft_ms)
     asked = ask(
         chosen, run, gpus=gpus, stack=stack, config=config, progress=progress, one_node=True
     )
@@ -70,7 +94,15 @@ def predict(
             "--calibrate corrects training predictions only; compare an inference "
             "prediction with your bench result (whichgpu results show) instead."
         )
-    out, unfit, untimed = _speeds(asked, named=bool(gpus), progress=progress)
+    if engine is not None and (asked.step.kv_per_token is None or asked.step.model_config is None):
+        raise UsageError(
+            f"{option('serving')} applies to language models that generate; "
+            f"{chosen.info.name} does not."
+        )
+    targets = (tpot_ms, ttft_ms)
+    out, unfit, untimed = _speeds(
+        asked, named=bool(gpus), progress=progress, engine=engine, targets_ms=targets
+    )
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
         from whichgpu.estimate.calibration import matching_measurement
@@ -81,18 +113,49 @@ def predict(
         )
         calibration, band = calibration_of(chosen, asked.step, result, asked.software)
         out = correct(out, calibration, band)
-    out.sort(key=lambda e: -(e.throughput or 0.0))
+    if engine is not None:
+        out.sort(key=lambda e: -(e.serving_speed.output_tokens_per_s if e.serving_speed else 0.0))
+    else:
+        out.sort(key=lambda e: -(e.throughput or 0.0))
     keep_replays()
     alone_unfit = not out and asked.step.run.gpus == 1
     return ResultList(out, notes=_left_out_notes(unfit, untimed, suggest_sharding=alone_unfit))
 
 
+def _engine(
+    serving: str | None, mode: str, tpot_ms: float | None, ttft_ms: float | None
+) -> ServingEngine | None:
+    """The serving engine ``serving`` names (None: plain PyTorch), checked with its options."""
+    if serving is None:
+        if tpot_ms is not None or ttft_ms is not None:
+            raise UsageError(
+                f"{option('tpot_ms')} and {option('ttft_ms')} are targets of a serving engine; "
+                f"add {option('serving')} vllm."
+            )
+        return None
+    if mode != "inference":
+        raise UsageError(
+            f"{option('serving')} predicts a serving engine's speed; add {option('mode')} "
+            "inference."
+        )
+    for name, value in (("tpot_ms", tpot_ms), ("ttft_ms", ttft_ms)):
+        if value is not None and not value > 0:
+            raise UsageError(f"{option(name)} must be a positive number of milliseconds.")
+    return get_serving_engine(serving)
+
+
 def _speeds(
-    asked: Asked, *, named: bool, progress: Callable[[str], None] | None
+    asked: Asked,
+    *,
+    named: bool,
+    progress: Callable[[str], None] | None,
+    engine: ServingEngine | None = None,
+    targets_ms: tuple[float | None, float | None] = (None, None),
 ) -> tuple[list[ThroughputEstimate], int, list[tuple[str, UsageError]]]:
     """The step timed on each GPU asked about; GPUs it does not fit on count as unfit and,
     unless ``named``, are left out, as are the GPUs it fits on that cannot be timed (with
-    why). One GPU alone that cannot be timed raises its error."""
+    why). One GPU alone that cannot be timed raises its error. With ``engine``, fitting is the
+    engine's (its KV cache holds the sequences) and each answer carries the engine's speed."""
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.throughput import gpu_rates
 
@@ -122,13 +185,24 @@ def _speeds(
             search_seq_len=False,
             kv_per_token_bytes=step.kv_per_token,
             kv_head_count=step.kv_heads,
+            serving=engine,
         )
-        if not estimate.fits and not named:
+        fits = estimate.fits if engine is None else _engine_fits(estimate, step.run)
+        if not fits and not named:
             unfit += 1
             continue
         if unknown is None:
             try:
-                out.append(timer.on_gpu(gpu, rates, estimate))
+                answer = timer.on_gpu(gpu, rates, estimate)
+                if engine is not None:
+                    answer = answer.model_copy(
+                        update={
+                            "serving_speed": serving_speed_on_gpu(
+                                asked, engine, gpu, rates, estimate, targets_ms, catalog
+                            )
+                        }
+                    )
+                out.append(answer)
                 continue
             except UsageError as exc:  # the catalog lacks what timing several of it needs
                 if len(targets) == 1:
@@ -139,6 +213,113 @@ def _speeds(
         elif unknown is not None:
             untimed.append((gpu.name, unknown))
     return out, unfit, untimed
+
+
+def _engine_fits(estimate: MemoryEstimate, run: RunConfig) -> bool:
+    """Whether the engine's KV cache holds the asked sequences (one, without a concurrency)."""
+    served = estimate.serving
+    return served is not None and served.max_concurrency >= (run.batch_size or 1)
+
+
+def serving_speed_on_gpu(
+    asked: Asked,
+    engine: ServingEngine,
+    gpu: GpuSpec,
+    rates: GpuRates,
+    estimate: MemoryEstimate,
+    targets_ms: tuple[float | None, float | None],
+    catalog: Catalog,
+) -> ServingSpeed:
+    """The engine's speed on ``gpu`` (``asked.step.run.gpus`` of them, tensor parallel) at the
+    asked concurrency (default: the most its KV cache holds), its growth with the concurrency,
+    the largest concurrency within the targets and the cost per million output tokens."""
+    from whichgpu.cost.pricing import cloud_price, price_note
+    from whichgpu.estimate.engine_speed import (
+        EngineSpeed,
+        concurrency_ladder,
+        engine_rates,
+        model_shape,
+    )
+    from whichgpu.estimate.memory import weights_bytes
+    from whichgpu.estimate.serving import serving_dtype_bytes
+
+    step = asked.step
+    run = step.run
+    assert step.model_config is not None and step.kv_per_token is not None
+    n = run.gpus
+    context = estimate.seq_len or run.context or 1
+    new = run.new_tokens or 1
+    limit = estimate.serving.max_concurrency if estimate.serving is not None else None
+    concurrency = run.batch_size or max(limit or 1, 1)
+    shape = model_shape(
+        step.model_config,
+        weights_bytes(step.profile),
+        step.kv_per_token,
+        serving_dtype_bytes(run.precision),
+    )
+    achievable, rate_notes = engine_rates(
+        gpu, rates, run.precision, gpus=n, kv_heads_total=step.kv_heads or 0
+    )
+    speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
+    decode = speed.decode(concurrency, context, new)
+    at = speed.point(concurrency, context, new)
+    tpot_ms, ttft_ms = targets_ms
+    within = None
+    if tpot_ms is not None or ttft_ms is not None:
+        within = speed.largest_within(
+            limit if limit is not None else concurrency,
+            context,
+            new,
+            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        )
+    hourly = per_million = source = None
+    try:
+        price = cloud_price(catalog, gpu, gpus=n)
+    except UsageError:
+        price = None
+    if price is not None:
+        hourly = price.usd
+        per_million = price.usd * n / (at.output_tokens_per_s * 3600) * 1e6
+        source = price_note(price)
+    ladder = concurrency_ladder(concurrency, limit)
+    return ServingSpeed(
+        engine=engine.id,
+        engine_label=engine.label,
+        gpus=n,
+        concurrency=concurrency,
+        context=context,
+        new_tokens=new,
+        ttft_s=at.ttft_s,
+        tpot_s=at.tpot_s,
+        output_tokens_per_s=at.output_tokens_per_s,
+        decode_bound="memory" if decode.memory_bound else "compute",
+        decode_bytes=round(decode.bytes_read),
+        decode_flops=decode.flops,
+        bandwidth_bound_tpot_s=speed.bandwidth_bound_s(concurrency, context, new),
+        max_concurrency=limit,
+        by_concurrency=tuple(speed.point(c, context, new) for c in ladder),
+        target_tpot_s=None if tpot_ms is None else tpot_ms / 1000,
+        target_ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        max_concurrency_within_targets=within,
+        usd_per_gpu_hour=hourly,
+        usd_per_million_output_tokens=per_million,
+        price_source=source,
+        assumptions=(
+            f"{engine.label}: decode steps replay a captured CUDA graph (no per-operator "
+            "launch floor); step time = max(bytes / achievable bandwidth, FLOPs / achievable "
+            "tensor rate)" + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
+            f"a decode step reads the weights once, every sequence's KV cache at the "
+            f"generation's average length (context {context} + {new}/2) and the activations",
+            f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
+            "step budget less the other sequences' decode tokens (steady state, no queueing)",
+            "TPOT is a decode step without prefill chunks beside it: measured mean TPOTs, "
+            "which include the other requests' prefills, are higher",
+            *rate_notes,
+            "cost per million output tokens: the cheapest catalog on-demand rate for this "
+            "machine size x GPUs / output tokens per hour at this concurrency, kept busy",
+        ),
+    )
 
 
 def _left_out_notes(

@@ -66,7 +66,14 @@ def read_stacks(data_dir: Path = DATA_DIR) -> tuple[SoftwareStack, ...]:
     return tuple(stacks)
 
 
-_ENGINE_FIELDS = ("gpu_memory_utilization", "block_size_tokens", "profile_tokens")
+_ENGINE_FIELDS = (
+    "gpu_memory_utilization",
+    "block_size_tokens",
+    "profile_tokens",
+    "prefill_chunk_tokens",
+    "memory_fraction_of",
+    "cuda_graphs_decode",
+)
 
 
 def parse_serving_engine(

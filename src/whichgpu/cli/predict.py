@@ -55,6 +55,34 @@ def predict(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,
+    serving: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--serving",
+            help="With --mode inference: also predict a serving engine's speed (vllm, "
+            "tensorrt-llm): CUDA-graph decode near the memory-bandwidth limit, chunked "
+            "prefill; TTFT, TPOT, output tokens/s, their growth with concurrency and $ per "
+            "million output tokens. Without --concurrency: the most its KV cache holds.",
+            show_default=False,
+        ),
+    ] = None,
+    tpot_ms: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--tpot-ms",
+            help="With --serving: a target time per output token; the answer names the "
+            "largest concurrency that meets it.",
+            show_default=False,
+        ),
+    ] = None,
+    ttft_ms: Annotated[
+        Optional[float],  # noqa: UP045
+        typer.Option(
+            "--ttft-ms",
+            help="With --serving: a target time to first token (with --tpot-ms, both).",
+            show_default=False,
+        ),
+    ] = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
@@ -86,7 +114,12 @@ def predict(
     that fit) of --context prompt tokens (default: the workload's sequence length, shortened so
     that context and new tokens fit the model's positions) and --new-tokens generated ones
     (default 128): generated tokens/s, time to first token (the prefill) and time per output
-    token (a decode step).
+    token (a decode step). With --serving vllm the answer adds that engine's speed: decode
+    steps replay CUDA graphs (no per-operator launch cost) and run at max(bytes / achievable
+    bandwidth, FLOPs / achievable tensor rate); the prompt is prefilled in chunks of the
+    engine's token budget. It gives TTFT, TPOT, output tokens/s as concurrency grows and the
+    cost per million output tokens on rented GPUs; --tpot-ms / --ttft-ms find the largest
+    concurrency within those targets.
 
     Examples:
 
@@ -99,6 +132,8 @@ def predict(
       whichgpu predict llama-3.1-8b --gpus 8 --sharding fsdp --gpu h100-sxm --gpu a100-80gb
 
       whichgpu predict llama-3.1-8b --mode inference --context 4096 --concurrency 8
+
+      whichgpu predict llama-3.1-70b --mode inference --serving vllm --gpus 4 --concurrency 32
 
       whichgpu predict resnet50 --calibrate d7f06f92          # a stored bench result
     """
@@ -133,9 +168,16 @@ def predict(
             stack=stack,
             calibrate=calibrate,
             store=store,
+            serving=serving,
+            tpot_ms=tpot_ms,
+            ttft_ms=ttft_ms,
             **options,
         )
     if json:
         emit_json(json_doc.predict_doc(estimates))
         return
     emit(terminal.predict_view(estimates))
+    if serving is not None:
+        from whichgpu.report.serving import serving_speed_view
+
+        emit(serving_speed_view(estimates))

@@ -138,17 +138,32 @@ def serving_estimate(
     """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds.
 
     ``budget = floor(utilization x capacity) - weights - activation peak - non-torch`` (the
-    CUDA context of ``stack``, and its NCCL buffers when ``gpus`` > 1); blocks of
+    CUDA context of ``stack``, and its NCCL buffers when ``gpus`` > 1); an engine whose
+    fraction is of the free memory (TensorRT-LLM) keeps ``utilization x (capacity - weights -
+    activation peak - non-torch)``. Blocks of
     ``engine.block_size_tokens`` tokens; each sequence of ``tokens_per_sequence`` tokens holds
     ``ceil(tokens / block)`` blocks.
+
+    ``activation_peak_bytes`` is the profiling pass of one chunk of ``engine.profile_tokens``
+    tokens on one GPU, whole; tensor parallel over ``gpus`` GPUs each runs 1/``gpus`` of it
+    (the split layers' intermediates, as engines shard them).
 
     ``gpus`` > 1 (tensor parallel): every byte figure is one GPU's — ``weights_bytes`` and
     ``kv_per_token_bytes`` its share — and each block holds the same tokens on every GPU, so
     the engine's blocks are one GPU's.
     """
-    engine_budget = math.floor(engine.gpu_memory_utilization * capacity_bytes)
     non_torch = stack.cuda_context_bytes + (stack.nccl_bytes_per_gpu if gpus > 1 else 0)
-    kv_budget = engine_budget - weights_bytes - activation_peak_bytes - non_torch
+    # the profiling pass is one chunk of the engine's token budget; tensor parallel, each GPU
+    # runs its 1/N of the split layers' activations
+    activation_peak_bytes = -(-activation_peak_bytes // max(gpus, 1))
+    if engine.memory_fraction_of == "free":  # a fraction of what the model leaves free
+        free = capacity_bytes - weights_bytes - activation_peak_bytes - non_torch
+        kv_budget = math.floor(engine.gpu_memory_utilization * max(free, 0))
+        kv_budget = kv_budget if free > 0 else free
+        engine_budget = weights_bytes + activation_peak_bytes + non_torch + kv_budget
+    else:
+        engine_budget = math.floor(engine.gpu_memory_utilization * capacity_bytes)
+        kv_budget = engine_budget - weights_bytes - activation_peak_bytes - non_torch
     block_bytes = engine.block_size_tokens * kv_per_token_bytes
     blocks = max(0, kv_budget) // block_bytes
     per_sequence = math.ceil(tokens_per_sequence / engine.block_size_tokens)
@@ -171,7 +186,12 @@ def serving_estimate(
         gpus=gpus,
         assumptions=(
             f"{engine.label}: gpu_memory_utilization {engine.gpu_memory_utilization:g} of the "
-            f"CUDA total, KV blocks of {engine.block_size_tokens} tokens",
+            + (
+                "memory the weights, activations and context leave free"
+                if engine.memory_fraction_of == "free"
+                else "CUDA total"
+            )
+            + f", KV blocks of {engine.block_size_tokens} tokens",
             f"activation peak = the traced prefill of one sequence of {engine.profile_tokens} "
             "tokens (the engine's profiling pass of max_num_batched_tokens), less its weights "
             "and KV cache; it includes the cuBLAS workspaces",
@@ -181,8 +201,10 @@ def serving_estimate(
                 (
                     f"tensor parallel over {gpus} GPUs: each holds 1/{gpus} of the weights and "
                     "its share of the KV heads (a whole head where there are fewer KV heads "
-                    "than GPUs); the profiling pass's activations are counted whole on each "
-                    "(safe side); the engine has the blocks of one GPU",
+                    f"than GPUs) and 1/{gpus} of the profiling pass's activations (one chunk of "
+                    f"{engine.profile_tokens} tokens, split as the layers are; the hidden states "
+                    "between layers are whole on each GPU, a few MiB); the engine has the "
+                    "blocks of one GPU",
                 )
                 if gpus > 1
                 else ()

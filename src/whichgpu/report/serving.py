@@ -1,0 +1,86 @@
+"""Terminal view of a serving engine's speed (``predict --serving``): per GPU the engine's
+TTFT, TPOT, output tokens/s, what bounds the decode step and the cost per million output
+tokens, then how TPOT and TTFT grow with the concurrency on the fastest GPU. No computation:
+every figure is a field of ``ServingSpeed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from whichgpu.numbers import significant
+from whichgpu.report.layout import Column, FittedTable
+from whichgpu.schema import ServingSpeed, ThroughputEstimate
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else significant(seconds * 1000)
+
+
+def serving_speed_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
+    """The engine's answer per GPU (fastest first) and its concurrency curve."""
+    served = [(e, e.serving_speed) for e in estimates if e.serving_speed is not None]
+    if not served:
+        return Text("No GPU holds the sequences in the engine's KV cache.")
+    first = served[0][1]
+    targets = first.max_concurrency_within_targets is not None
+    columns = [
+        Column("GPU", style="bold", no_wrap=True),
+        Column("GPUs", justify="right"),
+        Column("concurrency", justify="right"),
+        Column("TTFT ms", justify="right"),
+        Column("TPOT ms", justify="right"),
+        Column("output\ntokens/s", justify="right"),
+        Column("decode\nbound", drop_order=3),
+        Column("bandwidth-\nbound TPOT ms", justify="right", drop_order=4),
+        Column("max\nconcurrency", justify="right", drop_order=2),
+        *([Column("within\ntargets", justify="right")] if targets else []),
+        Column("$ / M output\ntokens", justify="right", drop_order=1),
+    ]
+    rows = []
+    for e, s in served:
+        rows.append(
+            [
+                e.gpu_name,
+                str(s.gpus),
+                str(s.concurrency),
+                _ms(s.ttft_s),
+                _ms(s.tpot_s),
+                significant(s.output_tokens_per_s),
+                s.decode_bound,
+                _ms(s.bandwidth_bound_tpot_s),
+                "-" if s.max_concurrency is None else str(s.max_concurrency),
+                *([str(s.max_concurrency_within_targets)] if targets else []),
+                "-"
+                if s.usd_per_million_output_tokens is None
+                else f"${significant(s.usd_per_million_output_tokens)}",
+            ]
+        )
+    title = (
+        f"{first.engine_label}: {first.context} prompt + {first.new_tokens} new tokens per request"
+    )
+    table = FittedTable(columns, rows, title=title)
+    return Group(table, _curve(served[0][0].gpu_name, first), _notes(first))
+
+
+def _curve(name: str, speed: ServingSpeed) -> Table:
+    """TTFT, TPOT and output tokens/s as the concurrency grows, on one GPU."""
+    table = Table(title=f"{name}: growth with concurrency", title_justify="left")
+    for header in ("concurrency", "TTFT ms", "TPOT ms", "output tokens/s"):
+        table.add_column(header, justify="right")
+    for p in speed.by_concurrency:
+        table.add_row(
+            str(p.concurrency), _ms(p.ttft_s), _ms(p.tpot_s), significant(p.output_tokens_per_s)
+        )
+    return table
+
+
+def _notes(speed: ServingSpeed) -> Text:
+    lines = [f"- {a}" for a in speed.assumptions]
+    if speed.price_source:
+        lines.append(f"- price: {speed.price_source}")
+    return Text("\n".join(lines), style="dim")
