@@ -455,6 +455,8 @@ LossKernel = Literal["torch", "fused"]
 log-softmax and its gradient in fp32) or ``fused`` (one kernel that reads the 16-bit logits and
 writes their gradient, as flash-attn's ``CrossEntropyLoss`` — llm-foundry's default — and
 Liger's do)."""
+CHECKPOINTING_POLICY_PATTERN = r"^(full|selective|every-[1-9][0-9]*)$"
+"""The forms of ``RunConfig.checkpointing_policy``: ``full``, ``selective``, ``every-N``."""
 Method = Literal["full", "lora", "qlora"]
 Sharding = Literal["ddp", "zero2", "zero3", "fsdp"]
 """How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
@@ -486,7 +488,14 @@ class RunConfig(_Frozen):
     loss_kernel: LossKernel = "torch"
     """A language model's cross-entropy kernel (see ``LossKernel``)."""
     checkpointing: bool = False
-    """Gradient (activation) checkpointing."""
+    """Gradient (activation) checkpointing, by ``checkpointing_policy``."""
+    checkpointing_policy: str = Field(default="full", pattern=CHECKPOINTING_POLICY_PATTERN)
+    """Which activations a checkpointed run recomputes in the backward pass: ``full`` (every
+    repeated layer's, keeping only each layer's input), ``every-N`` (every N-th layer's,
+    counting from the first: torchtitan's ``selective`` layer mode with ``ac_freq`` N,
+    transformers' ``every_n_layers``; the other layers keep theirs) or ``selective`` (per
+    operator within every layer: the outputs of matrix multiplications and attention are kept,
+    the rest recomputed: torchtitan's ``op`` mode). Applies with ``checkpointing`` only."""
     method: Method = "full"
     """``full`` fine-tuning / training, ``lora``, or ``qlora`` (4-bit NF4 base weights)."""
     lora_rank: int = 16
@@ -526,6 +535,8 @@ class RunConfig(_Frozen):
             return tuple(levers)
         if not self.checkpointing:
             levers.append("--checkpointing (recompute activations in the backward pass)")
+        elif self.checkpointing_policy != "full":
+            levers.append("--checkpointing-policy full (recompute every layer's activations)")
         if self.method == "full":
             levers.append("--method lora or qlora")
             if self.optimizer == "adamw":
@@ -533,6 +544,27 @@ class RunConfig(_Frozen):
         if self.batch_size is not None and self.batch_size > 1:  # below 1 is no batch at all
             levers.append("no --batch-size (the largest batch that fits)")
         return tuple(levers)
+
+    def checkpointing_every_layers(self) -> int | None:
+        """Of a checkpointed run, every how many repeated layers one is checkpointed (1 for
+        ``full`` and ``selective``, N for ``every-N``); None without checkpointing."""
+        if not self.checkpointing:
+            return None
+        if self.checkpointing_policy.startswith("every-"):
+            return int(self.checkpointing_policy.removeprefix("every-"))
+        return 1
+
+    def checkpointing_words(self) -> str:
+        """The checkpointing policy as a suffix to "gradient checkpointing": empty for
+        ``full``, `` (every 2nd layer)``, `` (selective: matmul and attention outputs kept)``."""
+        if self.checkpointing_policy == "selective":
+            return " (selective: matmul and attention outputs kept)"
+        every = self.checkpointing_every_layers()
+        if every is None or every == 1:
+            return ""
+        teen = every % 100 in (11, 12, 13)
+        suffix = {1: "st", 2: "nd", 3: "rd"}.get(0 if teen else every % 10)
+        return f" (every {every}{suffix or 'th'} layer)"
 
     def describe(self, seq_len: int | None = None) -> str:
         """The run in words, as the headings print it: mode, precision, what differs from a
@@ -549,7 +581,7 @@ class RunConfig(_Frozen):
             if self.method != "full":
                 parts.append(f"{self.method} rank {self.lora_rank}")
             if self.checkpointing:
-                parts.append("gradient checkpointing")
+                parts.append(f"gradient checkpointing{self.checkpointing_words()}")
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")

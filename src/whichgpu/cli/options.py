@@ -141,7 +141,23 @@ LossKernelOption = Annotated[
     ),
 ]
 CheckpointingOption = Annotated[
-    bool, typer.Option("--checkpointing", help="Gradient checkpointing.", rich_help_panel=_RUN)
+    bool,
+    typer.Option(
+        "--checkpointing",
+        help="Gradient checkpointing of every layer (--checkpointing-policy full).",
+        rich_help_panel=_RUN,
+    ),
+]
+CheckpointingPolicyOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--checkpointing-policy",
+        help="Which activations checkpointing recomputes (turns --checkpointing on): full "
+        "(default: every layer), every-N (every N-th layer, e.g. every-2: torchtitan's "
+        "selective layer mode with ac_freq N), selective (per operator: matmul and attention "
+        "outputs kept, the rest recomputed: torchtitan's op mode).",
+        rich_help_panel=_RUN,
+    ),
 ]
 MethodOption = Annotated[
     Optional[str],  # noqa: UP045

@@ -21,7 +21,14 @@ from dataclasses import dataclass
 from whichgpu.errors import UsageError
 from whichgpu.schema import BenchResult, RunConfig, ThroughputEstimate
 
-MATCHED_FIELDS = ("mode", "precision", "method", "optimizer", "checkpointing")
+MATCHED_FIELDS = (
+    "mode",
+    "precision",
+    "method",
+    "optimizer",
+    "checkpointing",
+    "checkpointing_policy",
+)
 """Run options a measurement must share with the prediction to calibrate it."""
 
 PLAUSIBLE_FACTORS = (0.05, 20.0)
@@ -122,7 +129,7 @@ def matching_measurement(
         raise UsageError(
             f"--calibrate: no measurement of {workload} on one catalog GPU with "
             f"{run.mode}, {run.precision}, {run.method}, {run.optimizer}"
-            + (", checkpointing" if run.checkpointing else "")
+            + (f", checkpointing{run.checkpointing_words()}" if run.checkpointing else "")
             + (f", sequence length {run.seq_len}" if run.seq_len else "")
             + (f". Given: {why}{more}" if why else "")
             + ". Measure it with `whichgpu bench` using the same options, or drop --calibrate."

@@ -27,7 +27,9 @@ def _run(run: RunConfig) -> str:
     """A run in a few characters: ``bf16 b8 L1024 ckpt``, ``8x fsdp`` on several GPUs."""
     text = run.precision + (f" b{run.batch_size}" if run.batch_size is not None else "")
     text += f" L{run.seq_len}" if run.seq_len else ""
-    text += " ckpt" if run.checkpointing else ""
+    if run.checkpointing:
+        policy = run.checkpointing_policy
+        text += " ckpt" if policy == "full" else f" ckpt {policy}"
     text += f" {run.gpus}x {run.sharding}" if run.gpus > 1 else ""
     return text
 

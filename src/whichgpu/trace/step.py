@@ -158,6 +158,61 @@ def _autocast(run: RunConfig) -> Iterator[None]:
         yield
 
 
+SELECTIVE_SAVED_OPS = ("mm", "addmm", "_scaled_dot_product_")
+"""Operators whose outputs a ``selective`` checkpoint keeps (by name, ``aten.`` dropped; a
+name ending in ``_`` covers every operator it begins, here every fused attention kernel:
+flash, memory-efficient, cuDNN, the CPU's). torchtitan's ``op`` mode keeps these (and, of
+matrix multiplications, every other one); everything else is recomputed in the backward."""
+
+
+def _saves_output(name: str) -> bool:
+    """Whether a ``selective`` checkpoint keeps the output of operator ``name`` (``mm``)."""
+    return any(
+        name.startswith(saved) if saved.endswith("_") else name == saved
+        for saved in SELECTIVE_SAVED_OPS
+    )
+
+
+def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``create_selective_checkpoint_contexts``' policy: keep the outputs of
+    ``SELECTIVE_SAVED_OPS``, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    del ctx, args, kwargs
+    name = str(getattr(op, "_opname", op.__name__.split(".")[0]))
+    return CheckpointPolicy.MUST_SAVE if _saves_output(name) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@contextlib.contextmanager
+def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """All of ``managers``, entered in order."""
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
+
+
+def checkpoint_contexts(
+    run: RunConfig, kernel_mode: Callable[[], contextlib.AbstractContextManager[Any]]
+) -> Callable[[], tuple[Any, Any]]:
+    """``torch.utils.checkpoint``'s ``context_fn`` for a checkpointed run: the recomputation
+    runs under ``kernel_mode`` (as the forward pass did); a ``selective`` policy also keeps
+    the outputs of ``SELECTIVE_SAVED_OPS`` in the forward and replays them in the
+    recomputation (``create_selective_checkpoint_contexts``)."""
+    if run.checkpointing_policy != "selective":
+        return lambda: (contextlib.nullcontext(), kernel_mode())
+
+    def contexts() -> tuple[Any, Any]:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        forward, recompute = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+            _selective_policy
+        )
+        return forward, _entered(recompute, kernel_mode())
+
+    return contexts
+
+
 def _train_steps(
     rec: Recorder,
     built: BuiltWorkload,
@@ -173,8 +228,9 @@ def _train_steps(
     if run.checkpointing:
         enable_checkpointing(
             model,
+            None if run.checkpointing_policy == "full" else run.checkpointing_every_layers(),
             use_reentrant=False,
-            context_fn=lambda: (contextlib.nullcontext(), kernel_mode()),
+            context_fn=checkpoint_contexts(run, kernel_mode),
         )
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]

@@ -9,6 +9,7 @@ with its loss.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -84,18 +85,33 @@ class Workload:
     ``layers`` (``whichgpu.trace.depth``)."""
 
 
-def enable_checkpointing(model: Any, **checkpoint_kwargs: Any) -> None:
+def enable_checkpointing(
+    model: Any, every_n_layers: int | None = None, **checkpoint_kwargs: Any
+) -> None:
     """Turn on gradient checkpointing as ``model`` offers it, with ``torch.utils.checkpoint``
     keyword arguments: transformers' ``activation_checkpointing_enable`` (5.x; its older name
     warns that it is deprecated), else ``gradient_checkpointing_enable`` (older transformers
-    and whichgpu's own models)."""
+    and whichgpu's own models).
+
+    ``every_n_layers`` checkpoints only every N-th of the model's repeated layers, counting
+    from the first (transformers' ``every_n_layers``); a model's switch must take it for any
+    policy but the model's own (None: every layer, however the model checkpoints), since a
+    switch that does not take it may also not pass ``checkpoint_kwargs`` on (a per-operator
+    ``context_fn``)."""
     from whichgpu.errors import UnsupportedWorkload
 
+    layered = {} if every_n_layers is None else {"every_n_layers": every_n_layers}
     enable = getattr(model, "activation_checkpointing_enable", None)
     if enable is not None:
-        enable(activation_checkpointing_kwargs=checkpoint_kwargs)
+        enable(activation_checkpointing_kwargs=checkpoint_kwargs, **layered)
         return
     enable = getattr(model, "gradient_checkpointing_enable", None)
     if enable is None:
         raise UnsupportedWorkload("This model has no gradient checkpointing switch.")
-    enable(gradient_checkpointing_kwargs=checkpoint_kwargs)
+    if layered and "every_n_layers" not in inspect.signature(enable).parameters:
+        raise UnsupportedWorkload(
+            "This model checkpoints its own blocks and has no checkpointing policy: "
+            "--checkpointing-policy every-N and selective need a transformers model's layers. "
+            "Use --checkpointing-policy full."
+        )
+    enable(gradient_checkpointing_kwargs=checkpoint_kwargs, **layered)

@@ -233,9 +233,11 @@ def _multi_task_bert(encoder: torch.nn.Module, hidden: int) -> torch.nn.Module:
             return logits if labels is None else F.cross_entropy(logits, labels)
 
         def gradient_checkpointing_enable(
-            self, gradient_checkpointing_kwargs: dict[str, Any] | None = None
+            self,
+            gradient_checkpointing_kwargs: dict[str, Any] | None = None,
+            every_n_layers: int | None = None,
         ) -> None:
-            enable_checkpointing(self.bert, **(gradient_checkpointing_kwargs or {}))
+            enable_checkpointing(self.bert, every_n_layers, **(gradient_checkpointing_kwargs or {}))
 
     return MultiTaskBert()
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from whichgpu.errors import UnsupportedWorkload, UsageError, option
-from whichgpu.schema import RunConfig, WorkloadInfo
+from whichgpu.schema import CHECKPOINTING_POLICY_PATTERN, RunConfig, WorkloadInfo
 
 DEFAULT_NEW_TOKENS = 128
 """Tokens generated per sequence when an inference run of a language model gives none."""
@@ -46,6 +47,27 @@ def _keyword(name: str) -> str:
     return option("gpu_count" if name == "gpus" else name)
 
 
+def _checkpointing_policy(given: dict[str, Any]) -> str:
+    """The checkpointing policy of user options, checked and normalised (``every-1`` is
+    ``full``); a policy given alone turns checkpointing on, one given with checkpointing
+    turned off is refused."""
+    policy = str(given["checkpointing_policy"]).strip().lower()
+    if not re.fullmatch(CHECKPOINTING_POLICY_PATTERN, policy):
+        raise UsageError(
+            f"{option('checkpointing_policy')} {given['checkpointing_policy']!r} is not a "
+            "policy: use full (every layer recomputed), every-N (every N-th layer, e.g. "
+            "every-2) or selective (matmul and attention outputs kept, the rest recomputed)."
+        )
+    if given.get("checkpointing") is False and policy != "full":
+        raise UsageError(
+            f"{option('checkpointing_policy')} {policy} needs {option('checkpointing')}, "
+            "which was turned off: turn it on, or drop the policy."
+        )
+    if policy != "full":
+        given["checkpointing"] = True
+    return "full" if policy == "every-1" else policy
+
+
 def run_config(**options: Any) -> RunConfig:
     """A ``RunConfig`` from user options (None = default), checked for consistency; an error
     names the option it is about (``UsageError.field``) as the API's keyword."""
@@ -54,6 +76,8 @@ def run_config(**options: Any) -> RunConfig:
         given["lora_targets"] = tuple(
             t.strip() for t in given["lora_targets"].split(",") if t.strip()
         )
+    if "checkpointing_policy" in given:
+        given["checkpointing_policy"] = _checkpointing_policy(given)
     try:
         run = RunConfig(**given)
     except ValidationError as exc:
@@ -101,7 +125,8 @@ def run_config(**options: Any) -> RunConfig:
                 f"{option('method')} lora/qlora is a way of training; use {option('mode')} train."
             )
         if run.checkpointing:
-            raise UsageError(f"{option('checkpointing')} saves memory in training only; drop it.")
+            which = "checkpointing_policy" if "checkpointing_policy" in given else "checkpointing"
+            raise UsageError(f"{option(which)} saves memory in training only; drop it.")
         if run.sharding != "ddp":
             raise UsageError(
                 f"{option('sharding')} {run.sharding} splits training state; it applies to "

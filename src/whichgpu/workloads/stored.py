@@ -436,9 +436,9 @@ PROFILE_DIR = "profiles"
 def profile_key(workload: str, run: RunConfig) -> str:
     """File stem of a stored profile: the workload and what of the run changes the trace.
 
-    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused][_fusedce][_ckpt]
-    [_<method><rank>]`` (the optimizer's implementation and the loss kernel when not the
-    default). Inference:
+    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused][_fusedce]
+    [_ckpt|_ckptevery<N>|_ckptselective][_<method><rank>]`` (the optimizer's implementation,
+    the loss kernel and the checkpointing policy when not the default). Inference:
     ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
     the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
     A TF32 run is the FP32 step (TF32 is how the GPU multiplies FP32 matrices: the same
@@ -453,7 +453,8 @@ def profile_key(workload: str, run: RunConfig) -> str:
     if run.loss_kernel != "torch":
         parts.append(f"{run.loss_kernel}ce")
     if run.checkpointing:
-        parts.append("ckpt")
+        policy = run.checkpointing_policy
+        parts.append("ckpt" if policy == "full" else f"ckpt{policy.replace('-', '')}")
     if run.method != "full":
         parts.append(f"{run.method}{run.lora_rank}")
     return "_".join(parts)
