@@ -38,26 +38,30 @@ def fit(
 ) -> ResultList[MemoryEstimate]:
     """Will it fit? Peak memory and the largest batch on each GPU (all of them by default).
 
-    ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
-    Without ``batch_size`` the largest batch that fits is the headline of each estimate.
-    Results are sorted by headroom at that batch, largest first.
+        ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
+        Without ``batch_size`` the largest batch that fits is the headline of each estimate.
+        Results are sorted by headroom at that batch, largest first.
 
-    ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
-    N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
-    what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
+        ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
+        N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
+        what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
 
-    ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
-    at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
-    default the workload's sequence length), and every sequence's static KV cache holds
-    ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
-    concurrency. ``serving="vllm"`` adds that engine's paged-KV-cache answer to each estimate.
+        ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
+        at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
+        default the workload's sequence length), and every sequence's static KV cache holds
+        ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
+    concurrency. ``serving="vllm"`` (or ``"tensorrt-llm"``) adds that engine's paged-KV-cache
+    answer to each estimate and makes it the verdict: ``fits`` and ``max_batch_size`` are then
+    the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``), the
+    memory figures plain PyTorch generation's, for comparison.
 
-    ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
-    config of a named workload or the ``config`` file, without torch and without a trace, for
-    full training of the models it covers on one GPU; anything else is a ``UsageError``. It
-    errs high (``validate closed-form`` prints by how much).
+        ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
+        config of a named workload or the ``config`` file, without torch and without a trace, for
+        full training of the models it covers on one GPU; anything else is a ``UsageError``. It
+        errs high (``validate closed-form`` prints by how much).
     """
     from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.serving import engine_verdict
 
     chosen = select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
@@ -88,18 +92,20 @@ def fit(
         if progress is not None:
             progress(gpu.name)
         estimates.append(
-            estimate_on_gpu(
-                step.memory,
-                step.run,
-                gpu,
-                catalog,
-                asked.software,
-                method=step.method,
-                seq_limit=step.seq_limit,
-                shorter_seq_when_unfit=True,
-                kv_per_token_bytes=step.kv_per_token,
-                kv_head_count=step.kv_heads,
-                serving=engine,
+            engine_verdict(  # with an engine, its KV cache decides what fits
+                estimate_on_gpu(
+                    step.memory,
+                    step.run,
+                    gpu,
+                    catalog,
+                    asked.software,
+                    method=step.method,
+                    seq_limit=step.seq_limit,
+                    shorter_seq_when_unfit=True,
+                    kv_per_token_bytes=step.kv_per_token,
+                    kv_head_count=step.kv_heads,
+                    serving=engine,
+                )
             )
         )
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))

@@ -198,7 +198,7 @@ def _speeds(
                     answer = answer.model_copy(
                         update={
                             "serving_speed": serving_speed_on_gpu(
-                                asked, engine, gpu, rates, estimate, targets_ms, catalog
+                                asked.step, engine, gpu, rates, estimate, targets_ms, catalog
                             )
                         }
                     )
@@ -222,7 +222,7 @@ def _engine_fits(estimate: MemoryEstimate, run: RunConfig) -> bool:
 
 
 def serving_speed_on_gpu(
-    asked: Asked,
+    step: Step,
     engine: ServingEngine,
     gpu: GpuSpec,
     rates: GpuRates,
@@ -230,7 +230,7 @@ def serving_speed_on_gpu(
     targets_ms: tuple[float | None, float | None],
     catalog: Catalog,
 ) -> ServingSpeed:
-    """The engine's speed on ``gpu`` (``asked.step.run.gpus`` of them, tensor parallel) at the
+    """The engine's speed on ``gpu`` (``step.run.gpus`` of them, tensor parallel) at the
     asked concurrency (default: the most its KV cache holds), its growth with the concurrency,
     the largest concurrency within the targets and the cost per million output tokens."""
     from whichgpu.cost.pricing import cloud_price, price_note
@@ -243,7 +243,6 @@ def serving_speed_on_gpu(
     from whichgpu.estimate.memory import weights_bytes
     from whichgpu.estimate.serving import serving_dtype_bytes
 
-    step = asked.step
     run = step.run
     assert step.model_config is not None and step.kv_per_token is not None
     n = run.gpus

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.catalog import resolve_gpus
-from whichgpu.api.predict import calibration_of
+from whichgpu.api.predict import calibration_of, serving_speed_on_gpu
 from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
-from whichgpu.errors import NotSplittable, UsageError
+from whichgpu.errors import NotSplittable, UsageError, option
 from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
 from whichgpu.schema import (
     GENERATED_RATE_NOTE,
@@ -28,6 +28,7 @@ from whichgpu.schema import (
     GpuSpec,
     Ranking,
     RunConfig,
+    ServingEngine,
     SoftwareStack,
 )
 from whichgpu.workloads import check_for_workload, run_config
@@ -66,6 +67,7 @@ def recommend(
     region: str | None = None,
     top: int | None = None,
     sort: str | None = None,
+    serving: str | None = None,
     stack: str | None = None,
     store: Path | str | None = None,
     prices: Sequence[Path | str] | None = None,
@@ -88,6 +90,11 @@ def recommend(
     corrected by the newest such result on one GPU (as ``predict --calibrate`` does).
     ``prices``: CSV files of the user's own prices laid over the catalog's (default: the
     user's price file, when there is one; see ``whichgpu.catalog.load_catalog``).
+    ``serving="vllm"`` (or ``"tensorrt-llm"``; ``mode="inference"`` of a language model): a
+    candidate fits when the engine's KV cache holds the asked ``concurrency`` at ``context +
+    new_tokens`` tokens (``fit --serving``'s max concurrency), and its speed and cost are the
+    engine's (``predict --serving``): output tokens/s, and dollars per million output tokens
+    in its reasons; stored measurements (plain PyTorch) neither rank nor correct it.
     """
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.ranking.rank import rank
@@ -113,6 +120,7 @@ def recommend(
         min_batch=min_batch,
         top=top,
         sort=sort,
+        serving=serving,
     )
     chosen = select(asked.workload, config, task, model)
     counts = gpu_counts(asked.gpu_count)
@@ -122,7 +130,16 @@ def recommend(
     place = get_region(region)
     check_provider(provider, asked.question.mode, catalog)
     sized = _sized(
-        chosen, counts, targets, asked.run_options, config, store, software, catalog, progress
+        chosen,
+        counts,
+        targets,
+        asked.run_options,
+        config,
+        store,
+        software,
+        catalog,
+        progress,
+        asked.question.serving,
     )
     question = replace(
         asked.question,
@@ -173,10 +190,12 @@ def _sized(
     software: SoftwareStack,
     catalog: Catalog,
     progress: Callable[[str], None] | None,
+    engine: ServingEngine | None = None,
 ) -> _Sized:
     """The step on ``targets`` at each count: fit, predicted speed (corrected by the newest
     measurement on one GPU) and any stored measurement; a count the model cannot be split
-    over is left out with a note, unless it is the only one asked."""
+    over is left out with a note, unless it is the only one asked. With ``engine``, fit and
+    speed are the engine's, and measurements (of plain PyTorch) are not used."""
     out = _Sized([], run_config(**run_options), 1)
     measured: dict[tuple[str, int], BenchResult] = {}
     calibration: tuple[Calibration, float] | None = None
@@ -192,7 +211,12 @@ def _sized(
             out.notes.append(f"no machines of {count} GPUs: {exc}")
             continue
         loaded = (step.profile, step.method)
-        if count == counts[0]:
+        if engine is not None and (step.kv_per_token is None or step.model_config is None):
+            raise UsageError(
+                f"{option('serving')} applies to language models that generate; "
+                f"{chosen.info.name} does not."
+            )
+        if count == counts[0] and engine is None:
             measured, calibration = measurements(chosen, step, store, software, out.notes)
         timer = predictor(chosen, step)
         out.units_per_sample = (
@@ -202,7 +226,7 @@ def _sized(
             if progress is not None:
                 progress(f"{count} x {gpu.name}" if count > 1 else gpu.name)
             out.options.append(
-                _option(gpu, count, step, timer, catalog, software, calibration, measured)
+                _option(gpu, count, step, timer, catalog, software, calibration, measured, engine)
             )
         out.run = step.run
     return out
@@ -217,10 +241,13 @@ def _option(
     software: SoftwareStack,
     calibration: tuple[Calibration, float] | None,
     measured: dict[tuple[str, int], BenchResult],
+    engine: ServingEngine | None = None,
 ) -> Option:
-    """One GPU at one count: its fit, its predicted (and corrected) speed, its measurement."""
+    """One GPU at one count: its fit, its predicted (and corrected) speed, its measurement;
+    with ``engine``, the engine's fit (its KV cache) and speed (``serving_speed``)."""
     from whichgpu.estimate.calibration import calibrate as correct
     from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.serving import engine_verdict
     from whichgpu.estimate.throughput import gpu_rates
     from whichgpu.ranking.rank import Option
 
@@ -235,11 +262,19 @@ def _option(
         shorter_seq_when_unfit=True,
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
+        serving=engine,
     )
+    memory = engine_verdict(memory)  # with an engine, its KV cache decides what fits
     speed = speed_unknown = None
     if memory.fits:
         try:
-            speed = timer.on_gpu(gpu, gpu_rates(gpu), memory)
+            rates = gpu_rates(gpu)
+            speed = timer.on_gpu(gpu, rates, memory)
+            if engine is not None:
+                served = serving_speed_on_gpu(
+                    step, engine, gpu, rates, memory, (None, None), catalog
+                )
+                speed = speed.model_copy(update={"serving_speed": served})
         except UsageError as exc:  # the catalog lacks what the prediction needs
             speed_unknown = str(exc)
     if speed is not None and calibration is not None:

@@ -62,6 +62,7 @@ def recommend(
     optimizer_impl: o.OptimizerImplOption = None,
     loss_kernel: o.LossKernelOption = None,
     checkpointing: o.CheckpointingOption = False,
+    checkpointing_policy: o.CheckpointingPolicyOption = None,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
@@ -69,6 +70,17 @@ def recommend(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,
+    serving: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--serving",
+            help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm): a "
+            "GPU fits when the engine's KV cache holds --concurrency sequences of --context + "
+            "--new-tokens, and ranks by its output tokens/s and $ per million output tokens. "
+            "Default: plain PyTorch generation.",
+            show_default=False,
+        ),
+    ] = None,
     prices: o.PricesOption = None,
     json: o.JsonOption = False,
 ) -> None:
@@ -92,6 +104,8 @@ def recommend(
 
       whichgpu recommend llama-3.1-70b --mode inference --concurrency 8 --context 4096 --rent
 
+      whichgpu recommend llama-3.1-70b --mode inference --concurrency 32 --serving vllm --rent
+
       whichgpu recommend --for kaggle
 
       whichgpu recommend --for kaggle --budget 800 --used --gpu-only   # $800 for the GPU alone
@@ -109,6 +123,7 @@ def recommend(
         "optimizer_impl": optimizer_impl,
         "loss_kernel": loss_kernel,
         "checkpointing": checkpointing or None,
+        "checkpointing_policy": checkpointing_policy,
         "method": method,
         "lora_rank": lora_rank,
         "lora_targets": lora_targets,
@@ -145,6 +160,7 @@ def recommend(
             region=region,
             top=top,
             sort=sort,
+            serving=serving,
             stack=stack,
             store=store,
             prices=prices,

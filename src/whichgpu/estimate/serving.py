@@ -19,7 +19,13 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from whichgpu.schema import Precision, ServingEngine, ServingEstimate, SoftwareStack
+from whichgpu.schema import (
+    MemoryEstimate,
+    Precision,
+    ServingEngine,
+    ServingEstimate,
+    SoftwareStack,
+)
 
 _DTYPE_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "bf16-pure": 2}
 """Bytes per element of weights and KV cache in inference, by ``--precision``: fp16/bf16
@@ -213,4 +219,30 @@ def serving_estimate(
             "modelled; the engine caps running sequences at max_num_seqs (256 by default, 1024 "
             "on GPUs of 70 GiB or more other than A100) beyond this KV limit",
         ),
+    )
+
+
+def engine_verdict(estimate: MemoryEstimate) -> MemoryEstimate:
+    """``estimate`` with its verdict taken from its serving engine's answer: it fits when the
+    engine's KV cache holds the asked sequences (one, without a concurrency), and its largest
+    concurrency is the engine's (``ServingEstimate.max_concurrency``). The memory figures stay
+    plain PyTorch generation's at that concurrency, for comparison. Unchanged without an
+    engine (``estimate.serving`` None)."""
+    served = estimate.serving
+    if served is None:
+        return estimate
+    asked = estimate.batch_size if estimate.batch_given else 1
+    return estimate.model_copy(
+        update={
+            "fits": served.max_concurrency >= asked,
+            "max_batch_size": served.max_concurrency,
+            "max_batch_capped": False,
+            "assumptions": (
+                *estimate.assumptions,
+                f"fits and the largest concurrency are {served.engine_label}'s: its KV cache "
+                f"holds {served.max_concurrency} sequences of {served.tokens_per_sequence} "
+                "tokens; the device, headroom and max-context figures are plain PyTorch "
+                "generation's (the whole batch prefilled in one pass), for comparison",
+            ),
+        }
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError, option, require_positive
-from whichgpu.schema import AcquireMode, GpuSpec, JobSize, RankMetric, Vendor
+from whichgpu.schema import AcquireMode, GpuSpec, JobSize, RankMetric, ServingEngine, Vendor
 
 METRICS: tuple[RankMetric, ...] = ("cost", "perf-per-dollar", "time", "throughput")
 """What ``sort`` may choose (the default depends on the job: see ``whichgpu.ranking.rank``)."""
@@ -41,6 +41,10 @@ class Question:
     top: int | None = None
     preset: str | None = None
     vendor: str | None = None
+    serving: ServingEngine | None = None
+    """``--serving ENGINE`` (inference of a language model): a candidate fits when the
+    engine's KV cache holds the asked concurrency, and ranks by the engine's output tokens/s;
+    None: plain PyTorch generation."""
     notes: tuple[str, ...] = ()
     """What the question took for granted beyond its fields (a preset's maker), for the
     assumptions."""
@@ -84,6 +88,7 @@ def ask(
     min_batch: int | None = None,
     top: int | None = None,
     sort: str | None = None,
+    serving: str | None = None,
 ) -> Asked:
     """The question asked, checked. ``named``: the caller names its own model (a ``config``
     file or a ``model`` function), so the preset's workload does not replace it; explicit
@@ -125,6 +130,7 @@ def ask(
     require_positive("min_batch", min_batch, "samples")
     require_positive("top", top, "rows")
     job = job_size(hours, samples, tokens, epochs, dataset_size)
+    engine = serving_engine(serving, options.get("mode"))
     if within_hours is not None and (job is None or job.hours is not None):
         if within_given:
             raise UsageError(
@@ -156,9 +162,25 @@ def ask(
         min_batch=min_batch,
         top=top,
         preset=chosen.id if chosen else None,
+        serving=engine,
         notes=tuple(notes),
     )
     return Asked(question, workload, options, gpu_count, vendor)
+
+
+def serving_engine(serving: str | None, mode: str | None) -> ServingEngine | None:
+    """The serving engine ``serving`` names (None: plain PyTorch generation); an engine serves
+    inference only."""
+    if serving is None:
+        return None
+    if mode != "inference":
+        raise UsageError(
+            f"{option('serving')} ranks GPUs by a serving engine's KV cache and speed; add "
+            f"{option('mode')} inference."
+        )
+    from whichgpu.catalog.stacks import get_serving_engine
+
+    return get_serving_engine(serving)
 
 
 def _acquire(acquire: str, *, used: bool, gpu_only: bool) -> AcquireMode:

@@ -78,7 +78,7 @@ def job_units(job: JobSize, unit: str, units_per_sample: int) -> float | None:
     """The job in the throughput's unit (None for a job given in hours)."""
     if job.hours is not None:
         return None
-    tokens = unit.startswith("tokens")
+    tokens = unit.startswith(("tokens", "output tokens"))
     if job.tokens is not None:
         if not tokens:
             raise UsageError(
@@ -129,6 +129,12 @@ def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
     return price
 
 
+def engine_name(label: str) -> str:
+    """A serving engine's name and version from its label, without its arguments: ``vLLM 0.11
+    (V1 engine)`` of ``vLLM 0.11 (V1 engine), default engine arguments``."""
+    return label.split(",")[0]
+
+
 def _gib(nbytes: int, other: int | None = None) -> str:
     """GiB (as ``fit`` shows memory) with one decimal, or two when ``other`` would print the
     same."""
@@ -166,6 +172,21 @@ def rank(
     unit = ""
     for option in options:
         memory = option.memory
+        served = memory.serving
+        if not memory.fits and served is not None:  # --serving: the engine's KV cache decides
+            asked = memory.batch_size if memory.batch_given else 1
+            per_gpu = f", per GPU of {option.count}, tensor parallel" if option.count > 1 else ""
+            reason = (
+                f"{engine_name(served.engine_label)}'s KV cache holds {served.max_concurrency} "
+                f"sequences of {served.tokens_per_sequence:,} tokens, not {asked} ("
+                + (
+                    f"{_gib(served.kv_cache_budget_bytes)} of KV budget{per_gpu})"
+                    if served.kv_cache_budget_bytes > 0
+                    else f"the weights and activations leave no KV budget{per_gpu})"
+                )
+            )
+            exclude(option, "memory", reason)
+            continue
         if not memory.fits or (q.min_batch is not None and memory.max_batch_size < q.min_batch):
             at = q.min_batch or memory.batch_size
             reason = (
@@ -192,6 +213,11 @@ def rank(
             throughput = low = high = option.measured.throughput
             unit = option.measured.throughput_unit
             source = "measured"
+            ranking_band = 0.0
+        elif speed is not None and speed.serving_speed is not None:  # --serving
+            throughput = low = high = speed.serving_speed.output_tokens_per_s
+            unit = "output tokens/s"
+            source = "predicted"
             ranking_band = 0.0
         elif speed is not None and speed.throughput is not None:
             throughput = speed.throughput
@@ -466,7 +492,16 @@ def _candidate(
 ) -> Candidate:
     o = p.option
     m = o.memory
-    if m.run.mode == "inference" and o.count > 1:
+    served = o.speed.serving_speed if o.speed is not None else None
+    if m.serving is not None:
+        fits = (
+            f"fits: {engine_name(m.serving.engine_label)}'s KV cache holds "
+            f"{m.max_batch_size} sequences of {m.serving.tokens_per_sequence:,} tokens "
+            "(context + new tokens)"
+            + (f" over the {o.count} GPUs (tensor parallel)" if o.count > 1 else "")
+            + f"; {m.batch_size if m.batch_given else 'its most'} asked"
+        )
+    elif m.run.mode == "inference" and o.count > 1:
         # tensor parallel: the GPUs serve the sequences together, each holding a share
         fits = (
             f"fits: at most {m.max_batch_size} sequences served over the {o.count} GPUs "
@@ -489,6 +524,15 @@ def _candidate(
             f"measured {p.throughput:,.0f} {unit} at batch {o.measured.batch_size} (whichgpu "
             f"bench result {o.measured.id[:8]}, {o.measured.created_at:%Y-%m-%d})"
         )
+    elif served is not None:
+        reasons.append(
+            f"predicted {p.throughput:,.0f} {unit} under {engine_name(served.engine_label)} "
+            f"at concurrency {served.concurrency}: TTFT {served.ttft_s * 1000:,.0f} ms, TPOT "
+            f"{served.tpot_s * 1000:,.1f} ms"
+        )
+        if p.hourly_usd is not None and p.throughput > 0:
+            per_million = p.hourly_usd / (p.throughput * SECONDS_PER_HOUR) * 1e6
+            reasons.append(f"${per_million:,.2f} per million output tokens, kept busy")
     else:
         reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
         if o.speed is not None and o.speed.calibrated_on:
@@ -592,7 +636,8 @@ def _answer(
         "time": f"the fastest to finish: {(top.time_s or 0) / SECONDS_PER_HOUR:,.1f} h",
         "throughput": f"the fastest: {top.throughput:,.0f} {top.throughput_unit}",
     }[metric]
-    text = f"{verb} {what}: {how}"
+    serve = f" to serve with {engine_name(q.serving.label)}" if q.serving is not None else ""
+    text = f"{verb} {what}{serve}: {how}"
     if top.time_s is not None and metric != "time":
         text += f", done in {top.time_s / SECONDS_PER_HOUR:,.1f} h"
     if len(candidates) > 1:
@@ -688,10 +733,19 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "offered for that many GPUs in one machine, x "
             "count; regions of cloud prices are not filtered; no egress, storage or idle time"
         )
-    notes.append(
-        "speed: a stored whichgpu bench result of the same run when there is one, else "
-        "whichgpu predict's prediction with its band (see its assumptions)"
-    )
+    if q.serving is not None:
+        notes.append(
+            f"--serving {q.serving.id}: a GPU fits when the KV cache of {q.serving.label} "
+            "holds the asked concurrency at context + new tokens (whichgpu fit --serving); "
+            "speed is the engine's output tokens/s at that concurrency (CUDA-graph decode "
+            "bound by the bytes it reads, chunked prefill: whichgpu predict --serving), "
+            "without a band; stored bench results (plain PyTorch) are not used"
+        )
+    else:
+        notes.append(
+            "speed: a stored whichgpu bench result of the same run when there is one, else "
+            "whichgpu predict's prediction with its band (see its assumptions)"
+        )
     if any(p.option.count > 1 and p.option.memory.run.mode == "train" for p in priced):
         notes.append("several GPUs train data parallel, each with its own batch")
     notes.extend(q.notes)

@@ -301,11 +301,14 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     table = Table(header_style="bold", title_justify="left")
     table.add_column("GPU")
     table.add_column("capacity GiB", justify="right")
-    table.add_column(f"max {unit}", justify="right")
+    # fit --serving: the engine's KV cache decides what fits (estimate.serving.engine_verdict)
+    engine = next((e.serving.engine for e in estimates if e.serving is not None), None)
+    by = f" ({engine})" if engine else ""
+    table.add_column(f"max {unit}{by}", justify="right")
     table.add_column(unit, justify="right")
     if serving:
         table.add_column("KV cache GiB", justify="right")
-    table.add_column("fits", justify="center")
+    table.add_column(f"fits{by}", justify="center")
     table.add_column("device GiB", justify="right")
     table.add_column("reserved GiB", justify="right")
     table.add_column("headroom GiB", justify="right")
@@ -354,10 +357,16 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     notes = [f"method: {shown.method}", *shown.assumptions]
     if not given:
         notes.append(f"{unit} = the largest that fits")
-    notes.append(
-        f"'GiB at max+1' is the device total at the largest {unit} plus one, the first "
-        "size that does not fit"
-    )
+    if shown.serving is not None:  # fits and max are the engine's (estimate.serving)
+        notes.append(
+            f"'GiB at max+1' is plain PyTorch generation's device total at its own largest "
+            f"{unit} plus one"
+        )
+    else:
+        notes.append(
+            f"'GiB at max+1' is the device total at the largest {unit} plus one, the first "
+            "size that does not fit"
+        )
     if serving:
         notes.append(
             f"KV cache = {shown.kv_bytes_per_token:,} B per token x (context + new tokens) x "
