@@ -42,7 +42,13 @@ from whichgpu.schema import FsdpFitCase, ReferenceThroughputCase, RunConfig
 from whichgpu.validate.timing import UNFIT_NOTE, fit_options, predict_even_if_unfit
 from whichgpu.workloads import run_config
 from whichgpu.workloads.base import Workload
-from whichgpu.workloads.profile_cache import cached_profile, keep_profile, traced_run
+from whichgpu.workloads.profile_cache import (
+    cached_profile,
+    distribution_version,
+    keep_profile,
+    package_files,
+    traced_run,
+)
 from whichgpu.workloads.stored import ScalableProfile, profile_key
 
 if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
@@ -231,33 +237,14 @@ def tracer_state() -> dict[str, str | None]:
         entry = package
         for part in name.split("/"):
             entry = entry.joinpath(part)
-        files = [(name, entry)] if entry.is_file() else _python_files(entry, name)
+        files = [(name, entry)] if entry.is_file() else package_files(entry, name + "/")
         for path, file in sorted(files, key=lambda item: item[0]):
             digest.update(path.encode() + b"\0" + hashlib.sha256(file.read_bytes()).digest())
     return {
         "tracer_sha256": digest.hexdigest(),
-        "torch": _version("torch"),
-        "transformers": _version("transformers"),
+        "torch": distribution_version("torch"),
+        "transformers": distribution_version("transformers"),
     }
-
-
-def _version(distribution: str) -> str | None:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _python_files(folder: Traversable, prefix: str) -> list[tuple[str, Traversable]]:
-    out: list[tuple[str, Traversable]] = []
-    for entry in folder.iterdir():
-        if entry.is_dir() and entry.name != "__pycache__":
-            out += _python_files(entry, f"{prefix}/{entry.name}")
-        elif entry.name.endswith(".py"):
-            out.append((f"{prefix}/{entry.name}", entry))
-    return out
 
 
 def stale_profiles_note() -> str:

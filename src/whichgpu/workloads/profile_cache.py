@@ -127,25 +127,28 @@ def code_digest() -> str:
     """SHA-256 of whichgpu's own modules and shipped model configs (what a trace runs)."""
     digest = hashlib.sha256()
     package = resources.files("whichgpu")
-    for path in sorted(_package_files(package, ""), key=lambda item: item[0]):
+    for path in sorted(package_files(package, ""), key=lambda item: item[0]):
         digest.update(path[0].encode() + b"\0")
         digest.update(hashlib.sha256(path[1].read_bytes()).digest())
     return digest.hexdigest()
 
 
-def _package_files(folder: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+def package_files(folder: Any, prefix: str) -> Iterator[tuple[str, Any]]:
+    """``(path, file)`` of the modules (and shipped model configs) below a package folder,
+    paths prefixed with ``prefix``: what a trace's code digest covers."""
     for entry in folder.iterdir():
         name = prefix + entry.name
         if entry.is_dir():
             if entry.name != "__pycache__":
-                yield from _package_files(entry, name + "/")
+                yield from package_files(entry, name + "/")
         elif entry.name.endswith(".py") or (
             name.startswith("workloads/configs/") and entry.name.endswith(".json")
         ):
             yield name, entry
 
 
-def _version(distribution: str) -> str | None:
+def distribution_version(distribution: str) -> str | None:
+    """The installed version of a distribution (None: not installed)."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -352,7 +355,7 @@ def _environment() -> Mapping[str, Any]:
         {
             "whichgpu_code": code_digest(),
             "python": "{}.{}".format(*sys.version_info[:2]),
-            "torch": _version("torch"),
-            "transformers": _version("transformers"),
+            "torch": distribution_version("torch"),
+            "transformers": distribution_version("transformers"),
         }
     )
