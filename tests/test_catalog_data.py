@@ -182,6 +182,23 @@ def test_cloud_rates_read_from_a_sized_instance_carry_its_size() -> None:
     assert checked >= 30
 
 
+def test_a100_40gb_rental_rates_are_dated_and_sourced() -> None:
+    # the 40 GB A100 rents from single-GPU machines (GCP a2-highgpu-1g, Lambda 1x, Verda
+    # 1A100.40S), not only whole 8-GPU nodes; each rate names its source and the date read
+    rates = [p for p in DATA.prices if p.gpu_id == "a100-sxm4-40gb" and p.kind.startswith("cloud")]
+    single = {(p.provider, p.kind) for p in rates if p.instance_gpus == (1,)}
+    assert {
+        ("gcp", "cloud-on-demand"),
+        ("gcp", "cloud-spot"),
+        ("lambda", "cloud-on-demand"),
+        ("verda", "cloud-spot"),
+    } <= single
+    for price in rates:
+        assert DATA.sources[price.source].url.startswith("https://")
+        assert price.as_of.isoformat() in (price.note or ""), price
+    assert CATALOG.cheapest_cloud_price("a100-sxm4-40gb", spot=True, gpus=1) is not None
+
+
 # The GPUs of Lambda's 2020 deep-learning benchmark: the seed workloads' measured GPUs.
 LAMBDA_2020_GPUS = (
     "rtx-2060",

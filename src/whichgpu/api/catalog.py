@@ -56,8 +56,10 @@ def gpus(
     ``query`` matches any part of a name or alias (``"4090"``, ``"a100"``); ``vendor``
     (``"nvidia"``, ``"amd"`` …), ``segment`` (``"consumer"``, ``"workstation"``,
     ``"datacenter"``), ``arch`` (``"Hopper"``) and ``min_memory_gb`` (GB as sold) keep what
-    matches all of them. ``sort`` is a spec field: numbers and dates largest first, text A-Z.
-    ``prices`` are price files laid over the shipped prices (default: the user's file).
+    matches all of them. ``sort`` is a key of ``whichgpu gpus --sort``: ``price`` (buy price,
+    cheapest first), ``rent`` (cheapest cloud rate), ``freshness`` (newest price first),
+    ``memory``, ``name``, or a spec field (numbers and dates largest first, text A-Z); the price
+    keys read the prices of ``prices``. ``prices`` are price files laid over the shipped prices (default: the user's file).
     """
     if query is not None and not isinstance(query, str):
         raise UsageError(f"query= is part of a GPU's name, a string such as '4090', not {query!r}.")
@@ -80,7 +82,7 @@ def gpus(
         architecture=arch,
         min_memory_gb=min_memory_gb,
     )
-    return ResultList(sort_gpus(found, sort))
+    return ResultList(sort_gpus(found, sort, catalog))
 
 
 def gpu(name: str) -> GpuSpec:

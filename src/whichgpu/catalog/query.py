@@ -12,6 +12,7 @@ from collections.abc import Iterable, Sequence
 
 from whichgpu.catalog.loader import CatalogData
 from whichgpu.catalog.names import NameIndex, normalize
+from whichgpu.catalog.sorting import parse_sort_key, sort_listing
 from whichgpu.errors import UsageError
 from whichgpu.schema import GpuSpec, Price, PriceKind, Segment, Source, Vendor
 
@@ -136,19 +137,14 @@ class Catalog:
         return min(rows, key=lambda p: p.usd) if rows else None
 
 
-SORTABLE_TEXT_FIELDS = ("id", "name", "vendor", "segment", "architecture")
+def sort_gpus(gpus: Iterable[GpuSpec], field: str, catalog: Catalog | None = None) -> list[GpuSpec]:
+    """Sort by a key of ``whichgpu gpus --sort`` (see ``sorting``): a spec field (numbers and
+    dates largest/newest first, text A-Z) or ``price``, ``rent``, ``freshness``, ``memory``;
+    unknowns last. The price keys read ``catalog``'s prices (None: the default catalog, with
+    the user's price file)."""
+    key = parse_sort_key(field)
+    if key.uses_prices and catalog is None:
+        from whichgpu.catalog import load_catalog
 
-
-def sort_gpus(gpus: Iterable[GpuSpec], field: str) -> list[GpuSpec]:
-    """Sort by a spec field: numbers and dates largest/newest first, text A-Z, unknowns last."""
-    gpus = list(gpus)
-    if field not in GpuSpec.model_fields or field in ("provenance", "aliases", "notes"):
-        raise UsageError(
-            f"Cannot sort by '{field}'. Use a spec field such as memory_gb, "
-            "memory_bandwidth_gbps, fp16_tensor_tflops, tdp_w, launch_date or name."
-        )
-    if field in SORTABLE_TEXT_FIELDS:
-        return sorted(gpus, key=lambda g: str(getattr(g, field) or "").lower())
-    present = [g for g in gpus if getattr(g, field) is not None]
-    missing = [g for g in gpus if getattr(g, field) is None]
-    return sorted(present, key=lambda g: getattr(g, field), reverse=True) + missing
+        catalog = load_catalog()
+    return [row.spec for row in sort_listing(gpus, key, catalog)]
