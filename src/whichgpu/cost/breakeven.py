@@ -36,6 +36,7 @@ from whichgpu.catalog.cost_data import (
     utilization_value,
 )
 from whichgpu.catalog.query import Catalog
+from whichgpu.cost.base_system import base_system_cost
 from whichgpu.cost.energy import co2_kg, hours_per_year, yearly_energy_kwh
 from whichgpu.cost.inputs import (
     answerable,
@@ -243,21 +244,20 @@ def breakeven(
                 f"No {price_kind} price for {gpu.name} in the catalog; give --system-cost or "
                 "another --price-kind."
             )
-        if build.base_system_usd is None:
+        base = base_system_cost(gpu, count, build, data.rules)
+        if base is None:
             raise UsageError(
                 f"The {build.id} class has no sourced base-system price; give --system-cost."
             )
-        system_cost_usd = count * gpu_price.usd + build.base_system_usd
+        system_cost_usd = count * gpu_price.usd + base.usd
         if gpu.is_module and gpu.form_factor is not None:
             assumptions.append(
                 f"{gpu.name} is a {gpu.form_factor.value.upper()} module sold inside vendor "
                 f"servers: priced with the {build.id} class's base system, a rough stand-in for "
                 "such a server; give --system-cost for a quote."
             )
-        base_source = build.provenance["base_system_usd"].source
-        inputs["system_cost_usd"] = (
-            f"{count} x {gpu.id} at {price_note(gpu_price)} + {build.id} base system "
-            f"${build.base_system_usd:,.0f} ({base_source})"
+        inputs["system_cost_usd"] = f"{count} x {gpu.id} at {price_note(gpu_price)} + " + (
+            base.describe()
         )
     else:
         inputs["system_cost_usd"] = "given"

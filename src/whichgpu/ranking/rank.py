@@ -26,10 +26,12 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from whichgpu.catalog.cost_data import build_class_for
+from whichgpu.catalog.cost_data import build_class_for, shipped_cost_data
 from whichgpu.catalog.freshness import stale_note, stale_policy
 from whichgpu.catalog.query import Catalog
+from whichgpu.catalog.software import SupportVerdict, support_for
 from whichgpu.cost import build_checks, job_energy, machine_power_w
+from whichgpu.cost.base_system import base_system_cost
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
 from whichgpu.estimate.prediction import half_precision_note
@@ -116,6 +118,9 @@ class _Priced:
     """Error of its throughput against another GPU's (0: measured)."""
     price: Price | None = None
     """The price it was ranked with (its date and age go into the answer)."""
+    tier: int = 0
+    """0: its stack runs everything the run needs; 1: some of it only with limits, so it ranks
+    after every tier-0 option (``SOFTWARE_TIER_NOTE``)."""
 
 
 def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
@@ -208,6 +213,11 @@ def rank(
                 )
             exclude(option, "memory" if not memory.fits else "batch", reason)
             continue
+        verdicts = support_for(option.gpu, memory.run)
+        blocked = [v for v in verdicts if v.effect == "exclude"]
+        if blocked:
+            exclude(option, "build", SOFTWARE_PREFIX + "; ".join(v.describe() for v in blocked))
+            continue
         speed = option.speed
         if option.measured is not None and option.measured.throughput:
             throughput = low = high = option.measured.throughput
@@ -229,12 +239,18 @@ def rank(
             exclude(option, "speed", option.speed_unknown or "its speed cannot be predicted")
             continue
         extra: list[str] = list(half_precision_note(option.gpu, run.precision))
+        software, tier = _software_reasons(verdicts)
         if option.gpu.vendor != Vendor.NVIDIA:
             extra.append(
                 f"made by {option.gpu.vendor.value.upper()}: the estimates assume PyTorch's "
-                "kernels and allocator as on CUDA; check that your libraries support it (e.g. "
-                "bitsandbytes for QLoRA, FlashAttention), or keep to --vendor nvidia"
+                "kernels and allocator as on CUDA; "
+                + (
+                    "the software lines say what this run's libraries support on it"
+                    if software
+                    else "check that your libraries support it, or keep to --vendor nvidia"
+                )
             )
+        extra += software
         purchase = hourly = None
         if q.mode == "buy":
             price = _buying_price(catalog, option.gpu.id, q.used)
@@ -247,11 +263,12 @@ def rank(
                 # modules (SXM, OAM) sit on a server's baseboard, never in a desktop
                 module = option.gpu.is_module
                 build = build_class_for(option.count, module=module)
-                if build.base_system_usd is None:
+                base = base_system_cost(option.gpu, option.count, build, shipped_cost_data().rules)
+                if base is None:
                     exclude(option, "price", f"no base system cost for a {build.id}")
                     continue
-                purchase += build.base_system_usd
-                note += f" + ${build.base_system_usd:,.0f} {build.id} base system"
+                purchase += base.usd
+                note += f" + {base.describe()}"
                 if module:
                     form = option.gpu.form_factor.value.upper() if option.gpu.form_factor else ""
                     extra.append(
@@ -263,14 +280,25 @@ def rank(
                     f"only its launch price ({price.as_of:%Y}) is in the catalog; today's street "
                     "price may differ (add yours with --prices)"
                 )
+            cheaper = _used_instead(catalog, option.gpu.id, price, q.used)
             if q.budget_usd is not None and purchase > q.budget_usd:
-                exclude(
-                    option,
-                    "budget",
+                reason = (
                     f"over budget by ${purchase - q.budget_usd:,.0f} "
-                    f"(${purchase:,.0f} for the {'GPUs' if q.gpu_only else 'machine'})",
+                    f"(${purchase:,.0f} for the {'GPUs' if q.gpu_only else 'machine'})"
                 )
+                if cheaper is not None:
+                    saving = (price.usd - cheaper.usd) * option.count
+                    fits = purchase - saving <= q.budget_usd
+                    reason += f"; used it is ${cheaper.usd:,.0f} a GPU ({cheaper.as_of}), " + (
+                        "which fits: add --used" if fits else "still over"
+                    )
+                exclude(option, "budget", reason)
                 continue
+            if cheaper is not None:
+                extra.append(
+                    f"a used one is ${cheaper.usd:,.0f} ({cheaper.as_of}, {cheaper.source}), "
+                    f"${price.usd - cheaper.usd:,.0f} below the price ranked: --used ranks with it"
+                )
         else:
             try:
                 price = cloud_price(catalog, option.gpu, q.provider, gpus=option.count)
@@ -366,6 +394,7 @@ def rank(
                 extra,
                 ranking_band,
                 price,
+                tier,
             )
         )
 
@@ -385,7 +414,10 @@ def rank(
         return p.cost_usd - varying + varying * slower
 
     high_is_good = _BETTER_HIGH[metric]
-    priced.sort(key=lambda p: -value(p, p.throughput) if high_is_good else value(p, p.throughput))
+    # a stack that runs the method only with limits ranks after every one that runs it fully
+    priced.sort(
+        key=lambda p: (p.tier, -value(p, p.throughput) if high_is_good else value(p, p.throughput))
+    )
     if metric == "time" and q.job is None:
         raise UsageError("--sort time needs a job size (--samples, --tokens or --epochs).")
     closeness = _closeness(priced, value, high_is_good)
@@ -416,6 +448,43 @@ def rank(
     )
 
 
+SOFTWARE_PREFIX = "software: "
+"""How the reason of a GPU left out because its stack cannot run the method begins (such an
+exclusion has the kind ``build``: the machine, its software included, cannot run the job)."""
+SOFTWARE_TIER_NOTE = (
+    "software: a GPU whose stack runs a method this run needs only with limits (software "
+    "support data, sourced and dated) is ranked after every GPU whose stack runs it fully; "
+    "one that cannot run it is left out"
+)
+"""The assumption a ranking states when some candidates were ranked lower for software."""
+
+
+def _software_reasons(verdicts: Sequence[SupportVerdict]) -> tuple[list[str], int]:
+    """A candidate's software lines and its tier (1 when a needed feature runs only with
+    limits). Features whose lack only costs a note are mentioned only where they fall short."""
+    lines: list[str] = []
+    tier = 0
+    for v in verdicts:
+        if v.effect == "rank-lower":
+            tier = 1
+            lines.append(
+                f"{SOFTWARE_PREFIX}ranked after the GPUs that run it fully: {v.describe()}"
+            )
+        elif v.effect == "note" or v.feature.effect_unsupported != "note":
+            # a shortfall that only costs a note; else a check that matters: runs, or not known
+            lines.append(f"{SOFTWARE_PREFIX}{v.describe()}")
+    return lines, tier
+
+
+def _used_instead(catalog: Catalog, gpu_id: str, price: Price, used: bool) -> Price | None:
+    """Without ``--used``: the newest used price of the GPU where it is below ``price`` (what
+    ``--used`` would rank with); None otherwise."""
+    if used or price.kind == "used":
+        return None
+    second_hand = purchase_price(catalog, gpu_id, "used")
+    return second_hand if second_hand is not None and second_hand.usd < price.usd else None
+
+
 def _sharding_hint(excluded: list[Exclusion], run: RunConfig) -> tuple[str, ...]:
     """A note naming the machines of several GPUs left out for memory because each of their
     GPUs holds the whole model state (data parallel without sharding it)."""
@@ -444,6 +513,8 @@ def _closeness(
     not their absolute ones, whose error the GPUs largely share)."""
     notes = []
     for a, b in itertools.pairwise(priced[:4]):
+        if a.tier != b.tier:  # ordered by software support, not by the metric
+            continue
         band = max(a.ranking_band, b.ranking_band)
         a_slower, b_as_is = value(a, a.throughput / (1 + band)), value(b, b.throughput)
         if (b_as_is >= a_slower) if high_is_good else (b_as_is <= a_slower):
@@ -615,7 +686,10 @@ def _answer(
             for kind, n in sorted(counts.items(), key=lambda kv: -kv[1])
         )
         single = all(e.count == 1 for e in excluded)
-        hints = _next_steps(counts, q, run, single_gpu=single)
+        software = sum(e.kind == "build" and e.reason.startswith(SOFTWARE_PREFIX) for e in excluded)
+        if software:
+            counts["build"] -= software
+        hints = _next_steps(counts, q, run, single_gpu=single, software=software)
         return f"No GPU in the catalog does this as asked ({common}). See the excluded list." + (
             f" {hints}" if hints else ""
         )
@@ -660,7 +734,9 @@ def _no_rental(catalog: Catalog, gpu: GpuSpec, count: int, provider: str | None)
     return f"no offer of {count} in one machine{where} in the catalog ({machine_sizes(rows)})"
 
 
-def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_gpu: bool) -> str:
+def _next_steps(
+    counts: dict[str, int], q: Question, run: RunConfig, *, single_gpu: bool, software: int = 0
+) -> str:
     """What the user can change when nothing qualifies: the options that relax what ruled most
     GPUs out (only those not already set)."""
     steps: list[str] = []
@@ -693,6 +769,10 @@ def _next_steps(counts: dict[str, int], q: Question, run: RunConfig, *, single_g
         steps.append(f"a later --within than {q.within_hours:,.0f} h")
     if counts.get("build"):
         steps.append("--gpu-only to price the cards alone (you size the machine)")
+    if software:
+        steps.append(
+            "another --method, --optimizer or --precision that the left-out GPUs' software runs"
+        )
     return f"To widen the search, try: {'; '.join(steps)}." if steps else ""
 
 
@@ -718,8 +798,9 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         base = (
             "(--gpu-only: no base system)"
             if q.gpu_only
-            else "+ the base system of the smallest build class that holds them (cost data, "
-            "sourced)"
+            else "+ the base system of the smallest build class that holds them: a one-GPU "
+            "desktop by parts with the power supply sized to the GPU's board power (component "
+            "data, sourced and dated), other machines the class's whole-build figure (cost data)"
         )
         notes.append(
             "buy: GPU price (newest new, else used, else launch; --used: the used price where it "
@@ -732,6 +813,13 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "rent: the cheapest on-demand rate per GPU-hour in the catalog (or --provider's) "
             "offered for that many GPUs in one machine, x "
             "count; regions of cloud prices are not filtered; no egress, storage or idle time"
+        )
+    if any(p.tier for p in priced):
+        notes.append(SOFTWARE_TIER_NOTE)
+    if q.mode == "buy" and not q.used:
+        notes.append(
+            "prices: a GPU with no new price is ranked at its used price; --used also ranks at "
+            "a used price where one is lower than the new one"
         )
     if q.serving is not None:
         notes.append(
