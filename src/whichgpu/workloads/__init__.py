@@ -9,11 +9,10 @@ from pathlib import Path
 
 from whichgpu.errors import UsageError
 from whichgpu.workloads.base import BuiltWorkload, Workload
+from whichgpu.workloads.config_tasks import TASK_CLASS_SUFFIX, Task, task_choices
 from whichgpu.workloads.registry import all_workloads, get_workload
 from whichgpu.workloads.run_config import check_for_workload, run_config
 from whichgpu.workloads.user import (
-    TASK_CLASS_SUFFIX,
-    Task,
     UserModel,
     UserModelError,
     config_workload,
@@ -57,7 +56,7 @@ def select_workload(
     if task is not None and config is None:
         raise UsageError("--task applies to --config only.")
     if task is not None and task not in TASK_CLASS_SUFFIX:
-        raise UsageError(f"--task: '{task}' is not one of {', '.join(TASK_CLASS_SUFFIX)}.")
+        raise UsageError(f"--task: '{task}' is not one of {task_choices()}.")
     if config is not None:
         return config_workload(config, task)
     if model is not None:

@@ -53,20 +53,29 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from whichgpu.errors import UnsupportedWorkload, UsageError, WhichGpuError, WorkloadError
 from whichgpu.schema import RunConfig, ThroughputUnit, WorkloadInfo
 from whichgpu.workloads.base import Batch, BuiltWorkload, Workload, keyword_inference
+from whichgpu.workloads.config_tasks import (
+    Task,
+    batch_maker,
+    check_task,
+    class_for,
+    host_linspace,
+    inference_forward,
+    task_choices,
+    task_config,
+    task_of,
+    task_shape,
+)
 from whichgpu.workloads.hf import (
     build_hf_model,
     default_dtype,
     layer_count,
     loss_from_output,
-    max_positions,
-    model_device,
     skip_init_when_fake,
-    token_batch,
     weight_dtype,
     with_layers,
 )
@@ -74,59 +83,6 @@ from whichgpu.workloads.profile_cache import source_digest
 
 if TYPE_CHECKING:
     import torch
-
-Task = Literal["causal-lm", "seq-cls", "masked-lm"]
-TASK_CLASS_SUFFIX: dict[str, str] = {
-    "causal-lm": "ForCausalLM",
-    "seq-cls": "ForSequenceClassification",
-    "masked-lm": "ForMaskedLM",
-}
-"""The class-name ending of each task in ``transformers`` (``LlamaForCausalLM``)."""
-OLDER_CLASS_SUFFIX: dict[str, Task] = {"LMHeadModel": "causal-lm", "ForPreTraining": "masked-lm"}
-"""Endings of other model classes with one of the tasks (``GPT2LMHeadModel``, which has no
-``…ForCausalLM`` twin; ``BertForPreTraining``, masked-language modelling with BERT's
-next-sentence head, trained on both)."""
-_AUTO_MAPPINGS: dict[str, str] = {
-    "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",
-    "seq-cls": "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES",
-    "masked-lm": "MODEL_FOR_MASKED_LM_MAPPING_NAMES",
-}
-"""transformers' tables of the class each model type uses for a task."""
-DEFAULT_SEQ_LEN = 2048
-
-
-def _task_of(architecture: str) -> Task | None:
-    for task, suffix in TASK_CLASS_SUFFIX.items():
-        if architecture.endswith(suffix):
-            return task  # type: ignore[return-value]
-    for suffix, older_task in OLDER_CLASS_SUFFIX.items():
-        if architecture.endswith(suffix):
-            return older_task
-    return None
-
-
-def _class_for(architecture: str, task: Task, model_type: str) -> str:
-    """The class of ``architecture``'s model family for ``task``: itself when it already does
-    that task, else the class transformers' auto classes take for ``model_type`` and the task
-    (``gpt2`` causal LM: ``GPT2LMHeadModel``), else its stem (before ``For…``, or a base
-    ``…Model``) with the task's ending."""
-    if _task_of(architecture) == task:
-        return architecture
-    names: Mapping[str, str] = {}
-    try:
-        from transformers.models.auto import modeling_auto
-
-        names = getattr(modeling_auto, _AUTO_MAPPINGS[task], {})
-    except ImportError:  # fit --fast without transformers: the stem's class below
-        pass
-    if model_type in names:
-        return names[model_type]
-    if "For" in architecture:
-        stem = architecture[: architecture.rindex("For")]
-    else:
-        stem = architecture.removesuffix("LMHeadModel").removesuffix("Model") or architecture
-    return stem + TASK_CLASS_SUFFIX[task]
-
 
 SIZE_FIELDS = (
     "hidden_size",
@@ -179,24 +135,27 @@ def read_user_config(path: Path, task: Task | None = None) -> tuple[dict[str, An
             '"architectures": ["LlamaForCausalLM"]); add it to the file.'
         )
     if task is not None:
-        chosen = _class_for(architectures[0], task, str(config["model_type"]))
+        chosen = class_for(architectures[0], task, config)
         return {**config, "architectures": [chosen]}, task
-    found = _task_of(architectures[0])
+    found = task_of(architectures[0], config)
     if found is None:
         raise UnsupportedWorkload(
-            f"Cannot tell the task of '{architectures[0]}'; pass --task causal-lm, seq-cls or "
-            "masked-lm."
+            f"Cannot tell the task of '{architectures[0]}'; pass --task {task_choices()}."
         )
     return {**config, "architectures": architectures}, found
 
 
 def config_workload(path: Path, task: Task | None = None) -> Workload:
-    """A workload built from the user's config file."""
-    config, resolved_task = read_user_config(path, task)
+    """A workload built from the user's config file, for its task (``config_tasks``)."""
+    named, resolved_task = read_user_config(path, task)
+    config = task_config(resolved_task, named)
     architectures = config["architectures"]
-    vocab = int(config.get("vocab_size", 0))
-    if vocab <= 0:
+    check_task(path, resolved_task, config)
+    shape = task_shape(resolved_task, config)
+    if shape.needs_vocab and int(config.get("vocab_size", 0)) <= 0:
         raise UsageError(f"--config {path} has no 'vocab_size'.")
+
+    per_token = shape.throughput_unit == "tokens"  # target tokens of an encoder-decoder
 
     def build(run: RunConfig) -> BuiltWorkload:
         return built(_config_model(path, config, run))
@@ -205,33 +164,14 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         return built(_config_model(path, with_layers(config, layers), run))
 
     def built(model: torch.nn.Module) -> BuiltWorkload:
-        import torch
-
-        lm_batch = token_batch(vocab)
-
-        def make_batch(batch_size: int, seq_len: int | None) -> dict[str, Any]:
-            if resolved_task == "causal-lm":
-                return lm_batch(model, batch_size, seq_len)
-            seq = seq_len or DEFAULT_SEQ_LEN
-            device = model_device(model)
-            ids = torch.randint(0, vocab, (batch_size, seq), device=device)
-            if resolved_task == "masked-lm":
-                if architectures[0].endswith("ForPreTraining"):  # and its next-sentence head
-                    pairs = torch.randint(0, 2, (batch_size,), device=device)
-                    return {"input_ids": ids, "labels": ids, "next_sentence_label": pairs}
-                return {"input_ids": ids, "labels": ids}
-            labels = torch.randint(
-                0, int(config.get("num_labels", 2)), (batch_size,), device=device
-            )
-            return {"input_ids": ids, "labels": labels}
-
         return BuiltWorkload(
             model=model,
-            make_batch=make_batch,
+            make_batch=batch_maker(resolved_task, config, architectures[0], model),
             loss=loss_from_output,
             units_per_sample=lambda seq_len: (
-                int(seq_len or DEFAULT_SEQ_LEN) if resolved_task == "causal-lm" else 1
+                int(seq_len or shape.default_seq_len or 1) if per_token else 1
             ),
+            forward=inference_forward,
         )
 
     info = WorkloadInfo(
@@ -239,16 +179,17 @@ def config_workload(path: Path, task: Task | None = None) -> Workload:
         family="user",
         task=resolved_task,
         description=f"{architectures[0]} from {path.name}",
-        input_desc="a sequence of token ids",
-        throughput_unit="tokens" if resolved_task == "causal-lm" else "sequences",
+        input_desc=shape.input_desc,
+        throughput_unit=shape.throughput_unit,
         default_batch_size=1,
-        default_seq_len=min(max_positions(config) or DEFAULT_SEQ_LEN, DEFAULT_SEQ_LEN),
-        is_sequence_model=True,
-        max_seq_len=max_positions(config),
+        default_seq_len=shape.default_seq_len,
+        is_sequence_model=shape.is_sequence_model,
+        max_seq_len=shape.max_seq_len,
     )
     identity = json.dumps({"config": config, "task": resolved_task}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()
-    layers = layer_count(config)
+    # an encoder-decoder has two stacks (BART's and Whisper's num_hidden_layers is one of them)
+    layers = None if shape.two_stacks or config.get("is_encoder_decoder") else layer_count(config)
     return Workload(
         info=info,
         build=build,
@@ -262,7 +203,8 @@ def _config_model(path: Path, config: Mapping[str, Any], run: RunConfig) -> torc
     """The model of the user's config; a config ``transformers`` refuses (a ``hidden_size`` not
     divisible by ``num_attention_heads`` …) is a ``UsageError`` that names the fields."""
     try:
-        return build_hf_model(dict(config), run)
+        with host_linspace():
+            return build_hf_model(dict(config), run)
     except Exception as exc:
         if not _is_config_error(exc):
             raise
