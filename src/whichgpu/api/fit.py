@@ -32,6 +32,7 @@ def fit(
     gpu_count: int | None = None,
     stack: str | None = None,
     serving: str | None = None,
+    quantization: str | None = None,
     progress: Callable[[str], None] | None = None,
     fast: bool = False,
     **run_options: Any,
@@ -53,13 +54,18 @@ def fit(
     concurrency. ``serving="vllm"`` (or ``"tensorrt-llm"``) adds that engine's paged-KV-cache
     answer to each estimate and makes it the verdict: ``fits`` and ``max_batch_size`` are then
     the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``), the
-    memory figures plain PyTorch generation's, for comparison.
+    memory figures plain PyTorch generation's, for comparison. ``quantization="int4"``
+    (``"int8"``, ``"fp8"``; with ``serving``) sizes the engine's KV budget for quantized
+    weights (``api.predict.engine_quantization``); a GPU the engine cannot run them on is left
+    out, with why in the list's ``notes``.
 
         ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
         config of a named workload or the ``config`` file, without torch and without a trace, for
         full training of the models it covers on one GPU; anything else is a ``UsageError``. It
         errs high (``validate closed-form`` prints by how much).
     """
+    from whichgpu.api.predict import checked_quantization, engine_quantization
+    from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.serving import engine_verdict
 
@@ -79,6 +85,7 @@ def fit(
                 "inference."
             )
         engine = get_serving_engine(serving)
+    checked = checked_quantization(quantization, engine, run)
     asked = ask(chosen, run, gpus=gpus, stack=stack, config=config, progress=progress)
     step = asked.step
     if engine is not None and step.kv_per_token is None:
@@ -88,29 +95,38 @@ def fit(
         )
     catalog = load_catalog()
     estimates = []
+    refused: list[str] = []
     for gpu in asked.targets:
         if progress is not None:
             progress(gpu.name)
-        estimates.append(
-            engine_verdict(  # with an engine, its KV cache decides what fits
-                estimate_on_gpu(
-                    step.memory,
-                    step.run,
-                    gpu,
-                    catalog,
-                    asked.software,
-                    method=step.method,
-                    seq_limit=step.seq_limit,
-                    shorter_seq_when_unfit=True,
-                    kv_per_token_bytes=step.kv_per_token,
-                    kv_head_count=step.kv_heads,
-                    serving=engine,
-                )
-            )
+        estimate = estimate_on_gpu(
+            step.memory,
+            step.run,
+            gpu,
+            catalog,
+            asked.software,
+            method=step.method,
+            seq_limit=step.seq_limit,
+            shorter_seq_when_unfit=True,
+            kv_per_token_bytes=step.kv_per_token,
+            kv_head_count=step.kv_heads,
+            serving=engine,
         )
+        if engine is not None and checked is not None:
+            try:
+                estimate, _ = engine_quantization(
+                    step, engine, gpu, estimate, asked.software, checked
+                )
+            except QuantizationRefused as exc:
+                if len(asked.targets) == 1:
+                    raise
+                refused.append(str(exc))
+                continue
+        # with an engine, its KV cache decides what fits
+        estimates.append(engine_verdict(estimate))
     estimates.sort(key=lambda e: (-e.max_batch_size, -e.headroom_bytes))
     keep_replays()
-    return ResultList(estimates)
+    return ResultList(estimates, notes=refused)
 
 
 def _fit_fast(

@@ -33,6 +33,7 @@ from whichgpu.workloads.base import Workload
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
+    from whichgpu.estimate.engine_speed import Quantization, QuantizedPath
     from whichgpu.estimate.throughput import GpuRates
 
 
@@ -50,6 +51,7 @@ def predict(
     serving: str | None = None,
     tpot_ms: float | None = None,
     ttft_ms: float | None = None,
+    quantization: Quantization | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ResultList[ThroughputEstimate]:
@@ -81,10 +83,13 @@ def predict(
     rents the GPU, and with ``tpot_ms`` / ``ttft_ms`` the largest concurrency within those
     targets. Without ``concurrency`` the engine serves the most its KV cache holds; a GPU is
     left out when the engine's KV cache cannot hold the sequences (``fit --serving``).
+    ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``) serves quantized weights
+    (``engine_quantization``); a GPU the engine cannot run them on is left out with why.
     """
     chosen = select(workload, config, task, model)
     run = run_config(gpus=gpu_count, **run_options)
     engine = _engine(serving, run.mode, tpot_ms, ttft_ms)
+    quantization = checked_quantization(quantization, engine, run)
     asked = ask(
         chosen, run, gpus=gpus, stack=stack, config=config, progress=progress, one_node=True
     )
@@ -101,7 +106,12 @@ def predict(
         )
     targets = (tpot_ms, ttft_ms)
     out, unfit, untimed = _speeds(
-        asked, named=bool(gpus), progress=progress, engine=engine, targets_ms=targets
+        asked,
+        named=bool(gpus),
+        progress=progress,
+        engine=engine,
+        targets_ms=targets,
+        quantization=quantization,
     )
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
@@ -144,6 +154,66 @@ def _engine(
     return get_serving_engine(serving)
 
 
+def checked_quantization(
+    quantization: str | None, engine: ServingEngine | None, run: RunConfig
+) -> Quantization | None:
+    """``quantization`` checked: one of ``engine_speed.QUANTIZATIONS``, with a serving engine
+    and a 16-bit serving dtype (the layers left unquantized and the activations)."""
+    from whichgpu.estimate.engine_speed import QUANTIZATIONS
+
+    if quantization is None:
+        return None
+    if engine is None:
+        raise UsageError(
+            f"{option('quantization')} is how a serving engine stores the weights; add "
+            f"{option('serving')} vllm (or tensorrt-llm)."
+        )
+    for known in QUANTIZATIONS:
+        if quantization == known:
+            if run.precision not in ("bf16", "fp16", "bf16-pure"):
+                raise UsageError(
+                    f"{option('quantization')} {known} keeps activations and the other layers "
+                    f"in 16 bits; use {option('precision')} bf16 or fp16, not {run.precision}."
+                )
+            return known
+    raise UsageError(
+        f"{option('quantization')} {quantization!r} is not modelled: use "
+        f"{', '.join(QUANTIZATIONS)}."
+    )
+
+
+def engine_quantization(
+    step: Step,
+    engine: ServingEngine,
+    gpu: GpuSpec,
+    estimate: MemoryEstimate,
+    software: SoftwareStack,
+    quantization: Quantization | None,
+) -> tuple[MemoryEstimate, QuantizedPath | None]:
+    """``estimate`` with its engine's KV budget sized for the weights stored as
+    ``quantization`` says, and how the engine runs them on ``gpu`` (None: unquantized);
+    ``QuantizationRefused`` where the engine cannot run them on ``gpu``."""
+    if quantization is None:
+        return estimate, None
+    from whichgpu.estimate.engine_speed import model_shape, quantized_path
+    from whichgpu.estimate.memory import weights_bytes
+    from whichgpu.estimate.serving import serving_dtype_bytes, with_engine_weights
+
+    assert step.model_config is not None and step.kv_per_token is not None
+    path = quantized_path(engine.id, engine.label, quantization, gpu)
+    shape = model_shape(
+        step.model_config,
+        weights_bytes(step.profile),
+        step.kv_per_token,
+        serving_dtype_bytes(step.run.precision),
+        path.format,
+    )
+    quantized = with_engine_weights(
+        estimate, engine, software, weights_bytes=shape.weights_bytes, label=path.format.label
+    )
+    return quantized, path
+
+
 def _speeds(
     asked: Asked,
     *,
@@ -151,6 +221,7 @@ def _speeds(
     progress: Callable[[str], None] | None,
     engine: ServingEngine | None = None,
     targets_ms: tuple[float | None, float | None] = (None, None),
+    quantization: Quantization | None = None,
 ) -> tuple[list[ThroughputEstimate], int, list[tuple[str, UsageError]]]:
     """The step timed on each GPU asked about; GPUs it does not fit on count as unfit and,
     unless ``named``, are left out, as are the GPUs it fits on that cannot be timed (with
@@ -187,6 +258,19 @@ def _speeds(
             kv_head_count=step.kv_heads,
             serving=engine,
         )
+        path = None
+        if engine is not None:
+            from whichgpu.estimate.engine_speed import QuantizationRefused
+
+            try:
+                estimate, path = engine_quantization(
+                    step, engine, gpu, estimate, asked.software, quantization
+                )
+            except QuantizationRefused as exc:
+                if len(targets) == 1:
+                    raise
+                untimed.append((gpu.name, exc))
+                continue
         fits = estimate.fits if engine is None else _engine_fits(estimate, step.run)
         if not fits and not named:
             unfit += 1
@@ -198,7 +282,14 @@ def _speeds(
                     answer = answer.model_copy(
                         update={
                             "serving_speed": serving_speed_on_gpu(
-                                asked.step, engine, gpu, rates, estimate, targets_ms, catalog
+                                asked.step,
+                                engine,
+                                gpu,
+                                rates,
+                                estimate,
+                                targets_ms,
+                                catalog,
+                                path=path,
                             )
                         }
                     )
@@ -229,10 +320,13 @@ def serving_speed_on_gpu(
     estimate: MemoryEstimate,
     targets_ms: tuple[float | None, float | None],
     catalog: Catalog,
+    *,
+    path: QuantizedPath | None = None,
 ) -> ServingSpeed:
     """The engine's speed on ``gpu`` (``step.run.gpus`` of them, tensor parallel) at the
     asked concurrency (default: the most its KV cache holds), its growth with the concurrency,
-    the largest concurrency within the targets and the cost per million output tokens."""
+    the largest concurrency within the targets and the cost per million output tokens; with
+    ``path``, of weights quantized as it says (``engine_quantization``)."""
     from whichgpu.cost.pricing import cloud_price, price_note
     from whichgpu.estimate.engine_speed import (
         EngineSpeed,
@@ -255,9 +349,10 @@ def serving_speed_on_gpu(
         weights_bytes(step.profile),
         step.kv_per_token,
         serving_dtype_bytes(run.precision),
+        None if path is None else path.format,
     )
     achievable, rate_notes = engine_rates(
-        gpu, rates, run.precision, gpus=n, kv_heads_total=step.kv_heads or 0
+        gpu, rates, run.precision, gpus=n, kv_heads_total=step.kv_heads or 0, path=path
     )
     speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
     decode = speed.decode(concurrency, context, new)
@@ -282,9 +377,26 @@ def serving_speed_on_gpu(
         per_million = price.usd * n / (at.output_tokens_per_s * 3600) * 1e6
         source = price_note(price)
     ladder = concurrency_ladder(concurrency, limit)
+    quantized: tuple[str, ...] = ()
+    if path is not None:
+        quantized = (
+            f"weights: {path.label}, {shape.weights_bytes / 2**30:.2f} GiB in all (the "
+            "decode step reads these bytes); the engine runs it on this GPU per "
+            f"{path.source}",
+        )
+    moe: tuple[str, ...] = ()
+    if shape.experts:
+        moe = (
+            f"mixture of experts: a step of B tokens reads the weights outside the experts "
+            f"once and, per layer, the distinct experts its tokens are routed to, "
+            f"{shape.experts} x (1 - (1 - {shape.experts_per_token}/{shape.experts})^B) of "
+            f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
+            f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
+            f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
+        )
     return ServingSpeed(
         engine=engine.id,
-        engine_label=engine.label,
+        engine_label=engine.label if path is None else f"{engine.label}, {path.format.label}",
         gpus=n,
         concurrency=concurrency,
         context=context,
@@ -310,6 +422,8 @@ def serving_speed_on_gpu(
             "tensor rate)" + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
             f"a decode step reads the weights once, every sequence's KV cache at the "
             f"generation's average length (context {context} + {new}/2) and the activations",
+            *quantized,
+            *moe,
             f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
             "step budget less the other sequences' decode tokens (steady state, no queueing)",
             "TPOT is a decode step without prefill chunks beside it: measured mean TPOTs, "

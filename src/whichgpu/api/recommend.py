@@ -16,7 +16,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.catalog import resolve_gpus
-from whichgpu.api.predict import calibration_of, serving_speed_on_gpu
+from whichgpu.api.predict import (
+    calibration_of,
+    checked_quantization,
+    engine_quantization,
+    serving_speed_on_gpu,
+)
 from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
@@ -38,6 +43,7 @@ from whichgpu.workloads.stored import ScalableProfile
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
+    from whichgpu.estimate.engine_speed import Quantization
     from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.ranking.rank import Option
 
@@ -68,6 +74,7 @@ def recommend(
     top: int | None = None,
     sort: str | None = None,
     serving: str | None = None,
+    quantization: str | None = None,
     stack: str | None = None,
     store: Path | str | None = None,
     prices: Sequence[Path | str] | None = None,
@@ -95,6 +102,9 @@ def recommend(
     new_tokens`` tokens (``fit --serving``'s max concurrency), and its speed and cost are the
     engine's (``predict --serving``): output tokens/s, and dollars per million output tokens
     in its reasons; stored measurements (plain PyTorch) neither rank nor correct it.
+    ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``): the engine serves
+    quantized weights (``api.predict.engine_quantization``); a GPU it cannot run them on is
+    left out with why.
     """
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.ranking.rank import rank
@@ -140,6 +150,7 @@ def recommend(
         catalog,
         progress,
         asked.question.serving,
+        checked_quantization(quantization, asked.question.serving, run_config(**asked.run_options)),
     )
     question = replace(
         asked.question,
@@ -191,6 +202,7 @@ def _sized(
     catalog: Catalog,
     progress: Callable[[str], None] | None,
     engine: ServingEngine | None = None,
+    quantization: Quantization | None = None,
 ) -> _Sized:
     """The step on ``targets`` at each count: fit, predicted speed (corrected by the newest
     measurement on one GPU) and any stored measurement; a count the model cannot be split
@@ -226,7 +238,18 @@ def _sized(
             if progress is not None:
                 progress(f"{count} x {gpu.name}" if count > 1 else gpu.name)
             out.options.append(
-                _option(gpu, count, step, timer, catalog, software, calibration, measured, engine)
+                _option(
+                    gpu,
+                    count,
+                    step,
+                    timer,
+                    catalog,
+                    software,
+                    calibration,
+                    measured,
+                    engine,
+                    quantization,
+                )
             )
         out.run = step.run
     return out
@@ -242,10 +265,12 @@ def _option(
     calibration: tuple[Calibration, float] | None,
     measured: dict[tuple[str, int], BenchResult],
     engine: ServingEngine | None = None,
+    quantization: Quantization | None = None,
 ) -> Option:
     """One GPU at one count: its fit, its predicted (and corrected) speed, its measurement;
     with ``engine``, the engine's fit (its KV cache) and speed (``serving_speed``)."""
     from whichgpu.estimate.calibration import calibrate as correct
+    from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.serving import engine_verdict
     from whichgpu.estimate.throughput import gpu_rates
@@ -264,15 +289,23 @@ def _option(
         kv_head_count=step.kv_heads,
         serving=engine,
     )
+    path = refused = None
+    if engine is not None:
+        try:
+            memory, path = engine_quantization(step, engine, gpu, memory, software, quantization)
+        except QuantizationRefused as exc:
+            refused = str(exc)
     memory = engine_verdict(memory)  # with an engine, its KV cache decides what fits
     speed = speed_unknown = None
-    if memory.fits:
+    if refused is not None:
+        speed_unknown = refused
+    elif memory.fits:
         try:
             rates = gpu_rates(gpu)
             speed = timer.on_gpu(gpu, rates, memory)
             if engine is not None:
                 served = serving_speed_on_gpu(
-                    step, engine, gpu, rates, memory, (None, None), catalog
+                    step, engine, gpu, rates, memory, (None, None), catalog, path=path
                 )
                 speed = speed.model_copy(update={"serving_speed": served})
         except UsageError as exc:  # the catalog lacks what the prediction needs

@@ -10,24 +10,42 @@ sequences' decodes. The achievable shares are the throughput model's own constan
 (``data/throughput.json``: the decode bandwidth share, the fitted tensor efficiency); the
 model's shape comes from its ``config.json``; tensor parallel adds two all-reduces per layer
 and step (``estimate.data_parallel``). Pure Python; no fitted factor of its own.
+
+Quantized weights (``--quantization int8|int4|fp8``) are modelled from their bytes: the
+linear layers' weights in the quantized format, scales and zero points included
+(``WeightFormat``), the embeddings, head, norms and routers in the serving dtype; fp8 weights
+with fp8 activations (W8A8) run their matrix products at the catalog's fp8 tensor rate where
+the engine has that path on the GPU (``quantized_path``, which refuses a GPU or engine without
+one, with the reason). A mixture-of-experts model's decode step reads the experts its tokens
+are routed to: ``E x (1 - (1 - k/E) ** tokens)`` of the ``E`` experts of a layer when each token
+picks ``k`` uniformly (``ModelShape.distinct_experts``); its FLOPs are of the active parameters.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
+from whichgpu.errors import UsageError
 from whichgpu.estimate.data_parallel import Link, all_reduce_s, gpu_link
-from whichgpu.estimate.serving import attention_heads, kv_heads, kv_heads_on_one_gpu, layer_shape
+from whichgpu.estimate.serving import (
+    attention_heads,
+    experts_read_share,
+    kv_heads,
+    kv_heads_on_one_gpu,
+    layer_shape,
+    routed_experts,
+)
 from whichgpu.estimate.throughput import (
     GpuRates,
     load_inference_parameters,
     load_parameters,
     peak_flops_per_s,
 )
-from whichgpu.schema import GpuSpec, Precision, ServingSpeedPoint
+from whichgpu.schema import GpuSpec, Precision, ServingSpeedPoint, Vendor
+from whichgpu.units import tflops_to_flops
 
 LOGIT_BYTES = 4
 """Bytes per logit: engines compute the sampler's logits in fp32."""
@@ -59,36 +77,88 @@ class ModelShape:
     kv_bytes_per_token: int
     """Keys and values of one token over all layers, whole model."""
     dtype_bytes: int
-    """Bytes per weight, activation and KV element."""
+    """Bytes per activation and KV element (and per weight outside the quantized layers)."""
+    experts: int = 0
+    """Routed experts per layer of a mixture of experts (``E``); 0 for a dense model."""
+    experts_per_token: int = 0
+    """Experts each token is routed to (``k``); 0 for a dense model."""
+    expert_params: int = 0
+    """Parameters of one routed expert in one layer (its MLP)."""
+    expert_bytes: int = 0
+    """Bytes of one routed expert in one layer, in the weights' stored format."""
+
+    def distinct_experts(self, tokens: float) -> float:
+        """Expected distinct experts of one layer that ``tokens`` tokens are routed to, each
+        picking ``k`` of ``E`` uniformly and independently: ``E x (1 - (1 - k/E) ** tokens)``
+        (``estimate.serving.experts_read_share``). 0 for a dense model."""
+        if self.experts <= 0:
+            return 0.0
+        routed = (self.experts_per_token, self.experts)
+        return self.experts * experts_read_share(routed, max(math.ceil(tokens), 1))
+
+    def weights_read_bytes(self, tokens: float) -> float:
+        """Weight bytes a step of ``tokens`` tokens reads (whole model): all of a dense model;
+        of a mixture of experts, everything but the routed experts, and of those the distinct
+        ones the tokens are routed to, per layer."""
+        if self.experts <= 0:
+            return float(self.weights_bytes)
+        all_experts = self.layers * self.experts * self.expert_bytes
+        touched = self.layers * self.distinct_experts(tokens) * self.expert_bytes
+        return self.weights_bytes - all_experts + touched
+
+    def active_matmul_params(self) -> int:
+        """Matrix-product parameters one token uses: all but the routed experts it is not
+        sent to (``matmul_params`` of a dense model)."""
+        idle = self.experts - self.experts_per_token
+        return self.matmul_params - self.layers * max(idle, 0) * self.expert_params
 
     def activation_bytes_per_token(self) -> int:
         """Bytes one token's activations move through the matrix products of a forward pass:
         each product reads its input and writes its output once (QKV, attention output,
         MLP projections per layer; the head's fp32 logits)."""
         mlp_out = (2 if self.gated_mlp else 1) * self.intermediate
+        mlps = max(self.experts_per_token, 1)  # a token runs k experts' MLPs
         per_layer = (
             self.hidden
             + self.q_width
             + 2 * self.kv_width  # QKV in, out
             + self.q_width
             + self.hidden  # attention output projection
-            + self.hidden
-            + mlp_out  # up (and gate)
-            + self.intermediate
-            + self.hidden  # down
+            + mlps * (self.hidden + mlp_out)  # up (and gate)
+            + mlps * (self.intermediate + self.hidden)  # down
         )
         return self.layers * per_layer * self.dtype_bytes + self.vocab * LOGIT_BYTES
 
     def flops_per_token(self, attended: float) -> float:
-        """FLOPs of one token attending over ``attended`` tokens: ``2 x matmul params`` plus
-        attention's ``QK^T`` and ``PV``, ``4 x layers x q_width x attended``."""
-        return 2.0 * self.matmul_params + 4.0 * self.layers * self.q_width * attended
+        """FLOPs of one token attending over ``attended`` tokens: ``2 x active matmul params``
+        plus attention's ``QK^T`` and ``PV``, ``4 x layers x q_width x attended``."""
+        return 2.0 * self.active_matmul_params() + 4.0 * self.layers * self.q_width * attended
+
+
+def _linear_params(cfg: Mapping[str, Any], shape: ModelShape) -> tuple[int, int]:
+    """``(parameters of the decoder layers' linear layers, parameters of one routed expert)``:
+    the weights a quantization scheme stores quantized (attention projections and MLPs, every
+    expert's; not the embeddings, head, norms or router)."""
+    attention = shape.hidden * (shape.q_width + 2 * shape.kv_width) + shape.q_width * shape.hidden
+    projections = 3 if shape.gated_mlp else 2
+    routed = routed_experts(cfg)
+    if routed is None:
+        return shape.layers * (attention + projections * shape.hidden * shape.intermediate), 0
+    expert = projections * shape.hidden * shape.intermediate  # a MoE shape's is one expert's
+    shared = projections * shape.hidden * int(cfg.get("shared_expert_intermediate_size") or 0)
+    return shape.layers * (attention + routed[1] * expert + shared), expert
 
 
 def model_shape(
-    config: Mapping[str, Any], weights_bytes: int, kv_bytes_per_token: int, dtype_bytes: int
+    config: Mapping[str, Any],
+    weights_bytes: int,
+    kv_bytes_per_token: int,
+    dtype_bytes: int,
+    weight_format: WeightFormat | None = None,
 ) -> ModelShape:
-    """The shape of the model of a Hugging Face ``config.json`` (GPT-2's names too)."""
+    """The shape of the model of a Hugging Face ``config.json`` (GPT-2's names too), its
+    ``weights_bytes`` (in the serving dtype) stored as ``weight_format`` says (None: as they
+    are): the linear layers' weights in the quantized format, the rest in the serving dtype."""
     inner = config.get("text_config")
     cfg: Mapping[str, Any] = inner if isinstance(inner, Mapping) else config
     layers, hidden = layer_shape(cfg)
@@ -99,18 +169,201 @@ def model_shape(
     vocab = int(cfg.get("vocab_size") or 0)
     tied = bool(cfg.get("tie_word_embeddings", "n_embd" in cfg))  # GPT-2 ties its head
     params = weights_bytes // dtype_bytes
-    return ModelShape(
+    routed = routed_experts(cfg)
+    dense = ModelShape(
         layers=layers,
         hidden=hidden,
         q_width=heads * head_dim,
         kv_width=kv_heads(cfg) * head_dim,
-        intermediate=intermediate,
+        intermediate=int(cfg.get("moe_intermediate_size") or intermediate)
+        if routed
+        else intermediate,
         gated_mlp=gated,
         vocab=vocab,
         matmul_params=params if tied else params - vocab * hidden,
         weights_bytes=weights_bytes,
         kv_bytes_per_token=kv_bytes_per_token,
         dtype_bytes=dtype_bytes,
+    )
+    linear, expert = _linear_params(cfg, dense)
+    linear = min(linear, dense.matmul_params)
+    per_weight = float(dtype_bytes)
+    stored = weights_bytes
+    if weight_format is not None:
+        per_weight = weight_format.bytes_per_weight(hidden)
+        stored = weights_bytes - linear * dtype_bytes + math.ceil(linear * per_weight)
+    return replace(
+        dense,
+        weights_bytes=stored,
+        experts=routed[1] if routed else 0,
+        experts_per_token=routed[0] if routed else 0,
+        expert_params=expert,
+        expert_bytes=math.ceil(expert * per_weight),
+    )
+
+
+Quantization = Literal["int8", "int4", "fp8"]
+"""A quantization of the served weights (``--quantization``)."""
+
+QUANTIZATIONS: tuple[Quantization, ...] = ("int8", "int4", "fp8")
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    """How a quantization scheme stores the linear layers' weights: ``bits_per_weight`` each,
+    and per group of ``group_size`` weights along the input (None: per output channel) one
+    scale of ``scale_bytes`` and a zero point of ``zero_bits``."""
+
+    quantization: Quantization
+    """The scheme's ``--quantization`` value."""
+    label: str
+    """The scheme in words."""
+    bits_per_weight: int
+    """Bits of one stored weight."""
+    group_size: int | None
+    """Weights sharing one scale along the input; None: one scale per output channel."""
+    scale_bytes: int
+    """Bytes of one scale."""
+    zero_bits: int
+    """Bits of one group's zero point (0: symmetric, none stored)."""
+
+    def bytes_per_weight(self, in_features: int) -> float:
+        """Bytes one weight takes, its share of the scales and zero points included, in a
+        matrix of ``in_features`` inputs."""
+        group = self.group_size or max(in_features, 1)
+        return self.bits_per_weight / 8 + (self.scale_bytes + self.zero_bits / 8) / group
+
+
+WEIGHT_FORMATS: dict[Quantization, WeightFormat] = {
+    # AutoAWQ's default: 4-bit weights, groups of 128, an fp16 scale and a 4-bit zero point
+    # per group (GPTQ's 4-bit checkpoints: the same, its act-order index aside)
+    "int4": WeightFormat("int4", "int4 weight-only (AWQ/GPTQ W4A16)", 4, 128, 2, 4),
+    # GPTQ 8-bit, symmetric (no zero points stored), groups of 128
+    "int8": WeightFormat("int8", "int8 weight-only (GPTQ W8A16)", 8, 128, 2, 0),
+    # fp8 e4m3 weights with one fp32 scale per output channel (llm-compressor's FP8_DYNAMIC;
+    # vLLM's online fp8 keeps one per tensor: fewer bytes still)
+    "fp8": WeightFormat("fp8", "fp8 weights", 8, None, 4, 0),
+}
+"""The stored formats of ``--quantization``: see docs/serving.md for their sources."""
+
+
+@dataclass(frozen=True)
+class QuantizedPath:
+    """How an engine runs quantized weights on one GPU."""
+
+    format: WeightFormat
+    """How the weights are stored."""
+    fp8_activations: bool
+    """W8A8: the weight matrix products run on the GPU's fp8 tensor cores; otherwise the
+    weights are widened to 16 bits inside the kernel and multiplied at the 16-bit rate."""
+    label: str
+    """The path in words (``fp8 W8A8 on fp8 tensor cores``)."""
+    source: str
+    """Where the engine's support for it on this GPU is documented."""
+
+
+@dataclass(frozen=True)
+class _EngineSupport:
+    """On which GPUs an engine runs a quantization (its published support matrix)."""
+
+    weight_only_capability: tuple[int, int] | None
+    """Lowest NVIDIA compute capability of the weight-only kernels; None: no such path."""
+    w8a8_capability: tuple[int, int] | None = None
+    """Lowest NVIDIA compute capability of fp8 W8A8 (the GPU must also have fp8 tensor
+    rates in the catalog); None: no W8A8 path."""
+    w8a8_amd: bool = False
+    """Whether fp8 W8A8 runs on AMD GPUs with fp8 tensor rates."""
+    source: str = ""
+    """Where the support is documented."""
+
+
+_VLLM_HARDWARE = (
+    "vLLM quantization 'Supported Hardware' table (docs.vllm.ai, v0.11.2 docs, read 2026-11-27)"
+)
+_VLLM_FP8 = (
+    "vLLM 'FP8 W8A8' page: fp8 compute on compute capability 8.9+, weight-only W8A16 via FP8 "
+    "Marlin from 8.0 (vLLM PR #5975, merged 2024-07-03)"
+)
+_TRTLLM = (
+    "TensorRT-LLM support matrix (0.18 docs: FP8 on SM89/SM90, INT8/INT4 from SM80) and "
+    "TensorRT Model Optimizer support matrix (W4A16 AWQ: Ampere and later), read 2026-11-27"
+)
+
+_SUPPORT: dict[tuple[str, Quantization], _EngineSupport] = {
+    # GPTQ kernels from Volta (AWQ from Turing, Marlin from Ampere)
+    ("vllm", "int4"): _EngineSupport((7, 0), source=_VLLM_HARDWARE),
+    ("vllm", "int8"): _EngineSupport((7, 0), source=_VLLM_HARDWARE),
+    ("vllm", "fp8"): _EngineSupport((8, 0), (8, 9), w8a8_amd=True, source=_VLLM_FP8),
+    ("tensorrt-llm", "int4"): _EngineSupport((8, 0), source=_TRTLLM),
+    ("tensorrt-llm", "int8"): _EngineSupport((8, 0), source=_TRTLLM),
+    ("tensorrt-llm", "fp8"): _EngineSupport(None, (8, 9), source=_TRTLLM),
+}
+
+
+class QuantizationRefused(UsageError):
+    """An engine cannot run a quantization on a GPU; the message says why."""
+
+
+def _capability(value: str | None) -> tuple[int, int] | None:
+    """``"8.9"`` as ``(8, 9)``; None when absent or not of that form."""
+    try:
+        major, minor = (value or "").split(".")[:2]
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+def quantized_path(
+    engine_id: str, engine_label: str, quantization: Quantization, gpu: GpuSpec
+) -> QuantizedPath:
+    """How ``engine_id`` runs ``quantization`` on ``gpu``: fp8 as W8A8 where the GPU has fp8
+    tensor rates in the catalog and the engine that path, else weight-only where the engine's
+    kernels run on the GPU's compute capability; ``QuantizationRefused`` (with the reason)
+    where neither."""
+    fmt = WEIGHT_FORMATS[quantization]
+    name = engine_label.split(",")[0]
+    rule = _SUPPORT.get((engine_id, quantization))
+    if rule is None:
+        raise QuantizationRefused(f"{name}: {fmt.label} is not modelled for this engine.")
+    found = _capability(gpu.compute_capability)
+    capability = found if gpu.vendor == Vendor.NVIDIA else None
+    nvidia = capability is not None
+    fp8_cores = bool(gpu.one_device().fp8_tensor_tflops)
+    w8a8 = rule.w8a8_capability
+    if (
+        w8a8 is not None
+        and fp8_cores
+        and (
+            (capability is not None and capability >= w8a8)
+            or (gpu.vendor == Vendor.AMD and rule.w8a8_amd)
+        )
+    ):
+        return QuantizedPath(
+            fmt, True, f"{fmt.label}, fp8 activations (W8A8) on fp8 tensor cores", rule.source
+        )
+    weight_only = rule.weight_only_capability
+    if weight_only is not None and capability is not None and capability >= weight_only:
+        widened = " (W8A16)" if quantization == "fp8" else ""
+        return QuantizedPath(
+            fmt, False, f"{fmt.label}{widened}, widened to 16 bits in the kernel", rule.source
+        )
+    needs = []
+    if rule.w8a8_capability is not None:
+        needs.append(
+            "fp8 tensor cores (NVIDIA compute capability "
+            f"{'.'.join(map(str, rule.w8a8_capability))}+{', or AMD' if rule.w8a8_amd else ''})"
+        )
+    if rule.weight_only_capability is not None:
+        needs.append(
+            "an NVIDIA GPU of compute capability "
+            f"{'.'.join(map(str, rule.weight_only_capability))}+ for the weight-only kernels"
+        )
+    what = (
+        f"compute capability {gpu.compute_capability}" if nvidia else f"a {gpu.vendor.value} GPU"
+    ) + ("" if fp8_cores else " without fp8 tensor rates in the catalog")
+    raise QuantizationRefused(
+        f"{name} cannot run {fmt.label} on {gpu.name} ({what}): it needs "
+        f"{' or '.join(needs)} ({rule.source})."
     )
 
 
@@ -130,6 +383,9 @@ class EngineRates:
     """Share of the KV cache one GPU holds (its KV heads over all of them)."""
     link: Link | None = None
     """The GPUs' link (tensor parallel), None on one GPU."""
+    matmul_flops_per_s: float | None = None
+    """Achievable rate of the weight matrix products where it is not ``tensor_flops_per_s``
+    (fp8 W8A8: the fp8 peak x the same efficiency); attention stays at the 16-bit rate."""
 
 
 @dataclass(frozen=True)
@@ -166,17 +422,19 @@ class EngineSpeed:
         """A step running ``tokens`` tokens that attend over ``attended_tokens`` in all
         (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache."""
         shape, rates, n = self.shape, self.rates, self.rates.gpus
-        flops = (
-            2.0 * shape.matmul_params * tokens
-            + 4.0 * shape.layers * shape.q_width * attended_tokens
-        ) / n
+        matmul_flops = 2.0 * shape.active_matmul_params() * tokens / n
+        attention_flops = 4.0 * shape.layers * shape.q_width * attended_tokens / n
+        flops = matmul_flops + attention_flops
         nbytes = (
-            shape.weights_bytes / n
+            shape.weights_read_bytes(tokens) / n
             + kv_read_tokens * shape.kv_bytes_per_token * rates.kv_share
             + tokens * shape.activation_bytes_per_token() / n
         )
         memory_s = nbytes / rates.bandwidth_bytes_per_s
-        compute_s = flops / rates.tensor_flops_per_s
+        compute_s = (
+            matmul_flops / (rates.matmul_flops_per_s or rates.tensor_flops_per_s)
+            + attention_flops / rates.tensor_flops_per_s
+        )
         seconds = max(memory_s, compute_s)
         if n > 1 and rates.link is not None:  # two all-reduces of the hidden states per layer
             hidden_bytes = tokens * shape.hidden * shape.dtype_bytes
@@ -281,9 +539,12 @@ def engine_rates(
     *,
     gpus: int = 1,
     kv_heads_total: int = 0,
+    path: QuantizedPath | None = None,
 ) -> tuple[EngineRates, tuple[str, ...]]:
     """The achievable rates of ``gpus`` x ``gpu`` under an engine, and where they come from:
-    the decode bandwidth share and the fitted tensor efficiency of ``data/throughput.json``."""
+    the decode bandwidth share and the fitted tensor efficiency of ``data/throughput.json``;
+    with an fp8 W8A8 ``path``, the weight matrix products at the catalog's fp8 tensor peak x
+    that efficiency."""
     params = load_parameters()
     inference = load_inference_parameters()
     peak = peak_flops_per_s(rates, precision)
@@ -300,10 +561,20 @@ def engine_rates(
         kv_share=share if gpus > 1 else 1.0,
         link=gpu_link(gpu, gpus) if gpus > 1 else None,
     )
-    notes = (
+    notes: tuple[str, ...] = (
         f"bytes at {inference.decode_memory_efficiency:.0%} of DRAM bandwidth (the decode "
         f"share of data/throughput.json: {inference.source})",
         f"matrix products at {efficiency:.0%} of the {precision} peak (the throughput model's "
         f"fitted efficiency, {params.fitted_date})",
     )
+    fp8_tflops = gpu.one_device().fp8_tensor_tflops
+    if path is not None and path.fp8_activations and fp8_tflops:
+        out = replace(
+            out, matmul_flops_per_s=tflops_to_flops(fp8_tflops) * params.tensor_efficiency
+        )
+        notes += (
+            f"weight matrix products at {params.tensor_efficiency:.0%} of the catalog's fp8 "
+            "tensor peak (the 16-bit efficiency, taken to hold for fp8); attention at the "
+            f"{precision} rate",
+        )
     return out, notes

@@ -222,6 +222,49 @@ def serving_estimate(
     )
 
 
+def with_engine_weights(
+    estimate: MemoryEstimate,
+    engine: ServingEngine,
+    stack: SoftwareStack,
+    *,
+    weights_bytes: int,
+    label: str,
+) -> MemoryEstimate:
+    """``estimate`` with its engine's answer (``estimate.serving``) sized again for weights of
+    ``weights_bytes`` (the whole model, stored as ``label`` says: quantized weights), each of
+    the tensor-parallel GPUs holding ``1/gpus`` of them; the profiling pass, the non-torch
+    memory and the KV cache per token stay as they were. Unchanged without an engine answer.
+    The plain-PyTorch figures of ``estimate`` stay those of the unquantized model."""
+    served = estimate.serving
+    if served is None:
+        return estimate
+    gpus = max(served.gpus, 1)
+    again = serving_estimate(
+        engine,
+        stack,
+        capacity_bytes=estimate.capacity_bytes,
+        weights_bytes=-(-weights_bytes // gpus),
+        # serving_estimate splits the pass over the GPUs again; it was split already
+        activation_peak_bytes=served.activation_peak_bytes * gpus,
+        kv_per_token_bytes=served.kv_bytes_per_token,
+        tokens_per_sequence=served.tokens_per_sequence,
+        gpus=gpus,
+    )
+    again = again.model_copy(
+        update={
+            "engine_label": f"{served.engine_label}, {label}",
+            "assumptions": (
+                *again.assumptions,
+                f"weights: {label}, {weights_bytes / 2**30:.2f} GiB in all (linear layers "
+                "quantized with their scales; embeddings, head, norms and routers in the "
+                "serving dtype); the activations of the profiling pass and the KV cache stay "
+                "in the serving dtype",
+            ),
+        }
+    )
+    return estimate.model_copy(update={"serving": again})
+
+
 def engine_verdict(estimate: MemoryEstimate) -> MemoryEstimate:
     """``estimate`` with its verdict taken from its serving engine's answer: it fits when the
     engine's KV cache holds the asked sequences (one, without a concurrency), and its largest
