@@ -450,11 +450,15 @@ OptimizerImpl = Literal["foreach", "for-loop", "fused"]
 parameters at once, with temporaries the size of them all), ``for-loop`` (one parameter at a
 time: ``foreach=False``, and the loop of Composer's ``DecoupledAdamW`` that llm-foundry trains
 with), ``fused`` (one kernel per parameter group, no temporaries: ``fused=True``)."""
-LossKernel = Literal["torch", "fused"]
+LossKernel = Literal["torch", "fused", "chunked", "fused-linear"]
 """A language model's cross-entropy: ``torch`` (transformers' loss: the logits upcast to fp32, a
-log-softmax and its gradient in fp32) or ``fused`` (one kernel that reads the 16-bit logits and
+log-softmax and its gradient in fp32), ``fused`` (one kernel that reads the 16-bit logits and
 writes their gradient, as flash-attn's ``CrossEntropyLoss`` — llm-foundry's default — and
-Liger's do)."""
+Liger's do), ``chunked`` (torchtune's ``CEWithChunkedOutputLoss``: the output projection and
+the fp32 upcast run on 8 chunks of the sequence, so the 16-bit logits exist whole but their
+fp32 copy one chunk at a time) or ``fused-linear`` (Liger's ``FusedLinearCrossEntropy``: the
+output projection, the loss and its gradients run chunk by chunk in the forward pass, so no
+logits of the whole batch exist in any dtype). See ``whichgpu.workloads.hf``."""
 CHECKPOINTING_POLICY_PATTERN = r"^(full|selective|every-[1-9][0-9]*)$"
 """The forms of ``RunConfig.checkpointing_policy``: ``full``, ``selective``, ``every-N``."""
 Method = Literal["full", "lora", "qlora"]
@@ -487,6 +491,11 @@ class RunConfig(_Frozen):
     adafactor foreach and for-loop, adamw-8bit its own kernels only."""
     loss_kernel: LossKernel = "torch"
     """A language model's cross-entropy kernel (see ``LossKernel``)."""
+    grad_accum: int = 1
+    """Gradient accumulation: micro-batches of ``batch_size`` per optimizer step on each GPU.
+    Memory is one micro-batch's plus the gradients kept across micro-steps; an optimizer step
+    takes ``grad_accum`` forward and backward passes and one update. The global batch is
+    ``batch_size x grad_accum x gpus`` (``global_batch_size``)."""
     checkpointing: bool = False
     """Gradient (activation) checkpointing, by ``checkpointing_policy``."""
     checkpointing_policy: str = Field(default="full", pattern=CHECKPOINTING_POLICY_PATTERN)
@@ -545,6 +554,14 @@ class RunConfig(_Frozen):
             levers.append("no --batch-size (the largest batch that fits)")
         return tuple(levers)
 
+    def global_batch_size(self, batch_size: int | None = None) -> int | None:
+        """Samples per optimizer step over all GPUs: the micro-batch (``batch_size``, else
+        the run's) x ``grad_accum`` x ``gpus``; None when no micro-batch is known."""
+        micro = batch_size if batch_size is not None else self.batch_size
+        if micro is None:
+            return None
+        return micro * self.grad_accum * self.gpus
+
     def checkpointing_every_layers(self) -> int | None:
         """Of a checkpointed run, every how many repeated layers one is checkpointed (1 for
         ``full`` and ``selective``, N for ``every-N``); None without checkpointing."""
@@ -582,6 +599,8 @@ class RunConfig(_Frozen):
                 parts.append(f"{self.method} rank {self.lora_rank}")
             if self.checkpointing:
                 parts.append(f"gradient checkpointing{self.checkpointing_words()}")
+            if self.grad_accum > 1:
+                parts.append(f"gradient accumulation {self.grad_accum}")
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")
@@ -1328,7 +1347,8 @@ class ThroughputEstimate(_Tabular):
     n_gpus: int
     """GPUs training together (data parallel)."""
     step_time_s: float | None
-    """Predicted time of one training step, s (None when it does not fit)."""
+    """Predicted time of one training step, s (None when it does not fit); with gradient
+    accumulation, one optimizer step: ``run.grad_accum`` micro-steps and the update."""
     throughput: float | None
     """Predicted units per second over all GPUs (None when it does not fit). Inference of a
     language model: tokens generated per second over whole requests, the prefill included
@@ -1360,6 +1380,12 @@ class ThroughputEstimate(_Tabular):
     speed_unknown: str | None = None
     """Why the speed cannot be predicted on this GPU (a figure the catalog lacks), when a GPU
     named in the question cannot be timed; ``throughput`` is then None."""
+    global_batch_size: int | None = None
+    """Training: samples per optimizer step over all GPUs, ``batch_size`` (the micro-batch of
+    each GPU) x ``run.grad_accum`` x ``n_gpus``; None for inference."""
+    micro_step_s: float | None = None
+    """Training with gradient accumulation: time of one micro-step (forward and backward of
+    ``batch_size`` samples, no update), s; None otherwise."""
     prefill_s: float | None = None
     """Inference of a language model: time of the prompt's prefill (time to first token), s."""
     decode_step_s: float | None = None

@@ -66,6 +66,7 @@ from whichgpu.errors import (
     UnsupportedWorkload,
     UsageError,
     WhichGpuError,
+    option,
 )
 from whichgpu.schema import BenchEnvironment, BenchResult, RunConfig, WorkloadInfo
 from whichgpu.units import GIB, KIB, MIB
@@ -219,6 +220,11 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
     if run.sharding != "ddp":
         raise UsageError(
             f"--sharding {run.sharding}: bench measures data parallel (DDP) runs only for now."
+        )
+    if run.grad_accum > 1:
+        raise UsageError(
+            f"{option('grad_accum')}: bench measures one step of --batch-size; an accumulated "
+            "step is that many micro-steps and one update (predict times it so)."
         )
     if options.find_max_batch and run.batch_size is not None:
         raise UsageError("Give --batch-size or --find-max-batch, not both.")

@@ -41,6 +41,7 @@ def fit(
     optimizer: o.OptimizerOption = None,
     optimizer_impl: o.OptimizerImplOption = None,
     loss_kernel: o.LossKernelOption = None,
+    grad_accum: o.GradAccumOption = None,
     checkpointing: o.CheckpointingOption = False,
     checkpointing_policy: o.CheckpointingPolicyOption = None,
     method: o.MethodOption = None,
@@ -60,6 +61,7 @@ def fit(
             "GPU; errs high (see `whichgpu validate closed-form`).",
         ),
     ] = False,
+    quantization: o.QuantizationOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Will a training step fit on a GPU, and what is the largest batch that does?
@@ -117,6 +119,7 @@ def fit(
             "optimizer": optimizer,
             "optimizer_impl": optimizer_impl,
             "loss_kernel": loss_kernel,
+            "grad_accum": grad_accum,
             "checkpointing": checkpointing or None,
             "checkpointing_policy": checkpointing_policy,
             "method": method,
@@ -140,6 +143,7 @@ def fit(
             gpu_count=gpus,
             stack=stack,
             serving=serving,
+            quantization=quantization,
             fast=fast,
             **options(),
         )
@@ -147,3 +151,7 @@ def fit(
         emit_json(json_doc.fit_doc(estimates))
         return
     emit(terminal.fit_view(estimates))
+    if estimates.notes:  # GPUs left out (an engine that cannot run --quantization there)
+        from rich.text import Text
+
+        emit(Text("\n".join(f"- {n}" for n in estimates.notes), style="dim"))

@@ -135,9 +135,24 @@ LossKernelOption = Annotated[
     typer.Option(
         "--loss-kernel",
         help="A language model's cross-entropy: torch (default, transformers' loss: fp32 "
-        "logits, log-softmax and gradient) or fused (one kernel over the 16-bit logits, as "
-        "flash-attn's CrossEntropyLoss in llm-foundry or Liger's).",
+        "logits, log-softmax and gradient), fused (one kernel over the 16-bit logits, as "
+        "flash-attn's CrossEntropyLoss in llm-foundry or Liger's), chunked (torchtune's "
+        "chunked cross-entropy: logits upcast to fp32 one of 8 sequence chunks at a time) or "
+        "fused-linear (Liger's fused linear cross-entropy: output projection, loss and "
+        "gradients chunk by chunk in the forward pass, no whole logits in any dtype).",
         rich_help_panel=_RUN,
+    ),
+]
+GradAccumOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--grad-accum",
+        help="Gradient accumulation: micro-batches (of --batch-size) per optimizer step "
+        "(default 1). Memory is one micro-batch's plus the gradients kept between them; an "
+        "optimizer step is N forward/backward passes and one update; the global batch is "
+        "--batch-size x N x --gpus.",
+        rich_help_panel=_RUN,
+        show_default=False,
     ),
 ]
 CheckpointingOption = Annotated[
@@ -271,6 +286,19 @@ SearchConcurrencyOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+QuantizationOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--quantization",
+        help="With --serving: the linear layers' weights quantized, int4 (AWQ/GPTQ-style "
+        "weight-only, W4A16), int8 (weight-only, W8A16) or fp8 (with fp8 activations, W8A8, "
+        "where the GPU has fp8 tensor cores; else weight-only where the engine can). Sizes the "
+        "weights' bytes (read every decode step; the rest of the memory is KV cache). A GPU "
+        "the engine cannot run it on is refused, with why.",
+        rich_help_panel=_RUN,
+        show_default=False,
+    ),
+]
 ConfigOption = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(
@@ -293,7 +321,12 @@ ModelOption = Annotated[
 ]
 TaskOption = Annotated[
     Optional[str],  # noqa: UP045
-    typer.Option("--task", help="With --config: causal-lm, seq-cls or masked-lm."),
+    typer.Option(
+        "--task",
+        help="With --config: the head to build (default: read from 'architectures'): causal-lm, "
+        "seq-cls, masked-lm, question-answering, token-classification, seq2seq-lm (T5, BART), "
+        "image-classification (ViT, ConvNeXt) or speech-seq2seq (Whisper).",
+    ),
 ]
 
 QUESTION_PANEL = "Question"

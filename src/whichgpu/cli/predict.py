@@ -31,6 +31,7 @@ def predict(
     optimizer: o.OptimizerOption = None,
     optimizer_impl: o.OptimizerImplOption = None,
     loss_kernel: o.LossKernelOption = None,
+    grad_accum: o.GradAccumOption = None,
     checkpointing: o.CheckpointingOption = False,
     checkpointing_policy: o.CheckpointingPolicyOption = None,
     method: o.MethodOption = None,
@@ -84,6 +85,7 @@ def predict(
             show_default=False,
         ),
     ] = None,
+    quantization: o.QuantizationOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
@@ -148,6 +150,7 @@ def predict(
         "optimizer": optimizer,
         "optimizer_impl": optimizer_impl,
         "loss_kernel": loss_kernel,
+        "grad_accum": grad_accum,
         "checkpointing": checkpointing or None,
         "checkpointing_policy": checkpointing_policy,
         "method": method,
@@ -173,6 +176,7 @@ def predict(
             serving=serving,
             tpot_ms=tpot_ms,
             ttft_ms=ttft_ms,
+            quantization=quantization,  # type: ignore[arg-type]  # checked by the API
             **options,
         )
     if json:

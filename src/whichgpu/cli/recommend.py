@@ -61,6 +61,7 @@ def recommend(
     optimizer: o.OptimizerOption = None,
     optimizer_impl: o.OptimizerImplOption = None,
     loss_kernel: o.LossKernelOption = None,
+    grad_accum: o.GradAccumOption = None,
     checkpointing: o.CheckpointingOption = False,
     checkpointing_policy: o.CheckpointingPolicyOption = None,
     method: o.MethodOption = None,
@@ -82,6 +83,7 @@ def recommend(
         ),
     ] = None,
     prices: o.PricesOption = None,
+    quantization: o.QuantizationOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Which GPU should you buy or rent for this model? Ranked, priced and explained.
@@ -122,6 +124,7 @@ def recommend(
         "optimizer": optimizer,
         "optimizer_impl": optimizer_impl,
         "loss_kernel": loss_kernel,
+        "grad_accum": grad_accum,
         "checkpointing": checkpointing or None,
         "checkpointing_policy": checkpointing_policy,
         "method": method,
@@ -161,6 +164,7 @@ def recommend(
             top=top,
             sort=sort,
             serving=serving,
+            quantization=quantization,
             stack=stack,
             store=store,
             prices=prices,

@@ -738,6 +738,11 @@ def estimate(
             "The closed-form path gives model states for LoRA/QLoRA (model_states) but no "
             "activations for them or for checkpointing yet; use the traced path."
         )
+    if run.loss_kernel in ("chunked", "fused-linear") or run.grad_accum > 1:
+        raise UnsupportedWorkload(
+            "The closed-form path has no terms for chunked losses or gradient accumulation "
+            "yet; use the traced path."
+        )
     shape = parse_config(config)
     states = model_states(shape, run)
     terms = activation_terms(shape, run)

@@ -213,6 +213,24 @@ class ThroughputPredictor:
             )
         return notes
 
+    def _accumulation_note(self) -> str:
+        """What a step of gradient accumulation is timed as."""
+        run = self.run
+        exchange = ""
+        if run.gpus > 1:
+            exchange = (
+                "; every micro-step exchanges as a whole step does (ZeRO/FSDP reduce-scatter "
+                "the gradients of each backward)"
+                if run.sharding in SHARDED_OPTIMIZER
+                else "; DDP exchanges the gradients once, behind the last micro-step's backward "
+                "(no_sync on the others)"
+            )
+        return (
+            f"gradient accumulation: an optimizer step is {run.grad_accum} micro-steps of "
+            "the traced forward and backward (each adding into the kept gradients) and one "
+            f"optimizer update; throughput counts all {run.grad_accum} micro-batches" + exchange
+        )
+
     def _with_tensor_note(self, assumptions: tuple[str, ...], step: StepTime) -> tuple[str, ...]:
         """``assumptions`` and, when the step runs on tensor cores, what their fitted efficiency
         rests on."""
@@ -349,31 +367,50 @@ class ThroughputPredictor:
             table = restrict(table, ("forward",))
         elif self.run.gpus > 1 and self.run.sharding in SHARDED_OPTIMIZER:
             table = shard_optimizer(table, self.run.gpus)
-        step, capped = _faster(
-            step_time(table, rates, precision, self.params),
-            self.factor,
-            peak_limited_s(table, rates, precision),
-        )
+        raw = step_time(table, rates, precision, self.params)
+        step, capped = _faster(raw, self.factor, peak_limited_s(table, rates, precision))
         assumptions += capped
+        accumulate = self.run.mode == "train" and self.run.grad_accum > 1
+        micro_s: float | None = None
+        if accumulate:
+            applied = raw.step_time_s / step.step_time_s if step.step_time_s > 0 else 1.0
+            update = _faster(
+                step_time(restrict(table, ("optimizer",)), rates, precision, self.params),
+                applied,
+                0.0,
+            )[0]
+            step, micro_s = accumulated(step, update, self.run.grad_accum)
+            assumptions += (self._accumulation_note(),)
         seconds = step.step_time_s
         shares = _shares([step], seconds)
         scaling = None
         if self.run.gpus > 1:
+            backward_s = step.phase_s.get("backward", 0.0)
+            exchanges = 1
+            if accumulate and self.run.sharding in SHARDED_OPTIMIZER:
+                exchanges = self.run.grad_accum  # every micro-step reduce-scatters (gathers)
+            elif accumulate:  # DDP's no_sync: one all-reduce, behind the last backward
+                backward_s /= self.run.grad_accum
             parallel = data_parallel_step(
-                seconds,
-                step.phase_s.get("backward", 0.0),
+                seconds / exchanges,
+                backward_s / exchanges,
                 self.state.gradient_bytes,
                 self.state.parameter_bytes,
                 gpu,
                 self.run.gpus,
                 self.run.sharding,
             )
-            seconds = parallel.step_time_s
+            exposed_s = parallel.exposed_s * exchanges
+            seconds = step.step_time_s + exposed_s
             scaling = step.step_time_s / seconds
             shares = {k: v * step.step_time_s / seconds for k, v in shares.items()}
-            shares["exchange"] = parallel.exposed_s / seconds
+            shares["exchange"] = exposed_s / seconds
             base["link"] = parallel.link.description
-        throughput = self.run.gpus * table.units_per_step / seconds
+        if self.run.mode == "train":
+            base["global_batch_size"] = self.run.global_batch_size(memory.batch_size)
+            base["micro_step_s"] = micro_s
+        units = table.units_per_step * (self.run.grad_accum if accumulate else 1)
+        throughput = self.run.gpus * units / seconds
         base["assumptions"] = self._with_tensor_note(assumptions, step)
         return ThroughputEstimate(
             **base,
@@ -386,6 +423,35 @@ class ThroughputPredictor:
             time_shares=shares,
             tensor_flops_share=step.tensor_flops_share,
         )
+
+
+def accumulated(step: StepTime, update: StepTime, micro_steps: int) -> tuple[StepTime, float]:
+    """One optimizer step of gradient accumulation: ``micro_steps`` times the traced step
+    without its ``update`` (the optimizer phase's time, FLOPs and shares), plus the update
+    once; and the time of one micro-step."""
+    extra = micro_steps - 1
+
+    def more(whole: float, once: float) -> float:
+        return whole + extra * (whole - once)
+
+    flops = more(step.flops, update.flops)
+    tensor_flops = more(
+        step.tensor_flops_share * step.flops, update.tensor_flops_share * update.flops
+    )
+    phases = {
+        phase: seconds * (1 if phase == "optimizer" else micro_steps)
+        for phase, seconds in step.phase_s.items()
+    }
+    total = StepTime(
+        step_time_s=more(step.step_time_s, update.step_time_s),
+        matrix_s=more(step.matrix_s, update.matrix_s),
+        memory_s=more(step.memory_s, update.memory_s),
+        launch_s=more(step.launch_s, update.launch_s),
+        phase_s=phases,
+        flops=flops,
+        tensor_flops_share=tensor_flops / flops if flops > 0 else 0.0,
+    )
+    return total, step.step_time_s - update.step_time_s
 
 
 def _faster(step: StepTime, factor: float, limit_s: float) -> tuple[StepTime, tuple[str, ...]]:

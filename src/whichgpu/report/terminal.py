@@ -759,13 +759,17 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         columns[5:5] = ["scaling", "link"]
     if serving:
         columns[5:5] = ["first token ms", "per token ms"]
+    accumulating = first.run.mode == "train" and first.run.grad_accum > 1
+    if accumulating:  # the micro-batch of each GPU, then the batch of one optimizer step
+        columns[1:3] = ["micro-batch", "global batch", "optimizer step ms"]
     for column in columns:
         table.add_column(column, justify="left" if column in ("GPU", "bound by") else "right")
     for i, e in enumerate(estimates):
+        global_batch = [str(e.global_batch_size or "-")] if accumulating else []
         if e.throughput is None or e.step_time_s is None:
-            blank = [""] * (len(columns) - 4)
+            blank = [""] * (len(columns) - 4 - len(global_batch))
             what = "[red]does not fit[/red]" if not e.fits else "[yellow]unknown[/yellow]"
-            table.add_row(e.gpu_name, str(e.batch_size), "-", what, *blank)
+            table.add_row(e.gpu_name, str(e.batch_size), *global_batch, "-", what, *blank)
             continue
         bound = max(e.time_shares, key=lambda k: e.time_shares[k]) if e.time_shares else "-"
         share = f"{bound} {e.time_shares.get(bound, 0):.0%}"
@@ -796,6 +800,7 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
                 f"{(e.prefill_s or 0) * 1000:,.1f}",
                 f"{(e.decode_step_s or 0) * 1000:,.2f}",
             ]
+        cells[2:2] = global_batch
         table.add_row(*cells)
     notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
     if serving:

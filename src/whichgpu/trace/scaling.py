@@ -3,12 +3,14 @@
 See ``whichgpu.workloads.stored`` for the model. Grid: batch sizes 2 and 3 (see ``FIRST_BATCH``)
 and, for sequence models, lengths ``L/4, L/2, 3L/4`` of the default ``L`` (not ``L`` itself:
 at a model's largest length, slicing position tables becomes aliasing, a different operator);
-the check point is ``(4, 3L/8)``. Inference of a language model is the same grid with the
-batch as the sequences served at once and the length as the context (prompt) tokens; the
-generated tokens stay fixed at the run's ``new_tokens``, so the KV cache of ``L + new_tokens``
-slots is linear in ``L`` and the polynomials stay exact. A model whose operator or allocation
-sequence differs between grid points, or whose check trace differs from the polynomials,
-raises ``ProfileNotScalable`` naming the first difference.
+the check point is ``(4, 3L/8)``; a chunked loss rounds ``L/8`` up to a multiple of its
+chunks (``workloads.hf.loss_chunk_multiple``), so that every traced length splits equally.
+Inference of a language model is the same grid with the batch as the sequences served at once
+and the length as the context (prompt) tokens; the generated tokens stay fixed at the run's
+``new_tokens``, so the KV cache of ``L + new_tokens`` slots is linear in ``L`` and the
+polynomials stay exact. A model whose operator or allocation sequence differs between grid
+points, or whose check trace differs from the polynomials, raises ``ProfileNotScalable``
+naming the first difference.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from whichgpu.trace import depth
 from whichgpu.trace.recorder import canonical_events
 from whichgpu.trace.step import Kernels, trace_step
 from whichgpu.workloads.base import Workload
+from whichgpu.workloads.hf import loss_chunk_multiple
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 from whichgpu.workloads.stored import (
     CATEGORIES,
@@ -58,6 +61,10 @@ def grid(workload: Workload, run: RunConfig, first_batch: int) -> list[tuple[int
         if info.max_seq_len is not None:
             length = min(length, info.max_seq_len - (run.new_tokens or DEFAULT_NEW_TOKENS))
     eighth = max(8, length // 8)
+    multiple = loss_chunk_multiple(run.loss_kernel) if run.mode == "train" else 1
+    rounded = -(-eighth // multiple) * multiple  # every traced length splits into equal chunks
+    if info.max_seq_len is None or 6 * rounded < info.max_seq_len:
+        eighth = rounded
     lengths = (2 * eighth, 4 * eighth, 6 * eighth)
     points: list[tuple[int, int | None]] = [(b, s) for b in (b0, b0 + 1) for s in lengths]
     return [*points, (b0 + 2, 3 * eighth)]

@@ -2,8 +2,14 @@
 
 Training: two steps of forward, loss, backward, optimizer step and ``zero_grad``, so the
 second step (the one whose operators are kept) runs with optimizer state present, as every
-step after the first does. The batch and the loss stay alive until the step ends, as in a
-training loop, which holds both through the optimizer step. Inference: a prefill forward pass
+step after the first does. With gradient accumulation (``grad_accum`` > 1) the kept step is
+the last micro-step of an optimizer step: the first step's ``zero_grad`` keeps the gradients
+(zeroed, as the earlier micro-steps leave them allocated), so they are present through the
+kept step's forward and backward, which adds into them; its optimizer step and
+``zero_grad(set_to_none=True)`` end the accumulation. The earlier micro-steps are the same
+operators without the optimizer step (``estimate.prediction`` times them so). The batch and
+the loss stay alive until the step ends, as in a training loop, which holds both through the
+optimizer step. Inference: a prefill forward pass
 without gradients, then one decode step with the KV cache for language models.
 
 Kernel choices that depend on the device are made explicit here and written into the profile:
@@ -43,7 +49,13 @@ from whichgpu.trace.optim8bit import AdamW8bit
 from whichgpu.trace.recorder import Recorder
 from whichgpu.workloads.base import BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.finetune import apply_method, count_parameters, method_choices
-from whichgpu.workloads.hf import experts_choice, fused_cross_entropy_loss, quiet_transformers
+from whichgpu.workloads.hf import (
+    chunked_cross_entropy_loss,
+    experts_choice,
+    fused_cross_entropy_loss,
+    fused_linear_cross_entropy_loss,
+    quiet_transformers,
+)
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 _AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -89,11 +101,16 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
 def step_loss(
     built: BuiltWorkload, run: RunConfig, model: torch.nn.Module, batch: Any
 ) -> torch.Tensor:
-    """The training step's loss: the workload's own, or, with ``loss_kernel="fused"``, one
-    fused cross-entropy kernel over a language model's logits (``workloads.hf``). The tracer
-    and the bench both take the loss from here."""
+    """The training step's loss: the workload's own, or a language model's cross-entropy by
+    ``loss_kernel`` (``workloads.hf``): ``fused``, one fused kernel over its logits;
+    ``chunked``, torchtune's chunked cross-entropy; ``fused-linear``, Liger's fused output
+    projection and cross-entropy. The tracer and the bench both take the loss from here."""
     if run.loss_kernel == "fused":
         return fused_cross_entropy_loss(model, batch)
+    if run.loss_kernel == "chunked":
+        return chunked_cross_entropy_loss(model, batch)
+    if run.loss_kernel == "fused-linear":
+        return fused_linear_cross_entropy_loss(model, batch)
     return built.loss(model, batch)
 
 
@@ -262,7 +279,10 @@ def _train_steps(
                     rec.mark(value, "optimizer")
         if master:
             master.parameters_out()
-        optimizer.zero_grad(set_to_none=master is None)
+        # accumulating: the first step's gradients stay (zeroed), as after an earlier
+        # micro-step, so the kept step runs with them present and adds into them
+        keep = master is not None or (run.grad_accum > 1 and step == 0)
+        optimizer.zero_grad(set_to_none=not keep)
         if master:
             for p in params:
                 p.grad = None
@@ -639,6 +659,15 @@ def trace_built(
                 else "off"
             ),
             "attention": _attention_choice(rec),
+            **(
+                {
+                    "grad_accum": "the last micro-step of an optimizer step: the gradients "
+                    "of the earlier micro-steps present through forward and backward, "
+                    "which adds into them"
+                }
+                if run.mode == "train" and run.grad_accum > 1
+                else {}
+            ),
             **(
                 {
                     "kernels": "cpu: dropout draws a mask in the input's dtype; attention "

@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -347,3 +348,274 @@ def _fused_cross_entropy() -> Any:
             return torch.mul(logits, grad.to(logits.dtype)), None
 
     return FusedCrossEntropy
+
+
+IGNORE_INDEX = -100
+"""Label of a position that has no target (transformers' and PyTorch's ``ignore_index``)."""
+
+CHUNKED_CE_CHUNKS = 8
+"""Chunks of the sequence ``loss_kernel="chunked"`` computes the logits and the loss in:
+torchtune's default (``num_output_chunks=8`` of its decoders, ``CEWithChunkedOutputLoss``)."""
+
+FUSED_LINEAR_MAX_CHUNKS = 64
+"""Most chunks ``loss_kernel="fused-linear"`` splits the batch's tokens into (see
+``fused_linear_chunks``)."""
+
+
+def fused_linear_chunks(vocab_size: int, hidden_size: int) -> int:
+    """Chunks of the batch's tokens of ``loss_kernel="fused-linear"``: Liger's rule, which
+    makes a chunk's logits about as large as the hidden states of the whole batch.
+
+    Liger takes ``inc_factor = ceil(V / H)`` and a chunk of ``next_power_of_2(ceil(tokens /
+    inc_factor))`` tokens; for a power-of-two token count that is ``2 ** floor(log2(inc_factor))``
+    chunks whatever the count, which is the number used here for every count (so that the
+    traced step is the same at every size and its profile scales exactly), at most
+    ``FUSED_LINEAR_MAX_CHUNKS`` (GPT-2: 64 chunks, Llama 3: 32).
+    """
+    increase = max(1, -(-vocab_size // max(1, hidden_size)))
+    return min(FUSED_LINEAR_MAX_CHUNKS, 1 << (increase.bit_length() - 1))
+
+
+def loss_chunk_multiple(loss_kernel: str) -> int:
+    """What a sequence length must be a multiple of for ``loss_kernel``'s chunks to be equal
+    (at any batch): 1 for unchunked kernels. A traced grid of lengths that are multiples of it
+    gives a profile that scales exactly (``whichgpu.trace.scaling``)."""
+    return {"chunked": CHUNKED_CE_CHUNKS, "fused-linear": FUSED_LINEAR_MAX_CHUNKS}.get(
+        loss_kernel, 1
+    )
+
+
+@dataclass(frozen=True)
+class DecoderOutput:
+    """What a chunked loss takes of a causal language model in place of its logits."""
+
+    hidden: torch.Tensor
+    """The last hidden states, (batch, tokens, hidden), after the final norm."""
+    head: torch.nn.Linear
+    """The output projection (``lm_head``) that would make the logits of them."""
+    targets: torch.Tensor
+    """Each position's target: the next position's label (``IGNORE_INDEX`` at the end), as
+    transformers' ``ForCausalLMLoss`` shifts them."""
+    held: dict[str, Any]
+    """The rest of the decoder's output, held with the loss (``loss_from_output``)."""
+
+
+_SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose logits are more than ``lm_head`` of the hidden states
+(Gemma 2's soft cap, Cohere's and Granite's scales): a chunked loss would leave that out."""
+
+
+def decoder_output(model: torch.nn.Module, batch: Mapping[str, Any], kernel: str) -> DecoderOutput:
+    """Run a causal language model's decoder without its output projection (``kernel`` names
+    the ``--loss-kernel`` in errors): its base model (``base_model``) on the batch's inputs,
+    and the ``lm_head`` that ``get_output_embeddings`` names."""
+    import torch
+
+    labels = batch.get("labels")
+    head = getattr(model, "get_output_embeddings", lambda: None)()
+    base = getattr(model, "base_model", model)
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if config is not None else None
+    scaled = [
+        name for name in _SCALED_LOGITS if getattr(text, name, None) not in (None, 1, 1.0, 0, 0.0)
+    ]
+    if labels is None or not isinstance(head, torch.nn.Linear) or base is model or scaled:
+        why = (
+            f"its logits are scaled or capped ({', '.join(scaled)})"
+            if scaled
+            else "this model's step has no token labels, or no base model and linear output "
+            "projection (lm_head) to split"
+        )
+        raise UnsupportedWorkload(
+            f"--loss-kernel {kernel} computes a causal language model's output projection and "
+            f"cross-entropy chunk by chunk; {why}. Use --loss-kernel torch or fused."
+        )
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    output = base(**inputs)
+    hidden = output[0]
+    if hidden.dim() != 3 or hidden.shape[:2] != labels.shape:
+        raise UnsupportedWorkload(
+            f"--loss-kernel {kernel}: the decoder's output is not (batch, tokens, hidden) "
+            "beside the labels. Use --loss-kernel torch or fused."
+        )
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=IGNORE_INDEX)
+    held = {key: value for key, value in output.items() if key != "last_hidden_state"}
+    return DecoderOutput(hidden, head, targets, held)
+
+
+def chunked_cross_entropy_loss(model: torch.nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    """A causal language model's loss as torchtune's chunked cross-entropy computes it
+    (``loss_kernel="chunked"``).
+
+    Mirrors torchtune's ``CEWithChunkedOutputLoss`` (https://github.com/pytorch/torchtune,
+    ``torchtune/modules/loss/ce_chunked_output_loss.py``, from its pull request 1390) with the
+    decoder's
+    ``num_output_chunks=8``: the output projection runs on each of ``CHUNKED_CE_CHUNKS`` chunks
+    of the sequence, and each chunk's 16-bit logits are upcast to fp32 and reduced to a summed
+    cross-entropy on their own; the sum over chunks is divided by the number of targets. The
+    16-bit logits of every chunk stay for the backward pass (all of them together are the
+    batch's logits), their fp32 copy exists one chunk at a time. torchtune compiles the per-
+    chunk loss (``compute_cross_entropy``), so that the compiled graph keeps only its 16-bit
+    input and each row's log-sum-exp for the backward and recomputes the upcast there; the
+    per-chunk autograd function here (``_upcast_cross_entropy``) keeps the same (eager
+    ``F.cross_entropy`` would keep each chunk's fp32 log-softmax until the backward, the
+    whole fp32 logits after all). Targets are shifted as transformers' ``ForCausalLMLoss``
+    shifts them, so the loss equals the model's own.
+    """
+    out = decoder_output(model, batch, "chunked")
+    count = (out.targets != IGNORE_INDEX).sum()
+    chunk_loss = _upcast_cross_entropy()
+    total: torch.Tensor | None = None
+    pieces = zip(
+        out.hidden.chunk(CHUNKED_CE_CHUNKS, dim=1),
+        out.targets.chunk(CHUNKED_CE_CHUNKS, dim=1),
+        strict=True,
+    )
+    for hidden, targets in pieces:
+        part: torch.Tensor = chunk_loss.apply(out.head(hidden), targets)
+        total = part if total is None else total + part
+    assert total is not None
+    loss = total / count
+    setattr(loss, HELD_OUTPUT, out.held)
+    return loss
+
+
+@functools.cache
+def _upcast_cross_entropy() -> Any:
+    """The summed cross-entropy of one chunk of 16-bit logits, upcast to fp32 inside (the
+    compiled ``compute_cross_entropy`` of torchtune), as an autograd function: it keeps the
+    16-bit logits and one fp32 log-sum-exp per row; the backward upcasts the logits again and
+    writes their gradient, softmax minus the target, in their dtype."""
+    import torch
+
+    class UpcastCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            upcast = logits.float()
+            log_sum_exp = torch.logsumexp(upcast, dim=-1)
+            valid = targets != IGNORE_INDEX
+            index = targets.clamp(min=0).unsqueeze(-1)
+            picked = upcast.gather(-1, index).squeeze(-1)
+            ctx.save_for_backward(logits, log_sum_exp, targets)
+            return ((log_sum_exp - picked) * valid).sum()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+            logits, log_sum_exp, targets = ctx.saved_tensors
+            return _softmax_minus_target(logits, log_sum_exp, targets, grad), None
+
+    return UpcastCrossEntropy
+
+
+def _softmax_minus_target(
+    logits: torch.Tensor, log_sum_exp: torch.Tensor, targets: torch.Tensor, scale: torch.Tensor
+) -> torch.Tensor:
+    """The gradient of the summed cross-entropy wrt ``logits``, times ``scale`` (a scalar or
+    one factor per row), in ``logits``' dtype: ``softmax - onehot(target)``, computed in one
+    fp32 buffer of the logits' shape and zero at ignored positions."""
+    import torch
+
+    gradient = logits.float()
+    gradient.sub_(log_sum_exp.unsqueeze(-1)).exp_()
+    index = targets.clamp(min=0).unsqueeze(-1)
+    gradient.scatter_add_(-1, index, torch.full_like(index, -1, dtype=gradient.dtype))
+    gradient.mul_(((targets != IGNORE_INDEX) * scale).unsqueeze(-1))
+    return gradient.to(logits.dtype)
+
+
+def fused_linear_cross_entropy_loss(
+    model: torch.nn.Module, batch: Mapping[str, Any]
+) -> torch.Tensor:
+    """A causal language model's loss as Liger's fused linear cross-entropy computes it
+    (``loss_kernel="fused-linear"``).
+
+    Mirrors Liger Kernel's ``LigerFusedLinearCrossEntropyLoss`` (its function
+    ``LigerFusedLinearCrossEntropyFunction``, https://github.com/linkedin/Liger-Kernel,
+    ``src/liger_kernel/ops/fused_linear_cross_entropy.py``): the batch's tokens are split into
+    chunks (``fused_linear_chunks``); for each chunk the forward pass computes the chunk's logits
+    (``lm_head``, in the compute dtype), their cross-entropy and its gradient (Liger's Triton
+    kernel does that in one pass, writing the gradient over the logits; here the gradient is
+    computed in fp32 and copied over them), then the gradient wrt the chunk's hidden states
+    (into a buffer of the hidden states' size) and adds the chunk's gradient wrt the weight
+    (and bias) into one buffer of the weight's size. Only those gradients are kept for the
+    backward pass, which scales them by the incoming gradient in place; no logits of the whole
+    batch exist, in any dtype. Targets are shifted as transformers' ``ForCausalLMLoss``
+    shifts them and the loss is the mean over them, so it equals the model's own.
+    """
+    import torch
+
+    out = decoder_output(model, batch, "fused-linear")
+    weight = out.head.weight
+    device = out.hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
+    chunks = fused_linear_chunks(weight.shape[0], weight.shape[1])
+    loss: torch.Tensor = _fused_linear_cross_entropy().apply(
+        out.hidden, weight, out.head.bias, out.targets, dtype, chunks
+    )
+    setattr(loss, HELD_OUTPUT, out.held)
+    return loss
+
+
+@functools.cache
+def _fused_linear_cross_entropy() -> Any:
+    """The fused output projection and cross-entropy as an autograd function that computes
+    its gradients in the forward pass (``fused_linear_cross_entropy_loss``)."""
+    import torch
+
+    class FusedLinearCrossEntropy(torch.autograd.Function):
+        @staticmethod
+        def forward(
+            ctx: Any,
+            hidden: torch.Tensor,
+            weight: torch.Tensor,
+            bias: torch.Tensor | None,
+            targets: torch.Tensor,
+            dtype: torch.dtype,
+            chunks: int,
+        ) -> torch.Tensor:
+            tokens = hidden.reshape(-1, hidden.shape[-1])
+            flat_targets = targets.reshape(-1)
+            scale = (flat_targets != IGNORE_INDEX).sum().float().reciprocal()
+            grad_hidden = torch.empty_like(tokens)
+            grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
+            grad_bias = torch.zeros_like(bias) if bias is not None and bias.requires_grad else None
+            matrix = weight.to(dtype)
+            offset = None if bias is None else bias.to(dtype)
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            with torch.autocast(hidden.device.type, enabled=False):
+                pieces = zip(
+                    tokens.chunk(chunks),
+                    flat_targets.chunk(chunks),
+                    grad_hidden.chunk(chunks),
+                    strict=True,
+                )
+                for rows, row_targets, row_grad in pieces:
+                    inputs = rows.to(dtype)
+                    logits = torch.nn.functional.linear(inputs, matrix, offset)
+                    upcast = logits.float()
+                    log_sum_exp = torch.logsumexp(upcast, dim=-1)
+                    picked = upcast.gather(-1, row_targets.clamp(min=0).unsqueeze(-1))
+                    valid = row_targets != IGNORE_INDEX
+                    total += ((log_sum_exp - picked.squeeze(-1)) * valid).sum()
+                    del upcast, picked
+                    logits.copy_(_softmax_minus_target(logits, log_sum_exp, row_targets, scale))
+                    row_grad.copy_(logits @ matrix)
+                    if grad_weight is not None:
+                        grad_weight.add_(logits.t() @ inputs)
+                    if grad_bias is not None:
+                        grad_bias.add_(logits.sum(dim=0))
+            ctx.hidden_shape = hidden.shape
+            ctx.grads = (grad_hidden, grad_weight, grad_bias)
+            return total * scale
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+            # Liger scales the kept gradients in place (they are used once)
+            grad_hidden, grad_weight, grad_bias = (
+                None if g is None else g.mul_(grad.to(g.dtype)) for g in ctx.grads
+            )
+            ctx.grads = None
+            assert grad_hidden is not None
+            return grad_hidden.view(ctx.hidden_shape), grad_weight, grad_bias, None, None, None
+
+    return FusedLinearCrossEntropy

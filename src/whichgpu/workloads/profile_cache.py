@@ -158,8 +158,15 @@ def distribution_version(distribution: str) -> str | None:
 def traced_run(run: RunConfig) -> RunConfig:
     """``run`` without what a trace does not depend on: the sizes, the GPUs and the sharding
     (and, for inference, the concurrency and the context, with the generated tokens made
-    explicit) — the same for every question the profile answers."""
-    update: dict[str, Any] = {"batch_size": None, "seq_len": None, "gpus": 1, "sharding": "ddp"}
+    explicit); of gradient accumulation only whether there is any (every count above one
+    traces the same micro-step) — the same for every question the profile answers."""
+    update: dict[str, Any] = {
+        "batch_size": None,
+        "seq_len": None,
+        "gpus": 1,
+        "sharding": "ddp",
+        "grad_accum": min(run.grad_accum, 2),
+    }
     if run.mode == "inference":
         update |= {
             "context": None,

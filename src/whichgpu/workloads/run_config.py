@@ -99,6 +99,7 @@ def run_config(**options: Any) -> RunConfig:
         "lora_rank",
         "concurrency",
         "gpus",
+        "grad_accum",
     ):
         value = getattr(run, name)
         if value is not None and value < 1:
@@ -132,7 +133,7 @@ def run_config(**options: Any) -> RunConfig:
                 f"{option('sharding')} {run.sharding} splits training state; it applies to "
                 f"{option('mode')} train only."
             )
-        for name in ("optimizer", "optimizer_impl", "loss_kernel"):
+        for name in ("optimizer", "optimizer_impl", "loss_kernel", "grad_accum"):
             if name in given:
                 raise UsageError(
                     f"{_keyword(name)} applies to training; inference has no optimizer step "
@@ -164,7 +165,7 @@ def run_config(**options: Any) -> RunConfig:
 def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
     """Reject options that do not apply to this workload."""
     if run.seq_len is not None and not info.is_sequence_model:
-        if info.family == "user":
+        if info.family == "user" and "--model" in info.task:  # not a --config image model
             raise UnsupportedWorkload(
                 f"{info.name} declares no sequence length, so {option('seq_len')} does not "
                 "apply; mark the function with @model_defaults(seq_len=N) (from "

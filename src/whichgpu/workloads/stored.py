@@ -436,9 +436,11 @@ PROFILE_DIR = "profiles"
 def profile_key(workload: str, run: RunConfig) -> str:
     """File stem of a stored profile: the workload and what of the run changes the trace.
 
-    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused][_fusedce]
-    [_ckpt|_ckptevery<N>|_ckptselective][_<method><rank>]`` (the optimizer's implementation,
-    the loss kernel and the checkpointing policy when not the default). Inference:
+    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused]
+    [_fusedce|_chunkedce|_fusedlinearce][_ckpt|_ckptevery<N>|_ckptselective][_<method><rank>]
+    [_accum]`` (the optimizer's implementation, the loss kernel and the checkpointing policy
+    when not the default; ``accum`` for gradient accumulation, whose traced micro-step is the
+    same for every count above one: the gradients of the earlier micro-steps present). Inference:
     ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
     the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
     A TF32 run is the FP32 step (TF32 is how the GPU multiplies FP32 matrices: the same
@@ -451,12 +453,14 @@ def profile_key(workload: str, run: RunConfig) -> str:
     if run.optimizer_impl != "foreach":
         parts.append(run.optimizer_impl.replace("-", ""))
     if run.loss_kernel != "torch":
-        parts.append(f"{run.loss_kernel}ce")
+        parts.append(f"{run.loss_kernel.replace('-', '')}ce")
     if run.checkpointing:
         policy = run.checkpointing_policy
         parts.append("ckpt" if policy == "full" else f"ckpt{policy.replace('-', '')}")
     if run.method != "full":
         parts.append(f"{run.method}{run.lora_rank}")
+    if run.grad_accum > 1:
+        parts.append("accum")
     return "_".join(parts)
 
 
