@@ -218,9 +218,15 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert methods[0] == "whichgpu, leave one GPU out" and any("bandwidth" in m for m in methods)
     assert all(s["cases"] == len(doc["cases"]) for s in doc["summaries"])
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
-    # whichgpu's own bench of GPT-2 on an H200 (2026-11-26) is the shipped GPU measurement
-    (measured,) = doc["measured"]
-    assert (measured["workload"], measured["gpu"]) == ("gpt2", "h200-sxm")
+    # whichgpu's own benches on an H200 are the shipped GPU measurements: GPT-2 (2026-11-26),
+    # Llama 3.2 1B at its largest batch and serving 16 and 64 sequences (2026-11-27)
+    shipped = sorted((m["workload"], m["gpu"], m["batch_size"]) for m in doc["measured"])
+    assert shipped == [
+        ("gpt2", "h200-sxm", 8),
+        ("llama-3.2-1b", "h200-sxm", 15),
+        ("llama-3.2-1b", "h200-sxm", 16),
+        ("llama-3.2-1b", "h200-sxm", 64),
+    ]
     assert doc["measured_summary"] is not None
     text = run_cli("validate", "throughput", *own).stdout
     assert "own GPU measurements (out of sample)" in text

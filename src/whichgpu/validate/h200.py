@@ -1,10 +1,12 @@
-"""Measurements on an NVIDIA H200 (2026-11-26, an independent training loop) against ``fit`` and
-``predict`` of the same runs.
+"""Measurements on an NVIDIA H200 (2026-11-26 and 2026-11-27, an independent training loop)
+against ``fit`` and ``predict`` of the same runs.
 
-The data (``data/measured/h200-2026-11/groundtruth.jsonl``, provenance in the README beside it)
-are training steps of whichgpu's named workloads measured by a plain PyTorch loop written for
+The data (``data/measured/h200-2026-11*/groundtruth.jsonl``, provenance in the READMEs beside
+them) are training steps of whichgpu's workloads measured by a plain PyTorch loop written for
 the check, not by whichgpu's harness: peak allocated and reserved bytes, the memory NVML saw in
-use, the mean step time, and two largest batches found by a search exact to 1. Each run is
+use, the mean step time, and largest batches found by a search exact to 1. The second session
+ran the loop's cases the first had not reached (GPT-2 XL, Llama 3.2 3B in AMP, pure bf16 and
+LoRA, BERT-Large fine-tuning for sequence classification, two more largest batches). Each run is
 asked of ``fit`` and ``predict`` for the catalog's ``h200-sxm`` with the run's precision,
 batch, sequence length and checkpointing (the mapping the measurements were first compared
 with). Errors are ``predicted / measured - 1``; a speed error is ``measured step time /
@@ -17,6 +19,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from whichgpu.errors import WhichGpuError
@@ -30,8 +33,8 @@ SOURCE = "h200-2026-11"
 GPU = "h200-sxm"
 """The catalog GPU measured: one H200 SXM (132 SMs, 60 MiB L2; README)."""
 
-DATA_DIR = ("measured", "h200-2026-11")
-"""Folder of the measurements, under ``validate/data``."""
+DATA_DIRS = (("measured", "h200-2026-11"), ("measured", "h200-2026-11-27"))
+"""Folders of the measurements, under ``validate/data``: one per session on the GPU."""
 
 DATA_FILE = "groundtruth.jsonl"
 """One JSON object per line: the environment (``"case": "env"``), then one per case."""
@@ -48,7 +51,7 @@ class H200Case:
     case: str
     """The case's name in the file (``gpt2 bf16 s1024 b8``, ``max batch gpt2 bf16 s1024``)."""
     workload: str
-    """The named workload whose shipped config the loop built."""
+    """The named workload whose shipped config the loop built, or the config file's stem."""
     run: RunConfig
     """The run (batch size None for a largest-batch search)."""
     peak_allocated_bytes: int | None = None
@@ -61,6 +64,18 @@ class H200Case:
     """Mean time of 10 steps after 3 warm-ups, s."""
     max_batch: int | None = None
     """The largest batch that ran two full steps (largest-batch cases)."""
+    config: Path | None = None
+    """The config file the loop built with a task head (``task`` in the file), shipped beside
+    the measurements; None for a named workload."""
+    task: str | None = None
+    """That config's task (``seq-cls``: ``AutoModelForSequenceClassification``)."""
+
+    @property
+    def target(self) -> dict[str, Any]:
+        """``api.fit`` / ``api.predict`` arguments naming what was measured."""
+        if self.config is None:
+            return {"workload": self.workload}
+        return {"workload": None, "config": self.config, "task": self.task}
 
 
 def _record_run(record: dict[str, Any]) -> RunConfig:
@@ -72,33 +87,49 @@ def _record_run(record: dict[str, Any]) -> RunConfig:
         options["seq_len"] = int(record["seq"])
     if record.get("checkpointing"):
         options["checkpointing"] = True
+    if record.get("method") == "lora":
+        # peft's LoraConfig(r, target_modules) as the loop built it
+        options.update(
+            method="lora",
+            lora_rank=int(record["lora_rank"]),
+            lora_targets=tuple(record["lora_targets"]),
+        )
     return run_config(**options)
 
 
-def h200_cases() -> list[H200Case]:
-    """Every measured case of the file, in file order (the environment line left out)."""
+def _data_folder(parts: tuple[str, ...]) -> Path:
     ref = resources.files("whichgpu.validate").joinpath("data")
-    for part in (*DATA_DIR, DATA_FILE):
+    for part in parts:
         ref = ref.joinpath(part)
+    return Path(str(ref))
+
+
+def h200_cases() -> list[H200Case]:
+    """Every measured case of the files, in file order (the environment lines left out)."""
     cases = []
-    for line in ref.read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            continue
-        record = json.loads(line)
-        if record["case"] == "env":
-            continue
-        cases.append(
-            H200Case(
-                case=record["case"],
-                workload=record["config"],
-                run=_record_run(record),
-                peak_allocated_bytes=record.get("peak_allocated"),
-                peak_reserved_bytes=record.get("peak_reserved"),
-                nvml_used_bytes=record.get("nvml_used"),
-                step_s=record.get("step_s"),
-                max_batch=record.get("max_batch"),
+    for parts in DATA_DIRS:
+        folder = _data_folder(parts)
+        for line in (folder / DATA_FILE).read_text(encoding="utf-8").splitlines():
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if record["case"] == "env":
+                continue
+            task = record.get("task")
+            cases.append(
+                H200Case(
+                    case=record["case"],
+                    workload=record["config"],
+                    run=_record_run(record),
+                    peak_allocated_bytes=record.get("peak_allocated"),
+                    peak_reserved_bytes=record.get("peak_reserved"),
+                    nvml_used_bytes=record.get("nvml_used"),
+                    step_s=record.get("step_s"),
+                    max_batch=record.get("max_batch"),
+                    config=None if task is None else folder / f"{record['config']}.json",
+                    task=task,
+                )
             )
-        )
     return cases
 
 
@@ -121,7 +152,7 @@ def h200_memory(
             "run": c.run,
         }
         try:
-            (estimate,) = fit(c.workload, gpus=[GPU], **fit_options(c.run))
+            (estimate,) = fit(**c.target, gpus=[GPU], **fit_options(c.run))
         except WhichGpuError as exc:
             out.append(ReferenceMemoryCase(**base, note=f"fit failed: {exc}"))
             continue
@@ -176,7 +207,9 @@ def h200_throughput(
             "measured": c.step_s,
         }
         try:
-            estimate, fits = predict_even_if_unfit(c.workload, GPU, c.run)
+            estimate, fits = predict_even_if_unfit(
+                c.target["workload"], GPU, c.run, c.target.get("config"), c.task
+            )
         except WhichGpuError as exc:
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue

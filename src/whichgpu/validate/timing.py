@@ -28,21 +28,25 @@ def fit_options(run: RunConfig) -> dict[str, Any]:
 
 
 def predict_even_if_unfit(
-    workload: str | None, gpu: str, run: RunConfig, config: Path | None = None
+    workload: str | None,
+    gpu: str,
+    run: RunConfig,
+    config: Path | None = None,
+    task: str | None = None,
 ) -> tuple[ThroughputEstimate, bool]:
     """``predict``'s answer for ``run`` on the catalog ``gpu`` (a named ``workload`` or a
-    ``config`` file), and whether ``fit`` says it fits; when it does not, the answer is the
-    predictor's timing of the step at the run's batch as if it fitted."""
+    ``config`` file with its ``task``), and whether ``fit`` says it fits; when it does not, the
+    answer is the predictor's timing of the step at the run's batch as if it fitted."""
     from whichgpu.api import predict
 
-    (estimate,) = predict(workload, config=config, gpus=[gpu], **fit_options(run))
+    (estimate,) = predict(workload, config=config, task=task, gpus=[gpu], **fit_options(run))
     if estimate.fits or estimate.speed_unknown is not None:
         return estimate, estimate.fits
-    return _timed_as_if_fitting(workload, gpu, estimate.run, config), False
+    return _timed_as_if_fitting(workload, gpu, estimate.run, config, task), False
 
 
 def _timed_as_if_fitting(
-    workload: str | None, gpu: str, run: RunConfig, config: Path | None
+    workload: str | None, gpu: str, run: RunConfig, config: Path | None, task: str | None
 ) -> ThroughputEstimate:
     """The predictor's answer for ``run`` on ``gpu`` with the memory answer's ``fits`` set:
     ``api.predict``'s own steps, for one GPU."""
@@ -52,7 +56,7 @@ def _timed_as_if_fitting(
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.throughput import gpu_rates
 
-    chosen = _select(workload, config, None, None)
+    chosen = _select(workload, config, task, None)
     step = _prepare(chosen, run, config, None)
     catalog = load_catalog()
     spec = catalog.resolve(gpu)
