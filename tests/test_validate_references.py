@@ -30,13 +30,20 @@ from whichgpu.workloads.stored import ScalableProfile
 
 def test_h200_cases_map_to_runs() -> None:
     cases = h200_cases()
-    assert len(cases) == 14  # the environment line is not a case
+    assert len(cases) == 22  # the environment lines are not cases
     searched = [c for c in cases if c.max_batch is not None]
     assert [(c.workload, c.max_batch, c.run.batch_size) for c in searched] == [
         ("gpt2", 82, None),
         ("llama-3.2-1b", 15, None),
+        ("resnet50", 3294, None),
+        ("bert-large", 185, None),
     ]
     by_name = {c.case: c for c in cases}
+    lora = by_name["llama-3.2-3b bf16-pure s768 b4 lora32 qv"].run
+    assert (lora.method, lora.lora_rank, lora.lora_targets) == ("lora", 32, ("q_proj", "v_proj"))
+    seqcls = by_name["bert-large-seqcls fp32 s512 b4"]
+    assert seqcls.config is not None and seqcls.config.is_file() and seqcls.task == "seq-cls"
+    assert seqcls.target == {"workload": None, "config": seqcls.config, "task": "seq-cls"}
     assert by_name["llama-3.2-1b bf16 s2048 b8 gc"].run.checkpointing
     assert by_name["llama-3.2-1b bf16-pure s2048 b8"].run.precision == "bf16-pure"
     resnet = by_name["resnet50 fp32 b64"].run
