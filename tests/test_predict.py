@@ -220,7 +220,7 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
     # whichgpu's own benches on an H200 are the shipped GPU measurements: GPT-2 (2026-11-26),
     # Llama 3.2 1B at its largest batch and serving 16 and 64 sequences (2026-11-27)
-    shipped = sorted((m["workload"], m["gpu"], m["batch_size"]) for m in doc["measured"])
+    shipped = sorted((m["workload"], m["gpu"], m["run"]["batch_size"]) for m in doc["measured"])
     assert shipped == [
         ("gpt2", "h200-sxm", 8),
         ("llama-3.2-1b", "h200-sxm", 15),
