@@ -59,7 +59,8 @@ def gpus(
     matches all of them. ``sort`` is a key of ``whichgpu gpus --sort``: ``price`` (buy price,
     cheapest first), ``rent`` (cheapest cloud rate), ``freshness`` (newest price first),
     ``memory``, ``name``, or a spec field (numbers and dates largest first, text A-Z); the price
-    keys read the prices of ``prices``. ``prices`` are price files laid over the shipped prices (default: the user's file).
+    keys read the prices of ``prices``. ``prices`` are price files laid over the shipped
+    prices (default: the user's file).
     """
     if query is not None and not isinstance(query, str):
         raise UsageError(f"query= is part of a GPU's name, a string such as '4090', not {query!r}.")
