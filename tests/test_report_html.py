@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import html
 import json
+import re
+import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -18,12 +20,16 @@ import whichgpu.api as wg
 from tests.conftest import run_cli
 from whichgpu.cli import main
 from whichgpu.report.html import (
+    CHARTS,
+    Bar,
     Cell,
     Column,
+    bar_chart,
     chart_svg,
     html_table,
     render_html,
     report_doc,
+    text_width,
 )
 from whichgpu.report_data import ReportData
 
@@ -144,19 +150,20 @@ def test_json_document_keys_are_stable(data: ReportData) -> None:
 
 
 GOLDEN_TABLE = (
-    '<table class="sortable" id="t1"><caption>GPUs &lt;b&gt;</caption><thead><tr>'
-    '<th scope="col" class="txt" data-type="txt">GPU</th>'
+    '<div class="table-wrap"><table class="sortable" id="t1"><caption>GPUs &lt;b&gt;</caption>'
+    '<thead><tr><th scope="col" class="txt label" data-type="txt">GPU</th>'
     '<th scope="col" class="num" data-type="num">speed</th></tr></thead><tbody>\n'
-    '<tr><td class="txt">RTX &lt;4090&gt;</td><td class="num" data-v="11.5">11.5</td></tr>\n'
-    '<tr><td class="txt">A100 &amp; co</td><td class="num">-</td></tr>\n'
-    "</tbody></table>"
+    '<tr><td class="txt label">RTX &lt;4090&gt;</td><td class="num" data-v="11.5">11.5</td>'
+    "</tr>\n"
+    '<tr><td class="txt label">A100 &amp; co</td><td class="num">-</td></tr>\n'
+    "</tbody></table></div>"
 )
 
 
 def test_table_renderer_golden() -> None:
     """Golden: the sortable table markup for a fixed input (escaping, sort keys, alignment)."""
     table = html_table(
-        [Column("GPU"), Column("speed", numeric=True)],
+        [Column("GPU", label=True), Column("speed", numeric=True)],
         [[Cell("RTX <4090>"), Cell("11.5", 11.5)], [Cell("A100 & co"), Cell("-")]],
         "GPUs <b>",
         "t1",
@@ -322,3 +329,84 @@ def test_report_asks_the_question_recommend_asks(tmp_path: Path) -> None:
     assert "vit-b-16" in page.read_text(encoding="utf-8")
     # the speeds are of the preset's run: its workload, on the ranked GPUs
     assert {p.gpu for p in data.speeds} >= {c.gpu for c in data.ranking.ranking}
+
+
+def _settings_listed(page: str) -> list[str]:
+    """The names the provenance lists under the run's settings (its second list)."""
+    run_list = page.split('<div class="two">')[1].split("</dl><dl>")[1].split("</dl>")[0]
+    return re.findall(r"<dt>(.*?)</dt>", run_list)
+
+
+def test_settings_that_do_not_apply_are_not_listed(data: ReportData) -> None:
+    """A full fine-tune lists no LoRA rank, a run without checkpointing no policy, training no
+    concurrency or context, one GPU no sharding; the settings a run uses are all there."""
+    assert data.run.mode == "train" and data.run.method == "full"
+    listed = _settings_listed(render_html(data))
+    assert {"lora_rank", "checkpointing_policy", "concurrency", "sharding"}.isdisjoint(listed)
+    assert {"precision", "optimizer", "method", "checkpointing", "gpus"} <= set(listed)
+    # ``report --json`` keeps every setting
+    assert "lora_rank" in report_doc(data)["provenance"]["run"]
+    lora = data.run.model_copy(update={"method": "qlora", "checkpointing": True, "gpus": 2})
+    listed = _settings_listed(render_html(data.model_copy(update={"run": lora})))
+    assert {"lora_rank", "checkpointing_policy", "sharding"} <= set(listed)
+    serving = data.run.model_copy(update={"mode": "inference"})
+    listed = _settings_listed(render_html(data.model_copy(update={"run": serving})))
+    assert {"optimizer", "method", "lora_rank", "grad_accum", "checkpointing"}.isdisjoint(listed)
+    assert "concurrency" in listed
+
+
+def _css(page: str) -> str:
+    return page.split("<style>")[1].split("</style>")[0]
+
+
+def test_page_reflows_on_a_phone_and_tables_scroll_in_their_own_box(data: ReportData) -> None:
+    page = render_html(data)
+    css = _css(page)
+    assert re.search(r"@media \(max-width:\s*\d+px\)\{", css), "a narrow-screen layout"
+    assert ".table-wrap{overflow-x:auto" in css
+    # every table sits in its scrolling box, so a wide one never widens the page
+    assert page.count("<table") == page.count('<div class="table-wrap"><table') > 0
+    # headings may wrap (a heading kept on one line is what pushed the table past the page)
+    assert not re.search(r"(^|\})th\{[^}]*white-space:nowrap", css)
+    main_rule = re.search(r"main\{[^}]*\}", css)
+    assert main_rule and "overflow-wrap:break-word" in main_rule.group(0)
+
+
+def test_long_names_wrap_in_tables_and_fit_the_charts(data: ReportData) -> None:
+    css = _css(render_html(data))
+    label = re.search(r"td\.label\{([^}]*)\}", css)
+    assert label and "overflow-wrap:anywhere" in label.group(1) and "min-width" in label.group(1)
+    page = render_html(data)
+    assert page.count('<td class="txt label">') >= len(data.ranking.ranking) + len(data.speeds)
+    long = "RTX PRO 6000 Blackwell Workstation Edition <b>"
+    svg = bar_chart([Bar(long, 1.0, "tip"), Bar("A100", 2.5, "tip")], "t", "axis", "x")
+    _assert_text_inside(svg)
+    assert html.escape(long) in svg, "a shortened label keeps the whole name as its tooltip"
+
+
+def _assert_text_inside(svg: str) -> None:
+    """Every text of the chart, at its estimated width, lies inside the viewBox."""
+    root = ET.fromstring(svg)
+    ns = "{http://www.w3.org/2000/svg}"
+    width = float(root.attrib["viewBox"].split()[2])
+    for text in root.iter(f"{ns}text"):
+        spans = [(s.attrib["x"], s.text or "") for s in text.iter(f"{ns}tspan")]
+        if not spans:
+            spans = [(text.attrib["x"], text.text or "")]
+        bold = text.attrib.get("font-weight") == "600"
+        anchor = text.attrib.get("text-anchor", "start")
+        for x, content in spans:
+            w = text_width(content, bold=bold)
+            left = float(x) - {"start": 0, "middle": w / 2, "end": w}[anchor]
+            assert left >= 0 and left + w <= width, (content, left, left + w, width)
+
+
+def test_chart_text_and_legends_stay_inside_the_charts(data: ReportData) -> None:
+    """The memory chart's legend ("overhead" was cut at the right edge) and every other text
+    of every chart fits its chart at a generous estimate of its width."""
+    for name in CHARTS:
+        if name == "value":
+            continue  # this report rents
+        _assert_text_inside(chart_svg(data, name))
+    memory = chart_svg(data, "memory")
+    assert all(f">{kind}</text>" in memory for kind in ("weights", "temporaries", "overhead"))

@@ -46,10 +46,13 @@ from whichgpu.cost.inputs import (
     positive,
 )
 from whichgpu.cost.pricing import (
+    MIN_CLASS_OBSERVATIONS,
     PriceChoice,
     cloud_price,
     price_note,
     purchase_price,
+    resale_class,
+    resale_class_curve,
     resale_curve,
 )
 from whichgpu.errors import UsageError
@@ -378,16 +381,24 @@ def _resale(
     if per_year is not None:
         kept, curve_note, how = per_year, "given", f"{per_year:.1%} kept per year (given)"
     else:
-        curve = resale_curve(catalog, gpu.segment.value)
+        klass = resale_class(gpu.id)
+        if klass is not None:
+            curve = resale_class_curve(catalog, klass)
+            what = (
+                f"fewer than {MIN_CLASS_OBSERVATIONS} dated used prices of {klass}-class "
+                "GPUs, which are valued by class, not pooled with other datacenter parts"
+            )
+        else:
+            curve = resale_curve(catalog, gpu.segment.value)
+            what = f"too few dated used prices of {gpu.segment.value} GPUs for a resale curve"
         if curve is None:
             inputs["resale_usd"] = "none assumed"
             assumptions.append(
-                f"Resale: none assumed (the cost data has too few dated used prices of "
-                f"{gpu.segment.value} GPUs for a resale curve); give --resale-per-year or "
+                f"Resale: none assumed (the cost data has {what}); give --resale-per-year or "
                 "--resale-usd."
             )
             return 0.0
-        kept, curve_note = curve.retention_per_year, f"{gpu.segment.value} resale curve"
+        kept, curve_note = curve.retention_per_year, f"{curve.segment} resale curve"
         how = curve.describe(catalog)
     used = catalog.prices(gpu.id, "used")
     start, start_note = paid.usd, "paid"

@@ -17,7 +17,7 @@ nothing. A segment with too few observations gets no curve, and then no resale i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
@@ -154,7 +154,8 @@ class ResaleCurve:
     """
 
     segment: str
-    """The catalog segment it applies to (``consumer``, ``workstation``, ``datacenter``)."""
+    """The catalog segment it applies to (``consumer``, ``workstation``), or the class of
+    datacenter GPUs (``H100-class``, see ``RESALE_CLASSES``)."""
     retention_per_year: float
     """Share of its value a GPU keeps per year (at most 1)."""
     observations: tuple[ResaleObservation, ...]
@@ -180,26 +181,80 @@ class ResaleCurve:
         )
 
 
-def resale_curve(
-    catalog: Catalog, segment: str, data: CostData | None = None
-) -> ResaleCurve | None:
-    """The resale curve of ``segment`` from the cost data's used prices; None with fewer than
-    ``MIN_RESALE_OBSERVATIONS`` of ``MIN_RESALE_GPUS`` GPUs (of that segment, with a launch
-    date, observed after launch)."""
-    data = data or shipped_cost_data()
+RESALE_CLASSES: dict[str, tuple[str, ...]] = {
+    "V100": (
+        "tesla-v100-sxm2-16gb",
+        "tesla-v100-sxm2-32gb",
+        "tesla-v100-pcie-16gb",
+        "tesla-v100-pcie-32gb",
+    ),
+    "A100 40GB": ("a100-pcie-40gb", "a100-sxm4-40gb"),
+    "A100 80GB": ("a100-pcie-80gb", "a100-sxm4-80gb"),
+    "H100": ("h100-pcie", "h100-sxm", "h100-nvl"),
+}
+"""Datacenter GPUs valued by class, not by segment: generations of datacenter parts lose value
+at very different rates (a V100 sells for a few per cent of its price new, an H100 for about
+two thirds), so one pooled curve would misvalue each. Every form factor of a class shares
+its curve."""
+MIN_CLASS_OBSERVATIONS = 2
+"""Dated used prices a class needs for its own resale curve; with fewer, no resale is assumed
+for it (the rule before class curves) unless the user gives one."""
+CLASS_SEGMENTS = frozenset({"datacenter"})
+"""Segments whose GPUs are valued by class only: ``resale_curve`` pools none of them."""
+
+
+def resale_class(gpu_id: str) -> str | None:
+    """The resale class of a catalog GPU (``RESALE_CLASSES``), or None."""
+    return next((name for name, ids in RESALE_CLASSES.items() if gpu_id in ids), None)
+
+
+def _observed(
+    catalog: Catalog, data: CostData, keep: Callable[[str, str], bool]
+) -> tuple[list[ResaleObservation], list[float]]:
+    """The observations whose GPU (id, segment) ``keep`` accepts, with a launch date and
+    observed after launch, and the GPU's age at each."""
     kept: list[ResaleObservation] = []
     ages: list[float] = []
     for obs in data.resale_observations:
         spec = catalog.get(obs.gpu_id)
-        if spec.segment.value != segment or spec.launch_date is None:
+        if not keep(spec.id, spec.segment.value) or spec.launch_date is None:
             continue
         age = (obs.as_of - spec.launch_date).days / DAYS_PER_YEAR
         if age <= 0:
             continue
         kept.append(obs)
         ages.append(age)
+    return kept, ages
+
+
+def resale_class_curve(
+    catalog: Catalog, name: str, data: CostData | None = None
+) -> ResaleCurve | None:
+    """The resale curve of the class ``name`` (``RESALE_CLASSES``) from the used prices of its
+    GPUs; None with fewer than ``MIN_CLASS_OBSERVATIONS``."""
+    ids = RESALE_CLASSES[name]
+    kept, ages = _observed(catalog, data or shipped_cost_data(), lambda gid, _: gid in ids)
+    if len(kept) < MIN_CLASS_OBSERVATIONS:
+        return None
+    return _fit(f"{name}-class", kept, ages)
+
+
+def resale_curve(
+    catalog: Catalog, segment: str, data: CostData | None = None
+) -> ResaleCurve | None:
+    """The resale curve of ``segment`` from the cost data's used prices; None with fewer than
+    ``MIN_RESALE_OBSERVATIONS`` of ``MIN_RESALE_GPUS`` GPUs (of that segment, with a launch
+    date, observed after launch), and for a segment valued by class (``CLASS_SEGMENTS``: see
+    ``resale_class_curve``)."""
+    if segment in CLASS_SEGMENTS:
+        return None
+    kept, ages = _observed(catalog, data or shipped_cost_data(), lambda _, seg: seg == segment)
     if len(kept) < MIN_RESALE_OBSERVATIONS or len({o.gpu_id for o in kept}) < MIN_RESALE_GPUS:
         return None
+    return _fit(segment, kept, ages)
+
+
+def _fit(segment: str, kept: list[ResaleObservation], ages: list[float]) -> ResaleCurve:
     # least squares of ln(used / new) = age x ln(retention), through the origin
     slope = sum(t * math.log(o.used_usd / o.new_usd) for o, t in zip(kept, ages, strict=True))
     slope /= sum(t * t for t in ages)

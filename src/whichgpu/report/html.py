@@ -27,7 +27,65 @@ WIDTH = 760
 ROW = 22
 """Height of one bar's row."""
 LABEL_W = 190
-"""Width of the label column left of the bars."""
+"""Widest the label column left of the bars grows to (longer labels end in an ellipsis;
+the whole name stays in the bar's tooltip); it is as narrow as its longest label."""
+SIDE = 8
+"""Margin kept free at the left and right edges of a chart."""
+FONT = 12
+"""Font size of a chart's text; titles are this size, bold."""
+LINE = 16
+"""Height of one line of a chart's title or legend."""
+
+# Advance widths, in em, of DejaVu Sans (the widest common fallback of ``system-ui`` and
+# ``sans-serif``), rounded up: laying out with them leaves room for any narrower font.
+_EM = {
+    **dict.fromkeys(" .,:;'!|il", 0.34),
+    **dict.fromkeys('()[]{}/\\-fjrt"', 0.42),
+    **dict.fromkeys("abcdeghknopqsuvxyz0123456789$?_*", 0.65),
+    **dict.fromkeys("ABCEFKLPRSTVXYZ", 0.71),
+    **dict.fromkeys("DGHNOQU&", 0.8),
+    **dict.fromkeys("mMW%@w+=<>#~±", 1.0),
+    "I": 0.34,
+    "J": 0.34,
+}
+_EM_OTHER = 1.0
+"""Any character not listed (other scripts, symbols)."""
+_BOLD = 1.1
+"""How much wider bold text is."""
+
+
+def text_width(text: str, size: float = FONT, bold: bool = False) -> float:
+    """The width ``text`` takes in a chart, in SVG units, estimated on the generous side (the
+    reader's fonts are not known when the page is written)."""
+    em = sum(_EM.get(ch, _EM_OTHER) for ch in text)
+    return em * size * (_BOLD if bold else 1.0)
+
+
+def fit_text(text: str, width: float, size: float = FONT) -> str:
+    """``text``, or as much of it as fits in ``width`` followed by an ellipsis."""
+    if text_width(text, size) <= width:
+        return text
+    while text and text_width(text + "…", size) > width:
+        text = text[:-1]
+    return text.rstrip() + "…"
+
+
+def wrap_text(text: str, width: float, size: float = FONT, bold: bool = False) -> list[str]:
+    """``text`` broken between words into lines that each fit in ``width`` (a single word too
+    long for a line is cut to fit)."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        candidate = f"{line} {word}" if line else word
+        if not line or text_width(candidate, size, bold) <= width:
+            line = candidate
+        else:
+            lines.append(line)
+            line = word
+    lines.append(line)
+    return [fit_text(x, width / (_BOLD if bold else 1.0), size) for x in lines]
+
+
 PREDICTED = "#4c78a8"
 MEASURED = "#e45756"
 BAND = "#1b1b1b"
@@ -100,14 +158,22 @@ class Column:
 
     heading: str
     numeric: bool = False
+    label: bool = False
+    """Whether it names the row (a GPU, a workload): kept wide enough that a name wraps onto
+    two lines at most (class ``label``)."""
+
+    @property
+    def css(self) -> str:
+        return ("num" if self.numeric else "txt") + (" label" if self.label else "")
 
 
 def html_table(
     columns: Sequence[Column], rows: Sequence[Sequence[Cell]], caption: str, table_id: str
 ) -> str:
-    """A sortable table (click a heading; without JavaScript it stays in the given order)."""
+    """A sortable table (click a heading; without JavaScript it stays in the given order),
+    in a box that scrolls sideways on its own where the page is narrower than the table."""
     head = "".join(
-        f'<th scope="col" class="{"num" if c.numeric else "txt"}"'
+        f'<th scope="col" class="{c.css}"'
         f' data-type="{"num" if c.numeric else "txt"}">{esc(c.heading)}</th>'
         for c in columns
     )
@@ -117,11 +183,13 @@ def html_table(
         for column, cell in zip(columns, row, strict=True):
             shown = cell.text if cell.raw_html else esc(cell.text)
             key = f' data-v="{cell.sort!r}"' if cell.sort is not None else ""
-            cells.append(f'<td class="{"num" if column.numeric else "txt"}"{key}>{shown}</td>')
+            cells.append(f'<td class="{column.css}"{key}>{shown}</td>')
         body.append("<tr>" + "".join(cells) + "</tr>")
     return (
-        f'<table class="sortable" id="{esc(table_id)}"><caption>{esc(caption)}</caption>'
-        f"<thead><tr>{head}</tr></thead><tbody>\n" + "\n".join(body) + "\n</tbody></table>"
+        f'<div class="table-wrap"><table class="sortable" id="{esc(table_id)}">'
+        f"<caption>{esc(caption)}</caption><thead><tr>{head}</tr></thead><tbody>\n"
+        + "\n".join(body)
+        + "\n</tbody></table></div>"
     )
 
 
@@ -169,22 +237,78 @@ def _ticks(top: float, count: int = 5) -> list[float]:
         value += step
 
 
+def _title(text: str, x: float = SIDE) -> tuple[str, float]:
+    """A chart's bold title from ``x``, on as many lines as it needs within the chart; returns
+    the markup and the height it takes."""
+    lines = wrap_text(text, WIDTH - SIDE - x, bold=True)
+    spans = "".join(
+        f'<tspan x="{x:.0f}" dy="{0 if i == 0 else LINE}">{esc(line)}</tspan>'
+        for i, line in enumerate(lines)
+    )
+    return f'<text y="18" font-weight="600">{spans}</text>', LINE * (len(lines) - 1)
+
+
+def _centred(text: str, centre: float, y: float, fill: str = "#333") -> str:
+    """``text`` centred on ``centre`` where it fits, else moved (or cut) to stay inside."""
+    text = fit_text(text, WIDTH - 2 * SIDE)
+    half = text_width(text) / 2
+    centre = min(max(centre, SIDE + half), WIDTH - SIDE - half)
+    return (
+        f'<text x="{centre:.0f}" y="{y:.0f}" text-anchor="middle" fill="{fill}">{esc(text)}</text>'
+    )
+
+
+def _label_width(labels: Sequence[str]) -> float:
+    """The label column: as wide as the longest label, at most ``LABEL_W``."""
+    return min(max([text_width(x) for x in labels] + [40.0]) + SIDE + 6, LABEL_W)
+
+
+def _label(label: str, label_w: float) -> str:
+    """A bar's label as it fits the label column; a shortened one keeps the whole as its
+    tooltip."""
+    shown = fit_text(label, label_w - 6 - SIDE)
+    return esc(shown) if shown == label else f"{esc(shown)}<title>{esc(label)}</title>"
+
+
+def _legend(items: Sequence[tuple[str, str]], x0: float, y0: float) -> tuple[str, float]:
+    """Colour keys with their labels from (``x0``, ``y0``), left to right, starting a new line
+    where the next would not fit; returns the markup and the height it takes."""
+    out: list[str] = []
+    x, y = x0, y0
+    for label, color in items:
+        width = 14 + text_width(label) + 16
+        if x > x0 and x + width - 16 > WIDTH - SIDE:
+            x, y = x0, y + LINE
+        out.append(
+            f'<rect x="{x:.0f}" y="{y:.0f}" width="10" height="10" fill="{color}"/>'
+            f'<text x="{x + 14:.0f}" y="{y + 9:.0f}">{esc(label)}</text>'
+        )
+        x += width
+    return "".join(out), y - y0 + LINE
+
+
 def bar_chart(
     bars: Sequence[Bar], title: str, axis: str, name: str, marker: float | None = None
 ) -> str:
-    """Horizontal bars with optional uncertainty whiskers; ``marker`` draws a dashed line."""
-    top_pad, bottom_pad = 30, 34
+    """Horizontal bars with optional uncertainty whiskers; ``marker`` draws a dashed line.
+
+    The label column is as wide as the longest label (at most ``LABEL_W``) and the space right
+    of the bars as wide as the longest value written there, so every text stays inside."""
+    title_svg, title_h = _title(title)
+    top_pad, bottom_pad = 30 + title_h, 34
     height = top_pad + bottom_pad + ROW * max(len(bars), 1)
-    plot_w = WIDTH - LABEL_W - 70
+    label_w = _label_width([b.label for b in bars])
+    texts = [f"{b.text if b.text is not None else num(b.value)}{b.note}" for b in bars]
+    right = max([text_width(t) for t in texts] + [20.0]) + 4 + SIDE
+    plot_w = WIDTH - label_w - right
     highest = max([b.high or b.value for b in bars] + [marker or 0.0, 1e-12])
     ticks = _ticks(highest)
     scale_top = max(ticks[-1], highest)
 
     def x(v: float) -> float:
-        return LABEL_W + plot_w * v / scale_top
+        return label_w + plot_w * v / scale_top
 
-    out = [_svg_open(height, title, name)]
-    out.append(f'<text x="{LABEL_W}" y="18" font-weight="600">{esc(title)}</text>')
+    out = [_svg_open(height, title, name), title_svg]
     base = height - bottom_pad
     out.extend(
         f'<line x1="{x(t):.1f}" x2="{x(t):.1f}" y1="{top_pad - 4}" y2="{base}" '
@@ -192,18 +316,15 @@ def bar_chart(
         f'fill="#555">{t:g}</text>'
         for t in ticks
     )
-    out.append(
-        f'<text x="{LABEL_W + plot_w / 2:.0f}" y="{height - 4}" text-anchor="middle" '
-        f'fill="#333">{esc(axis)}</text>'
-    )
-    for i, b in enumerate(bars):
+    out.append(_centred(axis, label_w + plot_w / 2, height - 4))
+    for i, (b, text) in enumerate(zip(bars, texts, strict=True)):
         y = top_pad + i * ROW
         out.append(
             f'<g class="datum"><title>{esc(b.tooltip)}</title>'
-            f'<text x="{LABEL_W - 6}" y="{y + ROW * 0.65:.1f}" text-anchor="end">'
-            f"{esc(b.label)}</text>"
-            f'<rect class="bar" x="{LABEL_W}" y="{y + 3}" '
-            f'width="{max(x(b.value) - LABEL_W, 0.5):.1f}"'
+            f'<text x="{label_w - 6:.0f}" y="{y + ROW * 0.65:.1f}" text-anchor="end">'
+            f"{_label(b.label, label_w)}</text>"
+            f'<rect class="bar" x="{label_w:.0f}" y="{y + 3}" '
+            f'width="{max(x(b.value) - label_w, 0.5):.1f}"'
             f' height="{ROW - 6}" fill="{b.color}" data-value="{b.value!r}"/>'
         )
         if b.low is not None and b.high is not None and b.high > b.low:
@@ -215,8 +336,7 @@ def bar_chart(
             )
         end = x(max(b.high or b.value, b.value))
         out.append(
-            f'<text x="{end + 4:.1f}" y="{y + ROW * 0.65:.1f}" fill="#333">'
-            f"{esc(b.text if b.text is not None else num(b.value))}{esc(b.note)}</text></g>"
+            f'<text x="{end + 4:.1f}" y="{y + ROW * 0.65:.1f}" fill="#333">{esc(text)}</text></g>'
         )
     if marker is not None:
         out.append(
@@ -289,20 +409,28 @@ def batch_chart(data: ReportData) -> str:
 def memory_chart(data: ReportData) -> str:
     """Memory per GPU at its headline batch, stacked by category, against its capacity."""
     estimates = list(data.memory)
-    top_pad, bottom_pad, legend = 30, 34, 22
-    height = top_pad + bottom_pad + legend + ROW * max(len(estimates), 1)
-    plot_w = WIDTH - LABEL_W - 210
+    title = "Memory per GPU at its batch, by kind, against capacity (black line)"
+    title_svg, title_h = _title(title)
+    top_pad, bottom_pad = 30 + title_h, 40
+    label_w = _label_width([m.gpu_name for m in estimates])
+    verdicts = [
+        f"{gib(m.device_total_bytes)} / {gib(m.capacity_bytes)} "
+        + ("fits" if m.fits else "does not fit")
+        for m in estimates
+    ]
+    right = max([text_width(v) for v in verdicts] + [20.0]) + 5 + SIDE
+    plot_w = WIDTH - label_w - right
     highest = max([float(max(m.device_total_bytes, m.capacity_bytes)) for m in estimates] + [1.0])
     ticks = _ticks(highest / 2**30)
     scale_top = max(ticks[-1] * 2**30, highest)
 
     def x(n_bytes: float) -> float:
-        return LABEL_W + plot_w * n_bytes / scale_top
+        return label_w + plot_w * n_bytes / scale_top
 
-    title = "Memory per GPU at its batch, by kind, against capacity (black line)"
-    out = [_svg_open(height, title, "memory")]
-    out.append(f'<text x="{LABEL_W}" y="18" font-weight="600">{esc(title)}</text>')
     base = top_pad + ROW * len(estimates)
+    legend, legend_h = _legend(list(MEMORY_COLORS.items()), SIDE, base + bottom_pad)
+    height = base + bottom_pad + legend_h + 4
+    out = [_svg_open(height, title, "memory"), title_svg]
     for t in ticks:
         xt = x(t * 2**30)
         out.append(
@@ -310,15 +438,12 @@ def memory_chart(data: ReportData) -> str:
             f'<text x="{xt:.1f}" y="{base + 14}" text-anchor="middle" fill="#555">'
             f"{t:g}</text>"
         )
-    out.append(
-        f'<text x="{LABEL_W + plot_w / 2:.0f}" y="{base + 30}" text-anchor="middle" '
-        f'fill="#333">GiB on the device</text>'
-    )
-    for i, m in enumerate(estimates):
+    out.append(_centred("GiB on the device", label_w + plot_w / 2, base + 30))
+    for i, (m, verdict) in enumerate(zip(estimates, verdicts, strict=True)):
         y = top_pad + i * ROW
         out.append(
-            f'<g class="datum"><text x="{LABEL_W - 6}" y="{y + ROW * 0.65:.1f}" '
-            f'text-anchor="end">{esc(m.gpu_name)}</text>'
+            f'<g class="datum"><text x="{label_w - 6:.0f}" y="{y + ROW * 0.65:.1f}" '
+            f'text-anchor="end">{_label(m.gpu_name, label_w)}</text>'
         )
         start = 0.0
         for kind, n_bytes in m.breakdown.items():
@@ -339,20 +464,11 @@ def memory_chart(data: ReportData) -> str:
             f"<title>{esc(m.gpu_name)}: capacity {esc(gib(m.capacity_bytes))} "
             f"({esc(m.capacity_note)})</title></line>"
         )
-        verdict = "fits" if m.fits else "does not fit"
         out.append(
             f'<text x="{max(x(start), cap) + 5:.1f}" y="{y + ROW * 0.65:.1f}" fill="#333">'
-            f"{esc(gib(m.device_total_bytes))} / {esc(gib(m.capacity_bytes))} {verdict}"
-            "</text></g>"
+            f"{esc(verdict)}</text></g>"
         )
-    lx = LABEL_W
-    ly = height - legend + 4
-    for label, color in MEMORY_COLORS.items():
-        out.append(
-            f'<rect x="{lx}" y="{ly}" width="10" height="10" fill="{color}"/>'
-            f'<text x="{lx + 14}" y="{ly + 9}">{esc(label)}</text>'
-        )
-        lx += 104
+    out.append(legend)
     out.append("</svg>")
     return "".join(out)
 
@@ -397,12 +513,15 @@ def _value_title(table: ValueTable) -> str:
 def breakeven_chart(even: Breakeven, gpu_label: str) -> str:
     """Cumulative cost of renting and of owning, month by month, and the break-even day."""
     points = list(even.curve)
-    height, left, right, top_pad, bottom_pad = 320, 80, 30, 34, 44
-    plot_w, plot_h = WIDTH - left - right, height - top_pad - bottom_pad
+    title = f"Renting against owning {gpu_label}: money spent by then"
+    title_svg, title_h = _title(title)
     max_days = max([p.days for p in points] + [1.0])
     max_usd = max([max(p.cloud_usd, p.own_usd) for p in points] + [1.0])
     yticks = _ticks(max_usd)
     y_top = max(yticks[-1], max_usd)
+    left = max(80.0, max(text_width(usd(t)) for t in yticks) + 6 + SIDE)
+    height, right, top_pad, bottom_pad = 320 + title_h, 30, 34 + title_h, 44
+    plot_w, plot_h = WIDTH - left - right, height - top_pad - bottom_pad
 
     def px(days: float) -> float:
         return left + plot_w * days / max_days
@@ -410,12 +529,10 @@ def breakeven_chart(even: Breakeven, gpu_label: str) -> str:
     def py(amount: float) -> float:
         return top_pad + plot_h * (1 - amount / y_top)
 
-    title = f"Renting against owning {gpu_label}: money spent by then"
-    out = [_svg_open(height, title, "breakeven")]
-    out.append(f'<text x="{left}" y="18" font-weight="600">{esc(title)}</text>')
+    out = [_svg_open(height, title, "breakeven"), title_svg]
     out.extend(
-        f'<line x1="{left}" x2="{WIDTH - right}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
-        f'stroke="{GRID}"/><text x="{left - 6}" y="{py(t) + 4:.1f}" text-anchor="end" '
+        f'<line x1="{left:.0f}" x2="{WIDTH - right}" y1="{py(t):.1f}" y2="{py(t):.1f}" '
+        f'stroke="{GRID}"/><text x="{left - 6:.0f}" y="{py(t) + 4:.1f}" text-anchor="end" '
         f'fill="#555">{esc(usd(t))}</text>'
         for t in yticks
     )
@@ -424,10 +541,7 @@ def breakeven_chart(even: Breakeven, gpu_label: str) -> str:
         f'fill="#555">{t:g}</text>'
         for t in _ticks(max_days / 365.0, 6)
     )
-    out.append(
-        f'<text x="{left + plot_w / 2:.0f}" y="{height - 6}" text-anchor="middle" fill="#333">'
-        "years</text>"
-    )
+    out.append(_centred("years", left + plot_w / 2, height - 6))
     for key, color, label in (("cloud_usd", PREDICTED, "rent"), ("own_usd", "#f58518", "own")):
         path = " ".join(f"{px(p.days):.1f},{py(getattr(p, key)):.1f}" for p in points)
         out.append(
@@ -447,18 +561,24 @@ def breakeven_chart(even: Breakeven, gpu_label: str) -> str:
             f'<line x1="{bx:.1f}" x2="{bx:.1f}" y1="{top_pad}" y2="{top_pad + plot_h}" '
             f'stroke="#333" stroke-dasharray="4 3"><title>break-even on day '
             f"{even.breakeven_days:.0f}</title></line>"
-            f'<text x="{bx + 4:.1f}" y="{top_pad + 12}" fill="#333">break-even: day '
-            f"{even.breakeven_days:,.0f}</text>"
+            + _beside(f"break-even: day {even.breakeven_days:,.0f}", bx, top_pad + 12)
         )
     lx = left + 10
     for color, label in ((PREDICTED, "rent"), ("#f58518", "own (purchase + electricity)")):
         out.append(
-            f'<rect x="{lx}" y="{top_pad + 4}" width="12" height="3" fill="{color}"/>'
-            f'<text x="{lx + 16}" y="{top_pad + 9}">{esc(label)}</text>'
+            f'<rect x="{lx:.0f}" y="{top_pad + 4}" width="12" height="3" fill="{color}"/>'
+            f'<text x="{lx + 16:.0f}" y="{top_pad + 9}">{esc(label)}</text>'
         )
-        lx += 70 if label == "rent" else 200
+        lx += 16 + text_width(label) + 20
     out.append("</svg>")
     return "".join(out)
+
+
+def _beside(text: str, x: float, y: float) -> str:
+    """``text`` right of a vertical line at ``x``, or left of it where the right has no room."""
+    if x + 4 + text_width(text) <= WIDTH - SIDE:
+        return f'<text x="{x + 4:.1f}" y="{y:.0f}" fill="#333">{esc(text)}</text>'
+    return f'<text x="{x - 4:.1f}" y="{y:.0f}" text-anchor="end" fill="#333">{esc(text)}</text>'
 
 
 def results_chart(pivot: ResultPivot, index: int) -> str:
@@ -522,16 +642,18 @@ def _lead_label(data: ReportData) -> str:
 
 def _answer(data: ReportData) -> str:
     r = data.ranking
+    units = {c.perf_per_dollar_unit for c in r.ranking}
+    shared_unit = units.pop() if len(units) == 1 else None  # said once, in the heading
     columns = [
         Column("#", True),
-        Column("GPU"),
+        Column("GPU", label=True),
         Column("GPUs", True),
         Column(f"throughput ({r.ranking[0].throughput_unit if r.ranking else ''})", True),
         Column("band", True),
         Column("source"),
         Column("time", True),
         Column("cost", True),
-        Column("per dollar", True),
+        Column(f"per dollar ({shared_unit})" if shared_unit else "per dollar", True),
         Column("batch", True),
         Column("largest batch", True),
     ]
@@ -545,7 +667,12 @@ def _answer(data: ReportData) -> str:
             Cell(c.throughput_source),
             Cell(duration(c.time_s), c.time_s),
             Cell(usd(c.cost_usd), c.cost_usd),
-            Cell(f"{num(c.perf_per_dollar)} {c.perf_per_dollar_unit}", c.perf_per_dollar),
+            Cell(
+                num(c.perf_per_dollar)
+                if shared_unit
+                else f"{num(c.perf_per_dollar)} {c.perf_per_dollar_unit}",
+                c.perf_per_dollar,
+            ),
             Cell(str(c.batch_size), c.batch_size),
             Cell(str(c.max_batch_size), c.max_batch_size),
         ]
@@ -591,7 +718,7 @@ def _speed(data: ReportData) -> str:
         "<em>measured</em> come from your own stored benchmark of the same run.</p>"
     )
     columns = [
-        Column("GPU"),
+        Column("GPU", label=True),
         Column(f"throughput ({data.speeds[0].throughput_unit})", True),
         Column("low", True),
         Column("high", True),
@@ -633,7 +760,7 @@ def _memory(data: ReportData) -> str:
         "GPU offers.</p>"
     )
     columns = [
-        Column("GPU"),
+        Column("GPU", label=True),
         Column(f"largest {what}", True),
         Column("longest sequence", True),
         Column(f"at {what}", True),
@@ -687,7 +814,10 @@ def _value(data: ReportData) -> str:
                 names.setdefault(r.gpu, r.gpu_name)
                 cells[(r.gpu, r.count)] = r.throughput_per_kusd
         unit = machines[0].rows[0].throughput_unit if machines[0].rows else ""
-        columns = [Column("GPU"), *(Column(f"{n} GPU{'s' if n > 1 else ''}", True) for n in counts)]
+        columns = [
+            Column("GPU", label=True),
+            *(Column(f"{n} GPU{'s' if n > 1 else ''}", True) for n in counts),
+        ]
         rows = [
             [Cell(name)] + [Cell(num(cells.get((gid, n))), cells.get((gid, n))) for n in counts]
             for gid, name in names.items()
@@ -698,7 +828,7 @@ def _value(data: ReportData) -> str:
     for table in cloud:
         parts.append(_figure(value_chart(table, "rent")))
         columns = [
-            Column("GPU"),
+            Column("GPU", label=True),
             Column("$/h", True),
             Column("units per $", True),
             Column("$ per million units", True),
@@ -741,7 +871,7 @@ def _results(data: ReportData) -> str:
     if pivot is None:
         body = "<p>No stored benchmark results to show.</p>"
         return _section("results", "Your benchmark results", body)
-    columns = [Column("workload"), *(Column(d, True) for d in pivot.devices)]
+    columns = [Column("workload", label=True), *(Column(d, True) for d in pivot.devices)]
     rows = []
     for row in pivot.rows:
         cells = [Cell(row.label)]
@@ -781,6 +911,41 @@ def _results(data: ReportData) -> str:
     return _section("results", "Your benchmark results", "".join(parts))
 
 
+_TRAINING_ONLY = frozenset(
+    {
+        "optimizer",
+        "optimizer_impl",
+        "loss_kernel",
+        "grad_accum",
+        "checkpointing",
+        "checkpointing_policy",
+        "method",
+        "lora_rank",
+        "lora_targets",
+        "sharding",
+    }
+)
+"""Settings of the run that only training uses."""
+_INFERENCE_ONLY = frozenset({"context", "new_tokens", "concurrency"})
+"""Settings of the run that only inference uses."""
+
+
+def applicable_settings(data: ReportData) -> dict[str, str]:
+    """The run's settings as the provenance lists them, without those that do not apply to
+    it: training options of an inference run and the reverse, the LoRA rank and targets of a
+    full fine-tune, the checkpointing policy of a run without checkpointing, the sharding of
+    one GPU. (``report --json`` keeps them all.)"""
+    run = data.run
+    skip: set[str] = set(_INFERENCE_ONLY if run.mode == "train" else _TRAINING_ONLY)
+    if run.method == "full":
+        skip |= {"lora_rank", "lora_targets"}
+    if not run.checkpointing:
+        skip.add("checkpointing_policy")
+    if run.gpus == 1:
+        skip.add("sharding")
+    return {k: v for k, v in data.provenance.run.items() if k not in skip}
+
+
 def _provenance(data: ReportData) -> str:
     p = data.provenance
     facts = [
@@ -800,9 +965,11 @@ def _provenance(data: ReportData) -> str:
     if p.store:
         facts.append(("results store", p.store))
     facts_html = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)
-    run_html = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in p.run.items())
+    run_html = "".join(
+        f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in applicable_settings(data).items()
+    )
     prices = html_table(
-        [Column("GPU"), Column("price dates")],
+        [Column("GPU", label=True), Column("price dates")],
         [[Cell(g), Cell(d)] for g, d in p.price_dates.items()],
         "Dates of the prices used",
         "price-dates",
@@ -839,8 +1006,9 @@ _CSS = """
 *{box-sizing:border-box}
 body{margin:0;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ink);
 background:#fafafa}
-main{max-width:1040px;margin:0 auto;padding:24px 28px 60px;background:#fff}
-header h1{font-size:26px;margin:0 0 4px}
+main{max-width:1040px;margin:0 auto;padding:24px 28px 60px;background:#fff;
+overflow-wrap:break-word}
+header h1{font-size:26px;margin:0 0 4px;overflow-wrap:anywhere}
 header p{margin:0;color:var(--muted)}
 nav{margin:14px 0 6px;font-size:14px}
 nav a{margin-right:14px;color:var(--accent);text-decoration:none}
@@ -852,13 +1020,16 @@ padding:10px 14px}
 .reasons{display:inline-block;vertical-align:top;width:32%;min-width:260px;padding-right:12px}
 .reasons ul,.notes ul{margin:0;padding-left:18px;font-size:13.5px}
 ul.left-out{font-size:13.5px}
-td.num{white-space:nowrap}
 figure.chart{margin:14px 0}
 figure.chart svg{max-width:100%;height:auto}
-table{border-collapse:collapse;width:100%;margin:10px 0 18px;font-size:13.5px}
+.table-wrap{overflow-x:auto;margin:10px 0 18px}
+table{border-collapse:collapse;width:100%;margin:0;font-size:13.5px}
 caption{text-align:left;font-weight:600;padding:4px 0}
 th,td{padding:4px 8px;border-bottom:1px solid var(--rule)}
-th{background:#f3f3f3;cursor:pointer;user-select:none;white-space:nowrap}
+td{vertical-align:top}
+td.num{white-space:nowrap}
+td.label{min-width:12em;overflow-wrap:anywhere}
+th{background:#f3f3f3;cursor:pointer;user-select:none;vertical-align:bottom}
 th.num,td.num{text-align:right;font-variant-numeric:tabular-nums}
 th.txt,td.txt{text-align:left}
 th[aria-sort=ascending]::after{content:" \\25B2"}
@@ -867,15 +1038,25 @@ tbody tr:hover{background:#f7f9fc}
 .notes{font-size:13px;color:var(--muted)}
 .two{display:flex;gap:32px;flex-wrap:wrap}
 .two dl{flex:1;min-width:300px}
-dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:13.5px}
+dl{display:grid;grid-template-columns:max-content minmax(0,1fr);gap:2px 14px;font-size:13.5px}
 dt{font-weight:600}
 dd{margin:0;overflow-wrap:anywhere}
 footer{margin-top:40px;color:var(--muted);font-size:12.5px}
+@media (max-width:640px){
+ main{padding:16px 12px 40px}
+ header h1{font-size:22px}
+ .reasons{display:block;width:auto;min-width:0;padding-right:0}
+ td.label{min-width:8em}
+ .two{gap:0}
+ .two dl{min-width:0;flex-basis:100%}
+ dl{grid-template-columns:minmax(0,max-content) minmax(0,1fr)}
+}
 @media print{
  body{background:#fff;font-size:11pt}
  main{max-width:none;padding:0}
  nav{display:none}
  section{break-inside:auto}
+ .table-wrap{overflow:visible}
  figure.chart,table,.reasons{break-inside:avoid}
  h2,h3{break-after:avoid}
  th{cursor:auto}
