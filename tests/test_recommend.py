@@ -364,7 +364,8 @@ def test_your_price_file_is_used_by_recommend_and_report(tmp_path: Path) -> None
 
 
 def test_closeness_names_the_metric_the_band_blurs() -> None:
-    ranking = wg.recommend("resnet50", acquire="rent")
+    # renting for BERT-Base, the leaders' performance per dollar lies within the error band
+    ranking = wg.recommend("bert-base", acquire="rent")
     assert ranking.metric == "perf-per-dollar" and ranking.closeness
     text = ranking.closeness_text
     assert text.startswith("Too close to rank on performance per dollar")

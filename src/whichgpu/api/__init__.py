@@ -11,9 +11,16 @@ their stored profiles without torch; other workloads and run configurations are 
 needs the ``torch`` extra.
 
 One module per question: ``catalog`` (``gpus``, ``gpu``, ``compare``), ``step`` (the step
-every sizing question prepares, and ``scalable_profile``), ``fit``, ``predict``, ``bench``,
-``recommend`` and ``report``. This package is the façade: the functions are its attributes
-(``whichgpu.api.fit`` is the function; its module is ``sys.modules["whichgpu.api.fit"]``).
+every sizing question prepares, and ``scalable_profile``), ``profile``, ``fit``, ``predict``,
+``bench``, ``recommend`` and ``report``. This package is the façade: the functions are its
+attributes (``whichgpu.api.fit`` is the function; its module is
+``sys.modules["whichgpu.api.fit"]``).
+
+Each keyword function turns its keywords into a typed request once (``requests``:
+``FitRequest``, ``PredictRequest``, ``RecommendRequest``, ``ReportRequest``,
+``ProfileRequest``, each naming a ``Target`` and its run) and hands it to the function that
+answers it (``answer_fit``, ``answer_predict`` …), which the CLI calls with the request it
+builds from its flags.
 """
 
 from __future__ import annotations
@@ -24,10 +31,20 @@ from whichgpu.api.bench import _bench_on_catalog as _bench_on_catalog
 from whichgpu.api.bench import _seq_len_guesser as _seq_len_guesser
 from whichgpu.api.bench import bench
 from whichgpu.api.catalog import compare, gpu, gpus, resolve_gpus
-from whichgpu.api.fit import fit
-from whichgpu.api.predict import predict
-from whichgpu.api.recommend import recommend
-from whichgpu.api.report import report
+from whichgpu.api.fit import answer_fit, fit
+from whichgpu.api.predict import answer_predict, predict
+from whichgpu.api.profile import answer_profile, profile
+from whichgpu.api.recommend import answer_recommend, recommend
+from whichgpu.api.report import answer_report, report
+from whichgpu.api.requests import (
+    FitRequest,
+    PredictRequest,
+    ProfileRequest,
+    RecommendRequest,
+    ReportRequest,
+    RunOptions,
+    Target,
+)
 from whichgpu.api.step import scalable_profile
 
 # ``load_catalog`` and ``read_config`` are kept importable here for the callers that reach
@@ -37,12 +54,25 @@ from whichgpu.catalog import load_catalog as load_catalog
 from whichgpu.workloads.hf import read_config as read_config
 
 __all__ = [
+    "FitRequest",
+    "PredictRequest",
+    "ProfileRequest",
+    "RecommendRequest",
+    "ReportRequest",
+    "RunOptions",
+    "Target",
+    "answer_fit",
+    "answer_predict",
+    "answer_profile",
+    "answer_recommend",
+    "answer_report",
     "bench",
     "compare",
     "fit",
     "gpu",
     "gpus",
     "predict",
+    "profile",
     "recommend",
     "report",
     "resolve_gpus",

@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from whichgpu.api.catalog import resolve_gpus
-from whichgpu.api.step import ask, keep_replays, select
+from whichgpu.api.requests import FitRequest, Target
+from whichgpu.api.step import ask, keep_replays, select_target
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.errors import UsageError, option
-from whichgpu.schema import MemoryEstimate, RunConfig
+from whichgpu.schema import MemoryEstimate, RunConfig, ServingEngine
 from whichgpu.tabular import ResultList
 from whichgpu.workloads import check_for_workload, run_config
 from whichgpu.workloads.base import Workload
@@ -39,18 +40,18 @@ def fit(
 ) -> ResultList[MemoryEstimate]:
     """Will it fit? Peak memory and the largest batch on each GPU (all of them by default).
 
-        ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
-        Without ``batch_size`` the largest batch that fits is the headline of each estimate.
-        Results are sorted by headroom at that batch, largest first.
+    ``run_options`` are the run configuration (``precision="bf16"``, ``seq_len=2048`` …).
+    Without ``batch_size`` the largest batch that fits is the headline of each estimate.
+    Results are sorted by headroom at that batch, largest first.
 
-        ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
-        N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
-        what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
+    ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
+    N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
+    what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"`` or ``"fsdp"``.
 
-        ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
-        at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
-        default the workload's sequence length), and every sequence's static KV cache holds
-        ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
+    ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
+    at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
+    default the workload's sequence length), and every sequence's static KV cache holds
+    ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
     concurrency. ``serving="vllm"`` (or ``"tensorrt-llm"``) adds that engine's paged-KV-cache
     answer to each estimate and makes it the verdict: ``fits`` and ``max_batch_size`` are then
     the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``), the
@@ -59,34 +60,53 @@ def fit(
     weights (``api.predict.engine_quantization``); a GPU the engine cannot run them on is left
     out, with why in the list's ``notes``.
 
-        ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
-        config of a named workload or the ``config`` file, without torch and without a trace, for
-        full training of the models it covers on one GPU; anything else is a ``UsageError``. It
-        errs high (``validate closed-form`` prints by how much).
+    ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
+    config of a named workload or the ``config`` file, without torch and without a trace, for
+    full training of the models it covers on one GPU; anything else is a ``UsageError``. It
+    errs high (``validate closed-form`` prints by how much).
+
+    The keywords become a ``FitRequest``, answered by ``answer_fit``.
     """
+    request = FitRequest(
+        Target(workload, config, task, model),
+        run_config(gpus=gpu_count, **run_options),
+        gpus=gpus,
+        stack=stack,
+        serving=serving,
+        quantization=quantization,
+        fast=fast,
+    )
+    return answer_fit(request, progress=progress)
+
+
+def answer_fit(
+    request: FitRequest, *, progress: Callable[[str], None] | None = None
+) -> ResultList[MemoryEstimate]:
+    """``fit``'s answer to a typed request (see ``fit`` for what it means); ``progress``
+    hears each GPU, and each size while a step is traced."""
     from whichgpu.api.predict import checked_quantization, engine_quantization
     from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.serving import engine_verdict
 
-    chosen = select(workload, config, task, model)
-    run = run_config(gpus=gpu_count, **run_options)
-    if fast:
-        if serving is not None:
+    chosen = select_target(request.target)
+    run = request.run
+    if request.fast:
+        if request.serving is not None:
             raise UsageError(
                 f"{option('fast')} covers training; drop {option('serving')} (or {option('fast')})."
             )
-        return _fit_fast(chosen, run, workload, config, task, gpus, stack, progress)
-    engine = None
-    if serving is not None:
-        if run.mode != "inference":
-            raise UsageError(
-                f"{option('serving')} sizes a serving engine's KV cache; add {option('mode')} "
-                "inference."
-            )
-        engine = get_serving_engine(serving)
-    checked = checked_quantization(quantization, engine, run)
-    asked = ask(chosen, run, gpus=gpus, stack=stack, config=config, progress=progress)
+        return _fit_fast(chosen, request, progress)
+    engine = _engine(request.serving, run)
+    checked = checked_quantization(request.quantization, engine, run)
+    asked = ask(
+        chosen,
+        run,
+        gpus=request.gpus,
+        stack=request.stack,
+        config=request.target.config,
+        progress=progress,
+    )
     step = asked.step
     if engine is not None and step.kv_per_token is None:
         raise UsageError(
@@ -129,23 +149,31 @@ def fit(
     return ResultList(estimates, notes=refused)
 
 
+def _engine(serving: str | None, run: RunConfig) -> ServingEngine | None:
+    """The serving engine ``serving`` names (None: plain PyTorch generation); an engine
+    serves inference only."""
+    if serving is None:
+        return None
+    if run.mode != "inference":
+        raise UsageError(
+            f"{option('serving')} sizes a serving engine's KV cache; add {option('mode')} "
+            "inference."
+        )
+    return get_serving_engine(serving)
+
+
 def _fit_fast(
-    chosen: Workload,
-    run: RunConfig,
-    workload: str | None,
-    config: Path | str | None,
-    task: str | None,
-    gpus: Sequence[str] | None,
-    stack: str | None,
-    progress: Callable[[str], None] | None,
+    chosen: Workload, request: FitRequest, progress: Callable[[str], None] | None
 ) -> ResultList[MemoryEstimate]:
     """``fit(fast=True)``: the closed form's estimate on each GPU (no torch, no trace)."""
     from whichgpu.estimate import closed_form
     from whichgpu.estimate.fast import check_covered, fast_estimate_on_gpu
     from whichgpu.workloads.user import read_user_config
 
+    run, target = request.run, request.target
+    workload, config = target.workload, target.config
     if config is not None:
-        doc, _ = read_user_config(Path(config), task)  # type: ignore[arg-type]
+        doc, _ = read_user_config(Path(config), target.task)  # type: ignore[arg-type]
     elif workload is not None and chosen.info.name in closed_form.closed_form_workloads():
         doc = closed_form.workload_config(chosen.info.name)
     else:
@@ -159,10 +187,10 @@ def _fit_fast(
     if run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     check_covered(doc, run)
-    software = get_stack(stack)
+    software = get_stack(request.stack)
     catalog = load_catalog()
     estimates = []
-    for gpu in resolve_gpus(gpus):
+    for gpu in resolve_gpus(request.gpus):
         if progress is not None:
             progress(gpu.name)
         estimates.append(

@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from whichgpu.api.step import Asked, Step, ask, keep_replays, predictor, select
+from whichgpu.api.requests import PredictRequest, Target
+from whichgpu.api.step import Asked, Step, ask, keep_replays, predictor, select_target
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine
 from whichgpu.errors import MissingRates, UsageError, option
@@ -85,15 +86,44 @@ def predict(
     left out when the engine's KV cache cannot hold the sequences (``fit --serving``).
     ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``) serves quantized weights
     (``engine_quantization``); a GPU the engine cannot run them on is left out with why.
+
+    The keywords become a ``PredictRequest``, answered by ``answer_predict``.
     """
-    chosen = select(workload, config, task, model)
-    run = run_config(gpus=gpu_count, **run_options)
-    engine = _engine(serving, run.mode, tpot_ms, ttft_ms)
-    quantization = checked_quantization(quantization, engine, run)
-    asked = ask(
-        chosen, run, gpus=gpus, stack=stack, config=config, progress=progress, one_node=True
+    request = PredictRequest(
+        Target(workload, config, task, model),
+        run_config(gpus=gpu_count, **run_options),
+        gpus=gpus,
+        stack=stack,
+        calibrate=calibrate,
+        store=store,
+        serving=serving,
+        tpot_ms=tpot_ms,
+        ttft_ms=ttft_ms,
+        quantization=quantization,
     )
-    measured = _calibration_source(calibrate, store) if calibrate is not None else None
+    return answer_predict(request, progress=progress)
+
+
+def answer_predict(
+    request: PredictRequest, *, progress: Callable[[str], None] | None = None
+) -> ResultList[ThroughputEstimate]:
+    """``predict``'s answer to a typed request (see ``predict`` for what it means);
+    ``progress`` hears each GPU, and each size while a step is traced."""
+    chosen = select_target(request.target)
+    run = request.run
+    engine = _engine(request.serving, run.mode, request.tpot_ms, request.ttft_ms)
+    quantization = checked_quantization(request.quantization, engine, run)
+    asked = ask(
+        chosen,
+        run,
+        gpus=request.gpus,
+        stack=request.stack,
+        config=request.target.config,
+        progress=progress,
+        one_node=True,
+    )
+    calibrate = request.calibrate
+    measured = _calibration_source(calibrate, request.store) if calibrate is not None else None
     if measured is not None and asked.step.run.mode != "train":
         raise UsageError(
             "--calibrate corrects training predictions only; compare an inference "
@@ -104,13 +134,12 @@ def predict(
             f"{option('serving')} applies to language models that generate; "
             f"{chosen.info.name} does not."
         )
-    targets = (tpot_ms, ttft_ms)
     out, unfit, untimed = _speeds(
         asked,
-        named=bool(gpus),
+        named=bool(request.gpus),
         progress=progress,
         engine=engine,
-        targets_ms=targets,
+        targets_ms=(request.tpot_ms, request.ttft_ms),
         quantization=quantization,
     )
     if measured is not None:

@@ -22,10 +22,12 @@ from whichgpu.api.predict import (
     engine_quantization,
     serving_speed_on_gpu,
 )
+from whichgpu.api.requests import RecommendRequest, RunOptions, Target
 from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError, option
+from whichgpu.ranking.question import Asked as QuestionAsked
 from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
 from whichgpu.schema import (
     GENERATED_RATE_NOTE,
@@ -105,14 +107,12 @@ def recommend(
     ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``): the engine serves
     quantized weights (``api.predict.engine_quantization``); a GPU it cannot run them on is
     left out with why.
-    """
-    from whichgpu.catalog.cost_data import get_region
-    from whichgpu.ranking.rank import rank
 
-    asked = ask(
-        workload=workload,
-        named=config is not None or model is not None,
-        run_options=run_options,
+    The keywords become a ``RecommendRequest``, answered by ``answer_recommend``.
+    """
+    request = RecommendRequest(
+        Target(workload, config, task, model),
+        RunOptions.of(run_options),
         preset=preset,
         acquire=acquire,
         budget_usd=budget_usd,
@@ -121,6 +121,7 @@ def recommend(
         gpu_only=gpu_only,
         provider=provider,
         gpu_count=gpu_count,
+        gpus=gpus,
         vendor=vendor,
         hours=hours,
         samples=samples,
@@ -128,29 +129,48 @@ def recommend(
         epochs=epochs,
         dataset_size=dataset_size,
         min_batch=min_batch,
+        region=region,
         top=top,
         sort=sort,
         serving=serving,
+        quantization=quantization,
+        stack=stack,
+        store=store,
+        prices=prices,
     )
-    chosen = select(asked.workload, config, task, model)
+    return answer_recommend(request, progress=progress)
+
+
+def answer_recommend(
+    request: RecommendRequest, *, progress: Callable[[str], None] | None = None
+) -> Ranking:
+    """``recommend``'s answer to a typed request (see ``recommend`` for what it means);
+    ``progress`` hears each GPU and count as it is sized."""
+    from whichgpu.catalog.cost_data import get_region
+    from whichgpu.ranking.rank import rank
+
+    asked = _asked(request)
+    target = request.target
+    chosen = select(asked.workload, target.config, target.task, target.model)
     counts = gpu_counts(asked.gpu_count)
-    targets, maker = keep_vendor(resolve_gpus(gpus), asked.vendor)
-    software = get_stack(stack)
-    catalog = load_catalog(prices)
-    place = get_region(region)
-    check_provider(provider, asked.question.mode, catalog)
+    targets, maker = keep_vendor(resolve_gpus(request.gpus), asked.vendor)
+    software = get_stack(request.stack)
+    catalog = load_catalog(request.prices)
+    place = get_region(request.region)
+    check_provider(request.provider, asked.question.mode, catalog)
+    engine = asked.question.serving
     sized = _sized(
         chosen,
         counts,
         targets,
         asked.run_options,
-        config,
-        store,
+        target.config,
+        request.store,
         software,
         catalog,
         progress,
-        asked.question.serving,
-        checked_quantization(quantization, asked.question.serving, run_config(**asked.run_options)),
+        engine,
+        checked_quantization(request.quantization, engine, run_config(**asked.run_options)),
     )
     question = replace(
         asked.question,
@@ -176,6 +196,34 @@ def recommend(
             update={"assumptions": (*ranking.assumptions, GENERATED_RATE_NOTE)}
         )
     return ranking
+
+
+def _asked(request: RecommendRequest) -> QuestionAsked:
+    """The request's question, a preset's values merged in and checked
+    (``ranking.question.ask``, which knows no request: its fields are handed over here)."""
+    return ask(
+        workload=request.target.workload,
+        named=request.target.names_own_model,
+        run_options=request.run.given(),
+        preset=request.preset,
+        acquire=request.acquire,
+        budget_usd=request.budget_usd,
+        within_hours=request.within_hours,
+        used=request.used,
+        gpu_only=request.gpu_only,
+        provider=request.provider,
+        gpu_count=request.gpu_count,
+        vendor=request.vendor,
+        hours=request.hours,
+        samples=request.samples,
+        tokens=request.tokens,
+        epochs=request.epochs,
+        dataset_size=request.dataset_size,
+        min_batch=request.min_batch,
+        top=request.top,
+        sort=request.sort,
+        serving=request.serving,
+    )
 
 
 @dataclass

@@ -11,13 +11,22 @@ lays it out.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from whichgpu.api.fit import fit
-from whichgpu.api.predict import predict
-from whichgpu.api.recommend import measurements, recommend
-from whichgpu.api.step import keep_replays, prepare, select
+from whichgpu.api.fit import answer_fit
+from whichgpu.api.predict import answer_predict
+from whichgpu.api.recommend import answer_recommend, measurements
+from whichgpu.api.requests import (
+    FitRequest,
+    PredictRequest,
+    RecommendRequest,
+    ReportRequest,
+    RunOptions,
+    Target,
+)
+from whichgpu.api.step import keep_replays, prepare, select_target
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.query import Catalog
 from whichgpu.catalog.stacks import get_stack
@@ -26,12 +35,15 @@ from whichgpu.report_data import ReportData, ReportProvenance, SpeedPoint
 from whichgpu.schema import (
     BenchResult,
     Breakeven,
+    MemoryEstimate,
     Ranking,
     ThroughputEstimate,
     ValueTable,
 )
 from whichgpu.store import ResultPivot
+from whichgpu.tabular import ResultList
 from whichgpu.version import __version__
+from whichgpu.workloads import run_config
 from whichgpu.workloads.base import Workload
 
 
@@ -81,72 +93,79 @@ def report(
     stored benchmark results as Lambda's tables (``store.pivot_results``). Provenance —
     catalog version, price dates, the speed model's validation error, the run configuration,
     the tool version — comes with it.
+
+    The keywords become a ``ReportRequest`` (the question a ``RecommendRequest``), answered by
+    ``answer_report``.
     """
-    # the question is recommend's, passed on as given
-    ranking = recommend(
-        workload,
-        config=config,
-        task=task,
-        model=model,
-        preset=preset,
-        acquire=acquire,
-        used=used,
-        gpu_only=gpu_only,
-        provider=provider,
-        within_hours=within_hours,
-        min_batch=min_batch,
-        sort=sort,
-        vendor=vendor,
-        budget_usd=budget_usd,
-        gpu_count=gpu_count,
-        gpus=gpus,
-        hours=hours,
-        samples=samples,
-        tokens=tokens,
-        epochs=epochs,
-        dataset_size=dataset_size,
-        region=region,
-        top=top,
-        stack=stack,
-        store=store,
-        prices=prices,
-        progress=progress,
-        **run_options,
+    request = ReportRequest(
+        RecommendRequest(
+            Target(workload, config, task, model),
+            RunOptions.of(run_options),
+            preset=preset,
+            acquire=acquire,
+            budget_usd=budget_usd,
+            within_hours=within_hours,
+            used=used,
+            gpu_only=gpu_only,
+            provider=provider,
+            gpu_count=gpu_count,
+            gpus=gpus,
+            vendor=vendor,
+            hours=hours,
+            samples=samples,
+            tokens=tokens,
+            epochs=epochs,
+            dataset_size=dataset_size,
+            min_batch=min_batch,
+            region=region,
+            top=top,
+            sort=sort,
+            stack=stack,
+            store=store,
+            prices=prices,
+        ),
+        reference=reference,
+        results=results,
     )
-    if workload is None and config is None and model is None:
-        workload = ranking.workload  # the preset's
-    chosen = select(workload, config, task, model)
-    # the speeds and memory of the run the ranking answered (a preset's options included)
-    run_options = ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"})
-    catalog = load_catalog(prices)
+    return answer_report(request, progress=progress)
+
+
+def answer_report(
+    request: ReportRequest, *, progress: Callable[[str], None] | None = None
+) -> ReportData:
+    """``report``'s answer to a typed request (see ``report`` for what it means);
+    ``progress`` hears the recommendation's progress."""
+    asked = request.recommend
+    ranking = answer_recommend(asked, progress=progress)
+    target = asked.target
+    if target.is_empty:
+        target = replace(target, workload=ranking.workload)  # the preset's
+    chosen = select_target(target)
+    catalog = load_catalog(asked.prices)
     notes: list[str] = []
-    shown, ref_id = _shown(ranking, gpus, reference, catalog, chosen)
-    speeds_predicted = predict(
-        workload, config=config, task=task, model=model, gpus=shown, stack=stack, **run_options
-    )
-    memory = fit(
-        workload, config=config, task=task, model=model, gpus=shown, stack=stack, **run_options
-    )
+    shown, ref_id = _shown(ranking, asked.gpus, request.reference, catalog, chosen)
+    speeds_predicted, memory = _predicted(target, ranking, shown, asked.stack)
     # the measurements the ranking used (its assumptions carry the notes of those left out)
-    one_gpu = prepare(chosen, ranking.run.model_copy(update={"gpus": 1}), config, None)
-    measured, _ = measurements(chosen, one_gpu, store, get_stack(stack), [])
+    one_gpu = prepare(chosen, ranking.run.model_copy(update={"gpus": 1}), target.config, None)
+    measured, _ = measurements(chosen, one_gpu, asked.store, get_stack(asked.stack), [])
     speeds, ref_id = _speed_points(chosen, ranking, speeds_predicted, measured, ref_id, notes)
     tables = _value_tables(speeds, ref_id, catalog, notes)
     lead = ranking.ranking[0] if ranking.ranking else None
     even = _breakeven(ranking, catalog, notes)
-    pivot, n_results, store_text = _results(store, notes) if results else (None, 0, None)
+    no_results: tuple[None, int, None] = (None, 0, None)
+    pivot, n_results, store_text = _results(asked.store, notes) if request.results else no_results
     provenance = _provenance(
         chosen,
         catalog,
         shown=[p.gpu for p in speeds],
         memory_method=memory[0].method if memory else "",
-        described=_described(chosen, ranking, config, model, stack),
+        described=_described(chosen, ranking, target.config, target.model, asked.stack),
         store_text=store_text,
     )
     keep_replays()
     return ReportData(
-        title=ranking.workload if config else (model or chosen.info.name),
-        workload=ranking.workload if config else chosen.info.name,
+        title=ranking.workload if target.config else (target.model or chosen.info.name),
+        workload=ranking.workload if target.config else chosen.info.name,
         run=ranking.run,
         ranking=ranking,
         reference=ref_id,
@@ -163,6 +182,17 @@ def report(
         notes=tuple(notes),
         provenance=provenance,
     )
+
+
+def _predicted(
+    target: Target, ranking: Ranking, shown: Sequence[str], stack: str | None
+) -> tuple[ResultList[ThroughputEstimate], ResultList[MemoryEstimate]]:
+    """The predicted speeds and the memory of the ``shown`` GPUs, for the run the ranking
+    answered (a preset's options included), on one GPU each."""
+    run = run_config(**ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"}))
+    speeds = answer_predict(PredictRequest(target, run, gpus=shown, stack=stack))
+    memory = answer_fit(FitRequest(target, run, gpus=shown, stack=stack))
+    return speeds, memory
 
 
 _VALUE_TABLES: tuple[tuple[str, int | None], ...] = (

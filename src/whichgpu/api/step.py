@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.catalog import resolve_gpus
+from whichgpu.api.requests import Target
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError, option
 from whichgpu.numbers import significant
@@ -42,6 +43,11 @@ def select(
         task,  # type: ignore[arg-type]
         model=model,
     )
+
+
+def select_target(target: Target) -> Workload:
+    """The workload a request's ``target`` names (see ``select``)."""
+    return select(target.workload, target.config, target.task, target.model)
 
 
 def scalable_profile(

@@ -6,7 +6,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, TextIO
 
@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit, emit_error, emit_json
 from whichgpu.cli.results import StoreOption
 from whichgpu.errors import BenchError, UsageError, WorkloadError
@@ -57,6 +58,7 @@ def suites() -> dict[str, tuple[SuiteEntry, ...]]:
 
 
 def bench(
+    ctx: typer.Context,
     workloads: Annotated[
         Optional[list[str]],  # noqa: UP045 - typer needs Optional at runtime on Python 3.10
         typer.Argument(
@@ -195,21 +197,7 @@ def bench(
     results_store = None if no_store else ResultStore(store)
     if results_store is not None:
         results_store.list(limit=1)  # a file that is not a store fails now, not after a bench
-    common: dict[str, Any] = {
-        "mode": mode,
-        "batch_size": batch_size,
-        "optimizer": optimizer,
-        "optimizer_impl": optimizer_impl,
-        "loss_kernel": loss_kernel,
-        "checkpointing": checkpointing or None,
-        "checkpointing_policy": checkpointing_policy,
-        "method": method,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "context": context,
-        "new_tokens": new_tokens,
-        "concurrency": concurrency,
-    }
+    run = r.run_options(ctx)  # each suite entry may add its precision and length
     finished: list[BenchResult] = []
     failures: list[str] = []
     interrupted = False
@@ -247,9 +235,11 @@ def bench(
                     timeout_s=timeout,
                     progress=show.update,
                     on_result=keep,
-                    precision=precision or entry.precision,
-                    seq_len=seq_len or entry.seq_len,
-                    **common,
+                    **replace(
+                        run,
+                        precision=run.precision or entry.precision,
+                        seq_len=run.seq_len or entry.seq_len,
+                    ).given(),
                 )
             except (BenchError, WorkloadError) as exc:
                 if len(entries) == 1:

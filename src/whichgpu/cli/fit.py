@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit, emit_json, progress_note
 from whichgpu.report import json_doc, terminal
 
 
 def fit(
+    ctx: typer.Context,
     workload: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
@@ -104,49 +106,24 @@ def fit(
 
       whichgpu fit llama-3.1-8b --mode inference --serving vllm --gpu a100-80gb
     """
-    from whichgpu.api import fit as fit_estimates
+    from whichgpu.api import FitRequest, answer_fit
 
-    def options() -> dict[str, Any]:
-        return {
-            "mode": mode,
-            "precision": precision,
-            "sharding": sharding,
-            "context": context,
-            "new_tokens": new_tokens,
-            "concurrency": concurrency,
-            "batch_size": batch_size,
-            "seq_len": seq_len,
-            "optimizer": optimizer,
-            "optimizer_impl": optimizer_impl,
-            "loss_kernel": loss_kernel,
-            "grad_accum": grad_accum,
-            "checkpointing": checkpointing or None,
-            "checkpointing_policy": checkpointing_policy,
-            "method": method,
-            "lora_rank": lora_rank,
-            "lora_targets": lora_targets,
-        }
-
+    request = FitRequest(
+        r.target(ctx),
+        r.run_options(ctx).config(gpus=gpus),
+        gpus=gpu,
+        stack=stack,
+        serving=serving,
+        quantization=quantization,
+        fast=fast,
+    )
     note = (
         "Estimating peak memory from the closed form"
         if fast
         else "Estimating peak memory (tracing the step if it is not stored)"
     )
     with progress_note(note) as now:
-        estimates = fit_estimates(
-            workload,
-            progress=now,
-            config=config,
-            task=task,
-            model=model,
-            gpus=gpu,
-            gpu_count=gpus,
-            stack=stack,
-            serving=serving,
-            quantization=quantization,
-            fast=fast,
-            **options(),
-        )
+        estimates = answer_fit(request, progress=now)
     if json:
         emit_json(json_doc.fit_doc(estimates))
         return

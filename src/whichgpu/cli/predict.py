@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit, emit_json, progress_note
 from whichgpu.report import json_doc, terminal
 
 
 def predict(
+    ctx: typer.Context,
     workload: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
@@ -140,45 +142,22 @@ def predict(
 
       whichgpu predict resnet50 --calibrate d7f06f92          # a stored bench result
     """
-    from whichgpu.api import predict as predict_throughput
+    from whichgpu.api import PredictRequest, answer_predict
 
-    options: dict[str, Any] = {
-        "mode": mode,
-        "precision": precision,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "optimizer": optimizer,
-        "optimizer_impl": optimizer_impl,
-        "loss_kernel": loss_kernel,
-        "grad_accum": grad_accum,
-        "checkpointing": checkpointing or None,
-        "checkpointing_policy": checkpointing_policy,
-        "method": method,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "sharding": sharding,
-        "context": context,
-        "new_tokens": new_tokens,
-        "concurrency": concurrency,
-    }
+    request = PredictRequest(
+        r.target(ctx),
+        r.run_options(ctx).config(gpus=gpus),
+        gpus=gpu,
+        stack=stack,
+        calibrate=calibrate,
+        store=store,
+        serving=serving,
+        tpot_ms=tpot_ms,
+        ttft_ms=ttft_ms,
+        quantization=quantization,
+    )
     with progress_note("Predicting step times (tracing the step if it is not stored)") as now:
-        estimates = predict_throughput(
-            workload,
-            progress=now,
-            config=config,
-            task=task,
-            model=model,
-            gpus=gpu,
-            gpu_count=gpus,
-            stack=stack,
-            calibrate=calibrate,
-            store=store,
-            serving=serving,
-            tpot_ms=tpot_ms,
-            ttft_ms=ttft_ms,
-            quantization=quantization,  # type: ignore[arg-type]  # checked by the API
-            **options,
-        )
+        estimates = answer_predict(request, progress=now)
     if json:
         emit_json(json_doc.predict_doc(estimates))
         return

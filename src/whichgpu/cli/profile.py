@@ -7,11 +7,13 @@ from typing import Annotated, Optional
 import typer
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit, emit_json, progress_note
 from whichgpu.report import json_doc, terminal
 
 
 def profile(
+    ctx: typer.Context,
     workload: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
@@ -68,33 +70,12 @@ def profile(
 
       whichgpu profile llama-3.1-8b --mode inference --context 4096 --new-tokens 256 --concurrency 8
     """
-    from whichgpu.estimate.profile_summary import summarize
-    from whichgpu.workloads import check_for_workload, run_config, select_workload
+    from whichgpu.api import ProfileRequest, answer_profile
 
-    chosen = select_workload(workload, config, task, model=model)  # type: ignore[arg-type]
-    run = run_config(
-        mode=mode,
-        precision=precision,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        optimizer=optimizer,
-        optimizer_impl=optimizer_impl,
-        loss_kernel=loss_kernel,
-        grad_accum=grad_accum,
-        checkpointing=checkpointing or None,
-        checkpointing_policy=checkpointing_policy,
-        method=method,
-        lora_rank=lora_rank,
-        lora_targets=lora_targets,
-        context=context,
-        new_tokens=new_tokens,
-        concurrency=concurrency,
-    )
-    check_for_workload(run, chosen.info)
-    with progress_note(f"Tracing one {run.mode} step of {chosen.info.name} on the CPU"):
-        from whichgpu.trace import trace_step
-
-        summary = summarize(trace_step(chosen, run))
+    run = r.run_options(ctx).config()
+    request = ProfileRequest(r.target(ctx), run)
+    with progress_note(f"Tracing one {run.mode} step on the CPU") as now:
+        summary = answer_profile(request, progress=now)
     if json:
         emit_json(json_doc.profile_doc(summary))
         return

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit, emit_json, progress_note
 from whichgpu.errors import UsageError
 from whichgpu.report.recommend import recommend_doc, recommend_view
@@ -15,6 +16,7 @@ _ASK = o.QUESTION_PANEL
 
 
 def recommend(
+    ctx: typer.Context,
     workload: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
@@ -112,64 +114,15 @@ def recommend(
 
       whichgpu recommend --for kaggle --budget 800 --used --gpu-only   # $800 for the GPU alone
     """
-    from whichgpu.api import recommend as recommend_gpus
+    from whichgpu.api import answer_recommend
 
     if buy and rent:
         raise UsageError("Choose one of --buy and --rent.")
-    options: dict[str, Any] = {
-        "mode": mode,
-        "precision": precision,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "optimizer": optimizer,
-        "optimizer_impl": optimizer_impl,
-        "loss_kernel": loss_kernel,
-        "grad_accum": grad_accum,
-        "checkpointing": checkpointing or None,
-        "checkpointing_policy": checkpointing_policy,
-        "method": method,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "sharding": sharding,
-        "context": context,
-        "new_tokens": new_tokens,
-        "concurrency": concurrency,
-    }
     if top < 1:
         raise UsageError(f"--top must be at least 1, not {top}.")
+    request = r.recommend_request(ctx)
     with progress_note("Sizing, timing and pricing every candidate") as now:
-        ranking = recommend_gpus(
-            workload,
-            progress=now,
-            config=config,
-            task=task,
-            model=model,
-            preset=preset,
-            acquire="rent" if rent else "buy" if buy else None,
-            budget_usd=budget,
-            within_hours=within,
-            used=used,
-            gpu_only=gpu_only,
-            provider=provider,
-            gpu_count=gpus,
-            gpus=gpu,
-            vendor=vendor,
-            hours=hours,
-            samples=samples,
-            tokens=tokens,
-            epochs=epochs,
-            dataset_size=dataset_size,
-            min_batch=min_batch,
-            region=region,
-            top=top,
-            sort=sort,
-            serving=serving,
-            quantization=quantization,
-            stack=stack,
-            store=store,
-            prices=prices,
-            **options,
-        )
+        ranking = answer_recommend(request, progress=now)
     if json:
         emit_json(recommend_doc(ranking))
         return

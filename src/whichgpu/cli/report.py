@@ -9,6 +9,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from whichgpu.cli import options as o
+from whichgpu.cli import requests as r
 from whichgpu.cli.output import emit_json, progress_note
 from whichgpu.errors import UsageError
 from whichgpu.files import check_output_file, write_atomically
@@ -37,6 +38,7 @@ def _size(n_bytes: int) -> str:
 
 
 def report(
+    ctx: typer.Context,
     workload: Annotated[
         Optional[str],  # noqa: UP045
         typer.Argument(
@@ -161,7 +163,7 @@ def report(
 
       whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
     """
-    from whichgpu.api import report as gather
+    from whichgpu.api import ReportRequest, answer_report
     from whichgpu.report.html import CHARTS, chart_svg, render_html, report_doc
 
     if buy and rent:
@@ -184,58 +186,9 @@ def report(
         check_output_file(target, "--out", protected, example=default_name)
     if top < 1:
         raise UsageError(f"--top must be at least 1, not {top}.")
-    options: dict[str, Any] = {
-        "mode": mode,
-        "precision": precision,
-        "batch_size": batch_size,
-        "seq_len": seq_len,
-        "optimizer": optimizer,
-        "optimizer_impl": optimizer_impl,
-        "loss_kernel": loss_kernel,
-        "grad_accum": grad_accum,
-        "checkpointing": checkpointing or None,
-        "checkpointing_policy": checkpointing_policy,
-        "method": method,
-        "lora_rank": lora_rank,
-        "lora_targets": lora_targets,
-        "sharding": sharding,
-        "context": context,
-        "new_tokens": new_tokens,
-        "concurrency": concurrency,
-    }
+    request = ReportRequest(r.recommend_request(ctx), reference=reference, results=results)
     with progress_note("Ranking, sizing, timing and pricing") as now:
-        data = gather(
-            workload,
-            progress=now,
-            config=config,
-            task=task,
-            model=model,
-            preset=preset,
-            acquire="rent" if rent else "buy" if buy else None,
-            used=used,
-            gpu_only=gpu_only,
-            provider=provider,
-            within_hours=within,
-            min_batch=min_batch,
-            sort=sort,
-            vendor=vendor,
-            budget_usd=budget,
-            gpus=gpu,
-            gpu_count=gpus,
-            reference=reference,
-            hours=hours,
-            samples=samples,
-            tokens=tokens,
-            epochs=epochs,
-            dataset_size=dataset_size,
-            region=region,
-            top=top,
-            stack=stack,
-            results=results,
-            store=store,
-            prices=prices,
-            **options,
-        )
+        data = answer_report(request, progress=now)
     if json:
         emit_json(report_doc(data))
         return
