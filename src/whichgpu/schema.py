@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import Enum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SCHEMA_VERSION = 1
 """Version of the exported JSON shapes (bumped on any incompatible change)."""
@@ -698,6 +698,9 @@ class OpRecord(_Frozen):
     """For matrix multiplies: (batch, M, N, K)."""
     conv: tuple[int, ...] | None = None
     """For convolutions: (N, C_in, H, W, C_out, kH, kW, stride, groups) of the forward."""
+    norm: tuple[int, ...] | None = None
+    """For batch norm (forward and backward): (N, C, S) of its input, S the elements of one
+    sample's channel (H x W); absent from profiles traced before it was recorded."""
     attention: tuple[int, ...] | None = None
     """For scaled-dot-product attention (forward and backward): (batch, q_heads, kv_heads,
     q_len, kv_len, head_dim, causal, masked, mask_rows) as the kernel sees them; ``causal`` is
@@ -907,18 +910,33 @@ class ServingEstimate(_Frozen):
     """GPUs serving the model together, tensor parallel."""
 
 
+def decode_requests_per_s(concurrency: int, ttft_s: float, tpot_s: float, new_tokens: int) -> float:
+    """Requests per second of ``concurrency`` sequences each generating ``new_tokens`` tokens,
+    by Little's law: ``concurrency / latency``, a request's latency being its TTFT and then
+    ``new_tokens - 1`` decode steps (a new request taking each finished one's place)."""
+    return concurrency / (ttft_s + max(new_tokens - 1, 0) * tpot_s)
+
+
 class ServingSpeedPoint(_Frozen):
     """A serving engine's latencies at one concurrency (``ServingSpeed.by_concurrency``)."""
 
     concurrency: int
-    """Sequences decoding at once."""
+    """Requests in the engine at once."""
     ttft_s: float
     """Time to first token of one request's prompt, prefilled in chunks beside the other
-    sequences' decodes, s."""
-    tpot_s: float
-    """Time per output token: one decode step of every running sequence, s."""
+    sequences' decodes, s. Prefill-only requests (``new_tokens`` 0): the request's latency."""
+    tpot_s: float | None
+    """Time per output token: one decode step of every running sequence, s. None for
+    prefill-only requests, which generate no token."""
     output_tokens_per_s: float
-    """``concurrency / tpot_s``: output tokens per second over all sequences."""
+    """``concurrency / tpot_s``: output tokens per second over all sequences; 0 for
+    prefill-only requests, which generate none (see ``requests_per_s``)."""
+    requests_per_s: float | None = None
+    """Requests completed per second (``decode_requests_per_s``); of prefill-only requests,
+    prompt tokens per second / prompt tokens. None in answers from before it."""
+    prompt_tokens_per_s: float | None = None
+    """Prompt tokens per second, ``requests_per_s x context``. None in answers from before
+    it."""
 
 
 class ServingSpeed(_Frozen):
@@ -928,6 +946,12 @@ class ServingSpeed(_Frozen):
     A decode step is one graph launch whose time is ``max(bytes / achievable bandwidth, FLOPs
     / achievable tensor rate)`` (``whichgpu.estimate.engine_speed``), plus the tensor-parallel
     all-reduces; the prompt is prefilled in chunks of the engine's token budget.
+
+    Prefill-only requests (``new_tokens`` 0: embedding, classification, scoring, reranking)
+    run no decode step: the decode fields (``tpot_s``, ``decode_bound``, ``decode_bytes``,
+    ``decode_flops``, ``bandwidth_bound_tpot_s``, ``usd_per_million_output_tokens``) are None,
+    ``output_tokens_per_s`` is 0, ``ttft_s`` is the request's latency and the throughput is
+    ``requests_per_s`` and ``prompt_tokens_per_s``.
     """
 
     engine: str
@@ -943,21 +967,38 @@ class ServingSpeed(_Frozen):
     new_tokens: int
     """Generated tokens per request."""
     ttft_s: float
-    """Time to first token at ``concurrency``, s."""
-    tpot_s: float
-    """Time per output token at ``concurrency`` (one decode step), s."""
+    """Time to first token at ``concurrency``, s. Prefill-only requests: the request's
+    latency, ``concurrency / requests_per_s`` (Little's law; queueing for the engine's token
+    budget included)."""
+    tpot_s: float | None
+    """Time per output token at ``concurrency`` (one decode step), s; None for prefill-only
+    requests."""
     output_tokens_per_s: float
-    """``concurrency / tpot_s``, over all GPUs serving the model."""
-    decode_bound: Literal["memory", "compute"]
-    """What limits the decode step: the bytes it reads or its FLOPs."""
-    decode_bytes: int
+    """``concurrency / tpot_s``, over all GPUs serving the model; 0 for prefill-only
+    requests, which generate none (their rate is ``requests_per_s``, ``prompt_tokens_per_s``)."""
+    decode_bound: Literal["memory", "compute"] | None
+    """What limits the decode step: the bytes it reads or its FLOPs; None for prefill-only
+    requests."""
+    decode_bytes: int | None
     """Bytes one GPU reads in a decode step: its weights once, every sequence's KV cache at
-    the generation's average length (``context + new_tokens / 2``), the activations."""
-    decode_flops: float
-    """FLOPs of one GPU in a decode step."""
-    bandwidth_bound_tpot_s: float
+    the generation's average length (``context + new_tokens / 2``), the activations; None
+    for prefill-only requests."""
+    decode_flops: float | None
+    """FLOPs of one GPU in a decode step; None for prefill-only requests."""
+    bandwidth_bound_tpot_s: float | None
     """The decode step at the full DRAM bandwidth (``decode_bytes / bandwidth``), s: the floor
-    no engine goes under."""
+    no engine goes under; None for prefill-only requests."""
+    requests_per_s: float | None = None
+    """Requests completed per second at ``concurrency``, over all GPUs: of a decode run
+    ``decode_requests_per_s`` (Little's law); of prefill-only requests, the prompt tokens the
+    engine's steps prefill per second (``min(token budget, concurrency x context)`` tokens
+    per step) / ``context``. None in answers from before it."""
+    prompt_tokens_per_s: float | None = None
+    """``requests_per_s x context``: prompt tokens per second. None in answers from before
+    it."""
+    step_bound: Literal["memory", "compute"] | None = None
+    """Prefill-only requests: what limits the engine's prefill step, the bytes it reads or its
+    FLOPs; None for decode runs (see ``decode_bound``)."""
     max_concurrency: int | None = None
     """The most sequences the engine's KV cache holds (``fit --serving``), None if unknown."""
     by_concurrency: tuple[ServingSpeedPoint, ...] = ()
@@ -975,11 +1016,40 @@ class ServingSpeed(_Frozen):
     machine; None without a price."""
     usd_per_million_output_tokens: float | None = None
     """``usd_per_gpu_hour x gpus / (output tokens per hour) x 10^6`` at ``concurrency``
-    (the engine kept busy); None without a price."""
+    (the engine kept busy); None without a price and for prefill-only requests."""
+    usd_per_million_prompt_tokens: float | None = None
+    """Prefill-only requests: ``usd_per_gpu_hour x gpus / (prompt tokens per hour) x 10^6``
+    at ``concurrency`` (kept busy); None without a price and for decode runs (whose cost is
+    per output token)."""
+    usd_per_thousand_requests: float | None = None
+    """``usd_per_gpu_hour x gpus / (requests per hour) x 10^3`` at ``concurrency`` (kept
+    busy); None without a price."""
     price_source: str | None = None
     """Which price it is (provider, date, source), in words."""
     assumptions: tuple[str, ...] = ()
     """What the answer assumes, in words."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _per_request(cls, data: Any) -> Any:
+        """A decode run's ``requests_per_s``, ``prompt_tokens_per_s`` and
+        ``usd_per_thousand_requests`` where not given (an answer from before them, or one
+        built without them): derived from its latencies, lengths and price."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        new, ttft, tpot = out.get("new_tokens"), out.get("ttft_s"), out.get("tpot_s")
+        if out.get("requests_per_s") is None and new and ttft and tpot is not None:
+            out["requests_per_s"] = decode_requests_per_s(
+                out.get("concurrency") or 1, ttft, tpot, new
+            )
+        rps, context = out.get("requests_per_s"), out.get("context")
+        if out.get("prompt_tokens_per_s") is None and rps and context:
+            out["prompt_tokens_per_s"] = rps * context
+        hourly, gpus = out.get("usd_per_gpu_hour"), out.get("gpus") or 1
+        if out.get("usd_per_thousand_requests") is None and hourly is not None and rps:
+            out["usd_per_thousand_requests"] = hourly * gpus / (rps * 3600) * 1e3
+        return out
 
 
 MemoryCategory = Literal[

@@ -153,7 +153,7 @@ def answer_predict(
         calibration, band = calibration_of(chosen, asked.step, result, asked.software)
         out = correct(out, calibration, band)
     if engine is not None:
-        out.sort(key=lambda e: -(e.serving_speed.output_tokens_per_s if e.serving_speed else 0.0))
+        out.sort(key=lambda e: -_served_tokens_per_s(e.serving_speed))
     else:
         out.sort(key=lambda e: -(e.throughput or 0.0))
     keep_replays()
@@ -362,6 +362,7 @@ def serving_speed_on_gpu(
         concurrency_ladder,
         engine_rates,
         model_shape,
+        prefill_only_speed,
     )
     from whichgpu.estimate.memory import weights_bytes
     from whichgpu.estimate.serving import serving_dtype_bytes
@@ -370,7 +371,7 @@ def serving_speed_on_gpu(
     assert step.model_config is not None and step.kv_per_token is not None
     n = run.gpus
     context = estimate.seq_len or run.context or 1
-    new = run.new_tokens or 1
+    new = 1 if run.new_tokens is None else run.new_tokens
     limit = estimate.serving.max_concurrency if estimate.serving is not None else None
     concurrency = run.batch_size or max(limit or 1, 1)
     shape = model_shape(
@@ -403,7 +404,8 @@ def serving_speed_on_gpu(
         price = None
     if price is not None:
         hourly = price.usd
-        per_million = price.usd * n / (at.output_tokens_per_s * 3600) * 1e6
+        if at.output_tokens_per_s:
+            per_million = price.usd * n / (at.output_tokens_per_s * 3600) * 1e6
         source = price_note(price)
     ladder = concurrency_ladder(concurrency, limit)
     quantized: tuple[str, ...] = ()
@@ -422,6 +424,19 @@ def serving_speed_on_gpu(
             f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
             f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
             f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
+        )
+    if new == 0:  # prefill-only requests: no decode step
+        return prefill_only_speed(
+            speed,
+            engine=engine.id,
+            engine_label=engine.label if path is None else f"{engine.label}, {path.format.label}",
+            concurrency=concurrency,
+            context=context,
+            max_concurrency=limit,
+            targets_ms=targets_ms,
+            usd_per_gpu_hour=hourly,
+            price_source=source,
+            notes=(*quantized, *rate_notes),
         )
     return ServingSpeed(
         engine=engine.id,
@@ -551,3 +566,13 @@ def calibration_of(
     )
     calibration.check()  # a measurement that is not possible corrects nothing
     return calibration, band
+
+
+def _served_tokens_per_s(speed: ServingSpeed | None) -> float:
+    """What orders the engines' answers: output tokens/s, or the prompt tokens/s of
+    prefill-only requests (0 without an answer)."""
+    if speed is None:
+        return 0.0
+    if speed.new_tokens == 0:
+        return speed.prompt_tokens_per_s or 0.0
+    return speed.output_tokens_per_s

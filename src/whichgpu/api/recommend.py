@@ -280,7 +280,9 @@ def _sized(
             measured, calibration = measurements(chosen, step, store, software, out.notes)
         timer = predictor(chosen, step)
         out.units_per_sample = (
-            (step.run.new_tokens or 1) if timer.serving else (step.run.seq_len or 1)
+            (step.run.new_tokens or step.run.context or 1)
+            if timer.serving
+            else (step.run.seq_len or 1)
         )
         for gpu in targets:
             if progress is not None:

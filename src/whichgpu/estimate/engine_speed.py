@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from whichgpu.errors import UsageError
+from whichgpu.errors import UsageError, option
 from whichgpu.estimate.data_parallel import Link, all_reduce_s, gpu_link
 from whichgpu.estimate.serving import (
     attention_heads,
@@ -44,7 +44,14 @@ from whichgpu.estimate.throughput import (
     load_parameters,
     peak_flops_per_s,
 )
-from whichgpu.schema import GpuSpec, Precision, ServingSpeedPoint, Vendor
+from whichgpu.schema import (
+    GpuSpec,
+    Precision,
+    ServingSpeed,
+    ServingSpeedPoint,
+    Vendor,
+    decode_requests_per_s,
+)
 from whichgpu.units import tflops_to_flops
 
 LOGIT_BYTES = 4
@@ -479,13 +486,53 @@ class EngineSpeed:
         return self._step(others + size, attended, kv_read)
 
     def point(self, concurrency: int, context: int, new_tokens: int) -> ServingSpeedPoint:
-        """TTFT, TPOT and output tokens/s at ``concurrency``."""
+        """TTFT, TPOT and output tokens/s at ``concurrency`` (of prefill-only requests,
+        ``new_tokens`` 0: ``prefill_point``)."""
+        if new_tokens == 0:
+            return self.prefill_point(concurrency, context)
         tpot = self.decode(concurrency, context, new_tokens).seconds
+        ttft = self.ttft(concurrency, context, new_tokens)
+        requests_per_s = decode_requests_per_s(concurrency, ttft, tpot, new_tokens)
         return ServingSpeedPoint(
             concurrency=concurrency,
-            ttft_s=self.ttft(concurrency, context, new_tokens),
+            ttft_s=ttft,
             tpot_s=tpot,
             output_tokens_per_s=concurrency / tpot,
+            requests_per_s=requests_per_s,
+            prompt_tokens_per_s=requests_per_s * context,
+        )
+
+    def prefill_tokens_per_step(self, concurrency: int, context: int) -> int:
+        """Prompt tokens one step of prefill-only requests runs: ``min(token budget,
+        concurrency x context)`` (the engine fills its budget from the waiting prompts)."""
+        return max(min(self.chunk_tokens, concurrency * context), 1)
+
+    def prefill_step(self, concurrency: int, context: int) -> StepCost:
+        """A step of prefill-only requests (``new_tokens`` 0) at ``concurrency``, steady state:
+        ``prefill_tokens_per_step`` prompt tokens, each attending over half its prompt on
+        average; it writes their keys and values and, where a prompt is longer than the step
+        (chunked), reads the cached part before the chunk, ``(context - tokens) / 2`` on
+        average."""
+        tokens = self.prefill_tokens_per_step(concurrency, context)
+        attended = tokens * context / 2
+        kv_read = tokens + max(context - tokens, 0) / 2
+        return self._step(tokens, attended, kv_read)
+
+    def prefill_point(self, concurrency: int, context: int) -> ServingSpeedPoint:
+        """Prefill-only requests at ``concurrency``: requests/s = tokens per step / (context x
+        step time); the request's latency (its TTFT; no TPOT) by Little's law, ``concurrency
+        / requests/s``: one step where the prompts fit the budget together, more (waiting for
+        the budget) where they do not."""
+        tokens = self.prefill_tokens_per_step(concurrency, context)
+        step = self.prefill_step(concurrency, context)
+        requests_per_s = tokens / (context * step.seconds)
+        return ServingSpeedPoint(
+            concurrency=concurrency,
+            ttft_s=concurrency / requests_per_s,
+            tpot_s=None,
+            output_tokens_per_s=0.0,
+            requests_per_s=requests_per_s,
+            prompt_tokens_per_s=requests_per_s * context,
         )
 
     def largest_within(
@@ -500,9 +547,17 @@ class EngineSpeed:
         """The largest concurrency up to ``limit`` whose TPOT and TTFT meet the targets (both
         grow with the concurrency), by bisection; 0 when even one sequence misses them."""
 
+        if new_tokens == 0 and tpot_s is not None:
+            raise UsageError(
+                f"{option('tpot_ms')} is a target for generated tokens, and "
+                f"{option('new_tokens')} 0 generates none: give {option('ttft_ms')} (the "
+                "request's latency) instead."
+            )
+
         def meets(c: int) -> bool:
             p = self.point(c, context, new_tokens)
-            return (tpot_s is None or p.tpot_s <= tpot_s) and (ttft_s is None or p.ttft_s <= ttft_s)
+            tpot_ok = tpot_s is None or (p.tpot_s is not None and p.tpot_s <= tpot_s)
+            return tpot_ok and (ttft_s is None or p.ttft_s <= ttft_s)
 
         if limit < 1 or not meets(1):
             return 0
@@ -517,6 +572,118 @@ class EngineSpeed:
             else:
                 hi = mid
         return lo
+
+
+def prefill_only_speed(
+    speed: EngineSpeed,
+    *,
+    engine: str,
+    engine_label: str,
+    concurrency: int,
+    context: int,
+    max_concurrency: int | None,
+    targets_ms: tuple[float | None, float | None] = (None, None),
+    usd_per_gpu_hour: float | None = None,
+    price_source: str | None = None,
+    notes: tuple[str, ...] = (),
+) -> ServingSpeed:
+    """The engine's answer for prefill-only requests (``new_tokens`` 0: embedding,
+    classification, scoring, reranking) of ``context`` prompt tokens at ``concurrency``, on
+    ``speed``'s GPUs: requests/s and prompt tokens/s (``EngineSpeed.prefill_point``), the
+    request's latency as its TTFT, no decode figures; the growth with the concurrency up to
+    ``max_concurrency`` (the sequences of ``context`` tokens the engine's KV cache holds); with
+    a ``--ttft-ms`` target (``targets_ms``; a TPOT target is refused) the largest concurrency
+    meeting it; and, with a price per GPU-hour, $ per million prompt tokens and per thousand
+    requests, kept busy. ``notes`` (the rates' and the weights' notes) go into the
+    assumptions."""
+    n = speed.rates.gpus
+    tpot_ms, ttft_ms = targets_ms
+    within = None
+    if tpot_ms is not None or ttft_ms is not None:
+        within = speed.largest_within(
+            max_concurrency if max_concurrency is not None else concurrency,
+            context,
+            0,
+            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        )
+    at = speed.prefill_point(concurrency, context)
+    step = speed.prefill_step(concurrency, context)
+    tokens = speed.prefill_tokens_per_step(concurrency, context)
+    assert at.requests_per_s is not None and at.prompt_tokens_per_s is not None
+    per_million = per_thousand = None
+    if usd_per_gpu_hour is not None:
+        per_million = usd_per_gpu_hour * n / (at.prompt_tokens_per_s * 3600) * 1e6
+        per_thousand = usd_per_gpu_hour * n / (at.requests_per_s * 3600) * 1e3
+    shape = speed.shape
+    moe: tuple[str, ...] = ()
+    if shape.experts:
+        moe = (
+            f"mixture of experts: a step of {tokens} prompt tokens reads "
+            f"{shape.distinct_experts(tokens):.2f} of the {shape.experts} experts per layer "
+            f"(uniform, independent routing); FLOPs of the {shape.experts_per_token} active "
+            "experts per token",
+        )
+    budget = speed.chunk_tokens
+    queued = concurrency * context > budget
+    return ServingSpeed(
+        engine=engine,
+        engine_label=engine_label,
+        gpus=n,
+        concurrency=concurrency,
+        context=context,
+        new_tokens=0,
+        ttft_s=at.ttft_s,
+        tpot_s=None,
+        output_tokens_per_s=0.0,
+        decode_bound=None,
+        decode_bytes=None,
+        decode_flops=None,
+        bandwidth_bound_tpot_s=None,
+        requests_per_s=at.requests_per_s,
+        prompt_tokens_per_s=at.prompt_tokens_per_s,
+        step_bound="memory" if step.memory_bound else "compute",
+        max_concurrency=max_concurrency,
+        by_concurrency=tuple(
+            speed.prefill_point(c, context)
+            for c in concurrency_ladder(concurrency, max_concurrency)
+        ),
+        target_tpot_s=None,
+        target_ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        max_concurrency_within_targets=within,
+        usd_per_gpu_hour=usd_per_gpu_hour,
+        usd_per_million_output_tokens=None,
+        usd_per_million_prompt_tokens=per_million,
+        usd_per_thousand_requests=per_thousand,
+        price_source=price_source,
+        assumptions=(
+            f"{engine_label}: prefill-only requests (no new tokens: embedding, "
+            "classification, scoring, reranking): the engine runs prefill steps only, no "
+            "decode step and no TPOT",
+            f"a step prefills min(the {budget}-token step budget, concurrency x context) = "
+            f"{tokens} prompt tokens at concurrency {concurrency}; step time = max(bytes / "
+            "achievable bandwidth, FLOPs / achievable tensor rate)"
+            + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else "")
+            + "; it reads the weights once, writes the prompt tokens' keys and values (and "
+            "reads the cached start of a prompt longer than the step)",
+            "requests/s = prompt tokens per step / (context x step time); TTFT = the "
+            "request's latency = concurrency / requests/s (Little's law, steady state, a new "
+            "request arriving as each finishes): "
+            + (
+                f"the {concurrency} prompts of {context} tokens exceed the step budget, so a "
+                "request also waits for its turn"
+                if queued
+                else "the prompts fit one step together, so the latency is one step"
+            ),
+            f"memory: each sequence holds the KV cache of its {context} prompt tokens only "
+            "(no decode tokens); the engine frees it when the request finishes",
+            *moe,
+            *notes,
+            "cost per million prompt tokens (per thousand requests): the cheapest catalog "
+            "on-demand rate for this machine size x GPUs / prompt tokens (requests) per hour "
+            "at this concurrency, kept busy",
+        ),
+    )
 
 
 def concurrency_ladder(asked: int, limit: int | None) -> tuple[int, ...]:

@@ -648,6 +648,7 @@ def estimate_on_gpu(
             kv_here(kv_per_token_bytes),
             seq_len,
             run.gpus,
+            new_tokens=run.new_tokens,
         )
     return MemoryEstimate(
         gpu=gpu.id,
@@ -729,10 +730,14 @@ def _serving(
     kv_per_token_bytes: int,
     context: int,
     gpus: int,
+    *,
+    new_tokens: int | None = None,
 ) -> ServingEstimate:
     """The engine's answer on one of ``gpus`` tensor-parallel GPUs (``kv_per_token_bytes``
     is that GPU's share); its profiling pass is the traced prefill of one sequence of
-    ``engine.profile_tokens`` tokens (its own KV cache taken out again), counted whole."""
+    ``engine.profile_tokens`` tokens (its own KV cache taken out again), counted whole. Each
+    sequence holds ``context + new_tokens`` tokens of KV (the run's new tokens; None: the
+    profile's): prefill-only requests (``new_tokens`` 0) their prompt's alone."""
     profile = memory.profile
     tokens = engine.profile_tokens
     weights = weights_bytes(profile)
@@ -745,7 +750,8 @@ def _serving(
         weights_bytes=-(-weights // gpus),
         activation_peak_bytes=activation,
         kv_per_token_bytes=kv_per_token_bytes,
-        tokens_per_sequence=context + (profile.run.new_tokens or 0),
+        tokens_per_sequence=context
+        + (new_tokens if new_tokens is not None else (profile.run.new_tokens or 0)),
         gpus=gpus,
     )
 

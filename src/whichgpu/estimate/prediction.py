@@ -166,7 +166,16 @@ class ThroughputPredictor:
             f"time outside the GPU ({self.host_origin}); that time is left out here, and a real "
             "input pipeline that cannot keep up adds it back",
         )
-        if self.serving and self.inference is not None:
+        if self.serving and self.inference is not None and run.new_tokens == 0:
+            notes += (
+                f"prefill-only requests (no new tokens): one forward pass over the "
+                f"{run.context}-token prompts of all sequences; throughput = prompt tokens per "
+                "second over all sequences. The traced request (a static KV cache for context "
+                f"+ {self.profile.run.new_tokens} new tokens and one decode step, of which only "
+                "the prefill is timed) sizes the memory: the cache is larger than a "
+                "prefill-only pass needs, the safe side",
+            )
+        elif self.serving and self.inference is not None:
             notes += (
                 f"inference: a prefill of {run.context} tokens per sequence, then "
                 f"{run.new_tokens} decode steps each attending over the whole static cache "
@@ -329,7 +338,7 @@ class ThroughputPredictor:
                 kv_share,
             )
             decode = step_time(decode_table, rates, precision, decode_params)
-            new_tokens = self.run.new_tokens or 1
+            new_tokens = 1 if self.run.new_tokens is None else self.run.new_tokens
             prefill_s, decode_s = prefill.step_time_s, decode.step_time_s
             exchange_s = 0.0
             if n > 1:  # tensor parallel: 1/N of the work, two all-reduces per layer and pass
@@ -345,6 +354,8 @@ class ThroughputPredictor:
                 base["link"] = link.description
             seconds = prefill_s + new_tokens * decode_s
             units = memory.batch_size * new_tokens
+            if new_tokens == 0:  # prefill-only requests: one forward pass, prompt tokens/s
+                units = memory.batch_size * (memory.seq_len or 1)
             flops = prefill.flops + new_tokens * decode.flops
             shares = _shares([prefill, *([decode] * new_tokens)], seconds)
             if n > 1:
@@ -361,7 +372,7 @@ class ThroughputPredictor:
                 time_shares=shares,
                 tensor_flops_share=prefill.tensor_flops_share,
                 prefill_s=prefill_s,
-                decode_step_s=decode_s,
+                decode_step_s=decode_s if new_tokens else None,
             )
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))

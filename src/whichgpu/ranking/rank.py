@@ -80,7 +80,7 @@ def job_units(job: JobSize, unit: str, units_per_sample: int) -> float | None:
     """The job in the throughput's unit (None for a job given in hours)."""
     if job.hours is not None:
         return None
-    tokens = unit.startswith(("tokens", "output tokens"))
+    tokens = unit.startswith(("tokens", "output tokens", "prompt tokens"))
     if job.tokens is not None:
         if not tokens:
             raise UsageError(
@@ -225,8 +225,13 @@ def rank(
             source = "measured"
             ranking_band = 0.0
         elif speed is not None and speed.serving_speed is not None:  # --serving
-            throughput = low = high = speed.serving_speed.output_tokens_per_s
-            unit = "output tokens/s"
+            engine_speed = speed.serving_speed
+            if engine_speed.new_tokens == 0:  # prefill-only requests: prompt tokens/s
+                throughput = low = high = engine_speed.prompt_tokens_per_s or 0.0
+                unit = "prompt tokens/s"
+            else:
+                throughput = low = high = engine_speed.output_tokens_per_s
+                unit = "output tokens/s"
             source = "predicted"
             ranking_band = 0.0
         elif speed is not None and speed.throughput is not None:
@@ -598,12 +603,17 @@ def _candidate(
     elif served is not None:
         reasons.append(
             f"predicted {p.throughput:,.0f} {unit} under {engine_name(served.engine_label)} "
-            f"at concurrency {served.concurrency}: TTFT {served.ttft_s * 1000:,.0f} ms, TPOT "
-            f"{served.tpot_s * 1000:,.1f} ms"
+            f"at concurrency {served.concurrency}: TTFT {served.ttft_s * 1000:,.0f} ms, "
+            + (
+                f"TPOT {served.tpot_s * 1000:,.1f} ms"
+                if served.tpot_s is not None
+                else f"{served.requests_per_s or 0:,.1f} requests/s (prefill only, no TPOT)"
+            )
         )
         if p.hourly_usd is not None and p.throughput > 0:
             per_million = p.hourly_usd / (p.throughput * SECONDS_PER_HOUR) * 1e6
-            reasons.append(f"${per_million:,.2f} per million output tokens, kept busy")
+            which = "output" if served.tpot_s is not None else "prompt"
+            reasons.append(f"${per_million:,.2f} per million {which} tokens, kept busy")
     else:
         reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
         if o.speed is not None and o.speed.calibrated_on:

@@ -739,6 +739,7 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     first = estimates[0]
     many = first.n_gpus > 1
     serving = first.prefill_s is not None
+    prefill_only = serving and first.run.new_tokens == 0  # one forward pass over the prompts
     gpus = f", {first.n_gpus} GPUs data parallel ({first.run.sharding})" if many else ""
     if first.run.mode == "inference":
         what = f"  inference, {first.run.precision}"
@@ -754,6 +755,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     batch = "sequences" if serving else "batch"
     step = "request ms" if serving else "step ms"
     rate = f"generated {first.throughput_unit}" if serving else first.throughput_unit
+    if prefill_only:
+        rate = f"prompt {first.throughput_unit}"
     columns = ["GPU", batch, step, rate, "band", "MFU", "bound by"]
     if many:
         columns[5:5] = ["scaling", "link"]
@@ -798,12 +801,17 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         if serving:
             cells[5:5] = [
                 f"{(e.prefill_s or 0) * 1000:,.1f}",
-                f"{(e.decode_step_s or 0) * 1000:,.2f}",
+                "—" if e.decode_step_s is None else f"{e.decode_step_s * 1000:,.2f}",
             ]
         cells[2:2] = global_batch
         table.add_row(*cells)
     notes = [*ThroughputEstimate.merged_assumptions(estimates), f"method: {first.method}"]
-    if serving:
+    if prefill_only:
+        notes.append(
+            "prefill-only requests (--new-tokens 0): prompt tokens/s = sequences x context / "
+            "the prefill; no per-token time (—)"
+        )
+    elif serving:
         notes.append(GENERATED_RATE_NOTE)
     notes += [
         f"{e.gpu_name}: speed unknown: {e.speed_unknown}" for e in estimates if e.speed_unknown

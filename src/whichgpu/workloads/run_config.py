@@ -24,8 +24,10 @@ def inference_context(info: WorkloadInfo, run: RunConfig) -> tuple[int, int]:
     ``context`` is ``--context`` (or ``--seq-len``), else the workload's default sequence length
     shortened so that context plus new tokens fits ``max_seq_len`` — what the tracer does too
     (``whichgpu.trace.step.serving_sizes``). A given context that does not fit is refused.
+    ``new_tokens`` 0 (prefill-only requests: embedding, classification, scoring) stays 0; only
+    a run that gives none takes ``DEFAULT_NEW_TOKENS``.
     """
-    new_tokens = run.new_tokens or DEFAULT_NEW_TOKENS
+    new_tokens = DEFAULT_NEW_TOKENS if run.new_tokens is None else run.new_tokens
     context = run.context or run.seq_len
     limit = info.max_seq_len
     if context is None:
@@ -102,8 +104,11 @@ def run_config(**options: Any) -> RunConfig:
         "grad_accum",
     ):
         value = getattr(run, name)
+        if name == "new_tokens" and value == 0:  # prefill-only requests (inference only)
+            continue
         if value is not None and value < 1:
-            raise UsageError(f"{_keyword(name)} must be at least 1, not {value}.")
+            least = " (or 0: prefill-only requests)" if name == "new_tokens" else ""
+            raise UsageError(f"{_keyword(name)} must be at least 1{least}, not {value}.")
         if value is not None and value > LARGEST_SIZE:
             raise UsageError(
                 f"{_keyword(name)} {value:,} is beyond any GPU machine: at most {LARGEST_SIZE:,}."
@@ -191,7 +196,7 @@ def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
     if (
         run.mode == "inference"
         and info.throughput_unit != "tokens"
-        and (run.context or run.new_tokens)
+        and (run.context or run.new_tokens is not None)
     ):
         raise UnsupportedWorkload(
             f"{info.name} is not a language model; {option('context')} and "
