@@ -40,12 +40,14 @@ from whichgpu.estimate.throughput import (
     FIT_FIELDS,
     OpTable,
     PerfParameters,
+    SerialWork,
     gpu_rates,
     load_fit_priors,
     load_parameters,
     matrix_engines,
     op_table,
     operator_times,
+    serial_work,
     shard_optimizer,
     with_values,
     workload_type,
@@ -121,7 +123,8 @@ def h200_cases() -> list[TodayCase]:
 
     out = []
     for c in shipped():
-        if c.step_s is None or c.run.batch_size is None:
+        # the second session's runs (h200-2026-11-27) stay out of the fit: held-out checks
+        if c.step_s is None or c.run.batch_size is None or c.session != H200_SOURCE:
             continue
         workload = get_workload(c.workload)
         profile, _ = scalable_profile(workload, c.run)
@@ -187,12 +190,15 @@ class _Batch:
     bandwidth: npt.NDArray[np.float64]
     sms: npt.NDArray[np.float64]
     groups: int
+    serial: SerialWork
 
     @classmethod
     def of(cls, parts: Sequence[tuple[ThroughputCase, bool]]) -> _Batch:
         columns = []
+        serial = []
         for g, (case, on_reference) in enumerate(parts):
             table = case.merged
+            serial.append(serial_work(table, case.precision))
             rates = case.reference if on_reference else case.rates
             peak, tensor = matrix_engines(table, rates, case.precision, 1.0)
             n = len(table.kinds)
@@ -228,6 +234,7 @@ class _Batch:
             bandwidth,
             sms,
             len(parts),
+            SerialWork.concat(serial),
         )
 
     def seconds(self, params: PerfParameters) -> npt.NDArray[np.float64]:
@@ -240,6 +247,7 @@ class _Batch:
             (peak, self.tensor),
             (self.vector, self.bandwidth, self.sms),
             params,
+            self.serial,
         )
         seconds: npt.NDArray[np.float64] = np.bincount(
             self.group, weights=each * self.weights, minlength=self.groups

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Literal
@@ -156,6 +157,9 @@ class PerfParameters:
     """The same for a workload type, for workloads without their own."""
     coverage: FitCoverage = field(default_factory=FitCoverage)
     """What the fitted runs covered (architectures, tensor-core runs)."""
+    batch_norm_round_s: float = 0.0
+    """Time of one round of PyTorch's native batch-norm kernels: one load per thread of a
+    block, the kernel's loop over a channel (``batch_norm_serial_s``); 0: not modelled."""
     misaligned_efficiency: float = 1.0
     """Share of its engine's rate that a 16-bit matrix operator reaches when one of its
     dimensions is not a multiple of 8 elements (``misaligned_matrix``): cuBLAS and cuDNN fall
@@ -260,6 +264,7 @@ def load_parameters() -> PerfParameters:
         type_host_shares=_floats(doc.get("type_host_shares", {})),
         coverage=_coverage(doc.get("coverage", {})),
         misaligned_efficiency=float(values.get("misaligned_efficiency", 1.0)),
+        batch_norm_round_s=float(doc.get("batch_norm", {}).get("round_s", 0.0)),
         today_sources=tuple(str(t) for t in doc.get("today_sources", ())),
     )
 
@@ -385,11 +390,49 @@ class OpTable:
     """Which 16-bit matrix operators have a dimension that is not a multiple of 8 elements
     (16 bytes: ``misaligned_matrix``), so they run at ``PerfParameters.misaligned_efficiency``
     of their engine's rate (None: none)."""
+    serial: SerialWork | None = None
+    """The bf16 batch norms' per-channel loops (``native_batch_norm_serial``; None: none)."""
 
     @property
     def weights(self) -> npt.NDArray[np.float64]:
         """``counts``, or ones."""
         return self.counts if self.counts is not None else np.ones(len(self.kinds))
+
+
+@dataclass(frozen=True)
+class SerialWork:
+    """Per operator, the latency-bound loop of PyTorch's native batch-norm kernels (zeros for
+    the other operators): see ``NATIVE_BATCH_NORM_PASSES``."""
+
+    rounds: npt.NDArray[np.float64]
+    """Rounds of the loop one block runs over its channel (passes x N x S / threads)."""
+    blocks: npt.NDArray[np.float64]
+    """Blocks (one per channel)."""
+    then_streams: npt.NDArray[np.bool_]
+    """Whether a bandwidth-bound kernel follows the loop (the forward's normalisation), whose
+    time adds to it; else the loop does all the operator's traffic."""
+
+    def rows(self, rows: npt.NDArray[np.intp]) -> SerialWork:
+        """The entries of ``rows``."""
+        return SerialWork(self.rounds[rows], self.blocks[rows], self.then_streams[rows])
+
+    @staticmethod
+    def concat(parts: Sequence[SerialWork]) -> SerialWork:
+        """One ``SerialWork`` of many tables' operators, in order."""
+        return SerialWork(
+            np.concatenate([p.rounds for p in parts]),
+            np.concatenate([p.blocks for p in parts]),
+            np.concatenate([p.then_streams for p in parts]),
+        )
+
+
+def serial_work(table: OpTable, precision: str) -> SerialWork:
+    """``table.serial`` as it runs at ``precision``, zeros where there is none: an fp16 run
+    (a bf16 profile answers it) normalises in cuDNN, whose fp32 weights AMP keeps."""
+    n = len(table.kinds)
+    if table.serial is None or precision == "fp16":
+        return SerialWork(np.zeros(n), np.zeros(n), np.zeros(n, dtype=bool))
+    return table.serial
 
 
 def merge_repeats(table: OpTable) -> OpTable:
@@ -401,6 +444,11 @@ def merge_repeats(table: OpTable) -> OpTable:
     misaligned = (
         table.misaligned.tolist() if table.misaligned is not None else [False] * len(table.kinds)
     )
+    serial = (
+        list(zip(table.serial.rounds.tolist(), table.serial.blocks.tolist(), strict=True))
+        if table.serial is not None
+        else [(0.0, 0.0)] * len(table.kinds)
+    )
     keys = list(
         zip(
             table.kinds,
@@ -410,10 +458,11 @@ def merge_repeats(table: OpTable) -> OpTable:
             table.phases.tolist(),
             experts,
             misaligned,
+            serial,
             strict=True,
         )
     )
-    first: dict[tuple[str, str, float, float, str, bool, bool], int] = {}
+    first: dict[tuple[str, str, float, float, str, bool, bool, tuple[float, float]], int] = {}
     counts: dict[int, float] = {}
     for i, key in enumerate(keys):
         row = first.setdefault(key, i)
@@ -441,6 +490,7 @@ def _select(
         counts=counts,
         is_experts=None if table.is_experts is None else table.is_experts[rows],
         misaligned=None if table.misaligned is None else table.misaligned[rows],
+        serial=None if table.serial is None else table.serial.rows(rows),
     )
 
 
@@ -467,6 +517,9 @@ class _OpColumns:
     extra_reads: npt.NDArray[np.float64]
     """Extra reads of each operator's inputs, as a multiple of its traced input bytes
     (``EXTRA_READS``: kernels that pass over their inputs more than once)."""
+    norms: list[tuple[int, tuple[int, ...], int]]
+    """``(row, polynomial indices of (N, C, S), passes)`` of the bf16 batch norms that run
+    PyTorch's native kernels (``NATIVE_BATCH_NORM_PASSES``)."""
 
 
 _COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
@@ -501,6 +554,13 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
             if op.conv is not None and op.dtype in _ELEMENT_BYTES and op.kind == "conv"
         ],
         extra_reads=np.array([EXTRA_READS.get(op.name, 0.0) for op in ops], dtype=np.float64),
+        norms=[
+            (i, op.norm, NATIVE_BATCH_NORM_PASSES[op.name])
+            for i, op in enumerate(ops)
+            if op.norm is not None
+            and op.dtype == "bfloat16"
+            and op.name in NATIVE_BATCH_NORM_PASSES
+        ],
     )
     if len(_COLUMNS) >= 16:
         _COLUMNS.clear()
@@ -543,7 +603,61 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         phases=columns.phases,
         is_experts=columns.is_experts,
         misaligned=misaligned,
+        serial=_serial_work(columns, values),
     )
+
+
+def _serial_work(columns: _OpColumns, values: npt.NDArray[np.float64]) -> SerialWork | None:
+    """The per-channel loops of the step's native bf16 batch norms at these sizes."""
+    if not columns.norms:
+        return None
+    n = len(columns.kinds)
+    rounds, blocks = np.zeros(n), np.zeros(n)
+    then_streams = np.zeros(n, dtype=bool)
+    for row, shape_at, passes in columns.norms:
+        batch, channels, spatial = (int(values[i]) for i in shape_at)
+        rounds[row] = passes * -(-(batch * spatial) // BATCH_NORM_THREADS)
+        blocks[row] = channels
+        then_streams[row] = passes == 1
+    return SerialWork(rounds, blocks, then_streams)
+
+
+NATIVE_BATCH_NORM_PASSES = {
+    "aten.native_batch_norm": 1,
+    "aten._native_batch_norm_legit": 1,
+    "aten._native_batch_norm_legit_functional": 1,
+    "aten.native_batch_norm_backward": 2,
+    "aten.batch_norm_backward": 2,
+}
+"""Batch norm in bf16 runs PyTorch's own CUDA kernels, not cuDNN's: ``_batch_norm_impl_index``
+(``aten/src/ATen/native/Normalization.cpp``) takes cuDNN only when neither the input nor the
+weight is bf16 (and fp16 only with an fp32 weight, as under AMP); the profiles of ResNet-50 in
+AMP on an H200 show ``batch_norm_collect_statistics_kernel``, ``batch_norm_transform_input_kernel``
+and ``batch_norm_backward_kernel`` (``validate/data/measured/h200-2026-11-27/probe``). For
+channels-first inputs (the layout the traced models use) the statistics kernel and the backward
+kernel run one block per channel (``aten/src/ATen/native/cuda/Normalization.cuh``), whose
+threads walk the channel's N x S elements one load at a time: a latency-bound loop, not a
+bandwidth-bound stream. The forward makes one such pass (the statistics), then normalises in a
+bandwidth-bound kernel; the backward makes two (the reductions, then the input gradient).
+Values: passes over the input."""
+
+BATCH_NORM_THREADS = 512
+"""Threads of one block of those kernels (``MAX_BLOCK_SIZE`` in ``Normalization.cuh``): one
+round of a block's loop moves one element per thread."""
+
+BATCH_NORM_BLOCKS_PER_SM = 4
+"""Blocks of 512 threads one SM holds at once (2,048 resident threads per SM on every NVIDIA
+architecture since Maxwell but Turing's 1,024 and Ada/Ampere GeForce's 1,536, where it is
+taken as the same: a bound on the waves, which matter only past 4 x SMs channels)."""
+
+
+def batch_norm_serial_s(
+    serial: SerialWork, sm_count: float | npt.NDArray[np.float64], round_s: float
+) -> npt.NDArray[np.float64]:
+    """Seconds of each operator's latency-bound loop: rounds x waves of blocks x the time of
+    one round (``PerfParameters.batch_norm_round_s``, measured)."""
+    waves = np.ceil(serial.blocks / (np.asarray(sm_count) * BATCH_NORM_BLOCKS_PER_SM))
+    return np.asarray(serial.rounds * waves * round_s, dtype=np.float64)
 
 
 ALIGNMENT_ELEMENTS = 8
@@ -830,6 +944,7 @@ def operator_times(
     engine: tuple[npt.NDArray[np.float64], npt.NDArray[np.bool_]],
     rates: tuple[Rate, Rate, Rate],
     params: PerfParameters,
+    serial: SerialWork | None = None,
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Per operator: its time (the larger of compute, memory and the launch floor), its
     compute time and its memory time, in seconds.
@@ -837,7 +952,9 @@ def operator_times(
     ``engine`` is each operator's matrix-engine peak (FLOP/s) and whether that is a tensor
     core; ``rates`` is the GPU's FP32 vector peak (FLOP/s), DRAM bandwidth (B/s) and SM count,
     each a number or an array with one entry per operator (the fit stacks many GPUs' operators
-    into one table).
+    into one table). ``serial``: the native bf16 batch norms' latency-bound loops, whose time
+    is their memory time (``batch_norm_serial_s``; added to the streaming pass that follows
+    the forward's).
     """
     peak, tensor = engine
     vector_peak, bandwidth, sm_count = rates
@@ -849,6 +966,9 @@ def operator_times(
     vector_time = np.where(~is_matrix, flops / (vector_peak * params.vector_efficiency), 0.0)
     compute = np.maximum(matrix_time, vector_time)
     memory = bytes_moved / (bandwidth * params.memory_efficiency)
+    if serial is not None and params.batch_norm_round_s > 0:
+        loop = batch_norm_serial_s(serial, sm_count, params.batch_norm_round_s)
+        memory = np.where(serial.then_streams, memory + loop, np.maximum(memory, loop))
     return np.maximum(np.maximum(compute, memory), params.launch_s), compute, memory
 
 
@@ -872,6 +992,7 @@ def step_time(
         engines,
         (rates.vector_flops_per_s, rates.bandwidth_bytes_per_s, rates.sm_count),
         params,
+        serial_work(table, precision),
     )
     weights = table.weights
     times = each * weights

@@ -212,7 +212,7 @@ class _Entry:
 def _op_entries(profile: StepProfile) -> list[_Entry]:
     out = []
     for op in profile.ops:
-        shapes = (op.gemm_bmnk, op.conv, op.attention)
+        shapes = (op.gemm_bmnk, op.conv, op.attention, op.norm)
         loose = (
             op.name,
             op.kind,
@@ -478,6 +478,7 @@ def _op(labels: tuple[Any, ...], numbers: tuple[int, ...]) -> OpRecord:
         gemm_bmnk=shapes[0],
         conv=shapes[1],
         attention=shapes[2],
+        norm=shapes[3],
     )
 
 

@@ -340,6 +340,34 @@ def _conv_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
         return None
 
 
+BATCH_NORM_INPUT_ARG = {
+    "native_batch_norm": 0,
+    "_native_batch_norm_legit": 0,
+    "_native_batch_norm_legit_functional": 0,
+    "_native_batch_norm_legit_no_training": 0,
+    "cudnn_batch_norm": 0,
+    "native_batch_norm_backward": 1,
+    "batch_norm_backward": 1,
+    "cudnn_batch_norm_backward": 0,
+}
+"""Batch-norm operators, and which of their arguments is the normalised input."""
+
+
+def _norm_shape(name: str, args: tuple[Any, ...]) -> tuple[int, ...] | None:
+    """(N, C, S) of a batch norm's input: S the elements of one sample's channel."""
+    index = BATCH_NORM_INPUT_ARG.get(name)
+    if index is None:
+        return None
+    try:
+        x = args[index]
+        if x.dim() < 2:
+            return None
+        n, c = int(x.shape[0]), int(x.shape[1])
+        return (n, c, int(x.numel()) // max(1, n * c))
+    except (AttributeError, IndexError, TypeError):
+        return None
+
+
 def _attention_shape(
     func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> tuple[int, ...] | None:
@@ -511,6 +539,7 @@ class Recorder(TorchDispatchMode):
             dtype=str(inputs[0].dtype).removeprefix("torch.") if inputs else "none",
             gemm_bmnk=_gemm_shape(name, args),
             conv=_conv_shape(name, args),
+            norm=_norm_shape(name, args),
             attention=_attention_shape(func, args, kwargs) if kind == "attention" else None,
         )
 

@@ -78,7 +78,7 @@ def _fields(profile: StepProfile) -> tuple[list[tuple[object, ...]], list[int]]:
         structure.append(("e", event.op_index, event.storage, event.alloc, event.category))
         numbers.append(event.size_bytes)
     for op in profile.ops:
-        shapes = (op.gemm_bmnk, op.conv, op.attention)
+        shapes = (op.gemm_bmnk, op.conv, op.attention, op.norm)
         structure.append(
             (
                 "o",
@@ -220,7 +220,7 @@ def _assemble(
         flops, read, written = next(cursor), next(cursor), next(cursor)
         shapes = [
             None if s is None else tuple(next(cursor) for _ in s)
-            for s in (op.gemm_bmnk, op.conv, op.attention)
+            for s in (op.gemm_bmnk, op.conv, op.attention, op.norm)
         ]
         ops.append(
             StoredOp(
@@ -234,6 +234,7 @@ def _assemble(
                 gemm_bmnk=shapes[0],
                 conv=shapes[1],
                 attention=shapes[2],
+                norm=shapes[3],
             )
         )
     open_run = run.model_copy(update={"batch_size": None, "seq_len": None})

@@ -69,6 +69,9 @@ class H200Case:
     the measurements; None for a named workload."""
     task: str | None = None
     """That config's task (``seq-cls``: ``AutoModelForSequenceClassification``)."""
+    session: str = "h200-2026-11"
+    """The folder of the measurements (one per session on the GPU): the throughput fit uses
+    the first session's cases only, so the second's are out of its sample."""
 
     @property
     def target(self) -> dict[str, Any]:
@@ -128,6 +131,7 @@ def h200_cases() -> list[H200Case]:
                     max_batch=record.get("max_batch"),
                     config=None if task is None else folder / f"{record['config']}.json",
                     task=task,
+                    session=parts[-1],
                 )
             )
     return cases

@@ -38,6 +38,7 @@ from whichgpu.estimate.throughput import (
     GpuRates,
     OpTable,
     PerfParameters,
+    SerialWork,
     gpu_rates,
     load_fit_priors,
     load_parameters,
@@ -46,6 +47,7 @@ from whichgpu.estimate.throughput import (
     op_table,
     operator_times,
     peak_limited_s,
+    serial_work,
     step_time,
     with_values,
     workload_type,
@@ -183,6 +185,8 @@ class CaseBatch:
     vector_peak: npt.NDArray[np.float64]
     bandwidth: npt.NDArray[np.float64]
     sm_count: npt.NDArray[np.float64]
+    serial: SerialWork
+    """The native bf16 batch norms' loops of every row (``estimate.throughput.SerialWork``)."""
     units: npt.NDArray[np.float64]
     """Throughput units per step of each case."""
     limits: npt.NDArray[np.float64]
@@ -192,12 +196,14 @@ class CaseBatch:
     def of(cls, cases: Sequence[ThroughputCase]) -> CaseBatch:
         """The batch of ``cases``."""
         parts = []
+        serial = []
         for offset, on_reference in ((0, False), (len(cases), True)):
             for i, case in enumerate(cases):
                 table = case.merged
                 rates = case.reference if on_reference else case.rates
                 engines = case.reference_engines if on_reference else case.merged_engines
                 n = len(table.kinds)
+                serial.append(serial_work(table, case.precision))
                 parts.append(
                     (
                         np.full(n, offset + i),
@@ -226,6 +232,7 @@ class CaseBatch:
             vector_peak=vector,
             bandwidth=bandwidth,
             sm_count=sms,
+            serial=SerialWork.concat(serial),
             units=np.array([float(c.merged.units_per_step) for c in cases]),
             limits=np.array([c.limit_s for c in cases]),
         )
@@ -242,6 +249,7 @@ class CaseBatch:
             (self.peak, self.tensor),
             (self.vector_peak, self.bandwidth, self.sm_count),
             params,
+            self.serial,
         )
         n = len(self.units)
         seconds = np.bincount(self.group, weights=each * self.weights, minlength=2 * n)

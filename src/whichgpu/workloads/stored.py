@@ -155,6 +155,9 @@ class StoredOp:
     """Polynomial indices of the convolution shape, for convolutions."""
     attention: tuple[int, ...] | None
     """Polynomial indices of the attention shape, for attention operators."""
+    norm: tuple[int, ...] | None = None
+    """Polynomial indices of a batch norm's (N, C, S) (``OpRecord.norm``); None in profiles
+    stored before it was recorded."""
 
 
 @dataclass(frozen=True)
@@ -223,6 +226,7 @@ class ScalableProfile:
                 dtype=op.dtype,
                 gemm_bmnk=pick(op.gemm_bmnk),
                 conv=pick(op.conv),
+                norm=pick(op.norm),
                 attention=pick(op.attention),
             )
             for op in self.ops
@@ -350,6 +354,8 @@ def _encode_ops(ops: tuple[StoredOp, ...]) -> dict[str, Any]:
     for op in ops:
         labels = [names.setdefault(s, len(names)) for s in (op.name, op.kind, op.phase, op.dtype)]
         shape = [-1 if v is None else list(v) for v in (op.gemm_bmnk, op.conv, op.attention)]
+        if op.norm is not None:  # an eleventh column, only where there is one
+            shape.append(list(op.norm))
         rows.append([*labels, op.flops, op.bytes_read, op.bytes_written, *shape])
     return {"strings": list(names), "rows": rows}
 
@@ -372,6 +378,7 @@ def _decode_ops(doc: dict[str, Any]) -> tuple[StoredOp, ...]:
             gemm_bmnk=shape(r[7]),
             conv=shape(r[8]),
             attention=shape(r[9]),
+            norm=shape(r[10]) if len(r) > 10 else None,
         )
         for r in doc["rows"]
     )
