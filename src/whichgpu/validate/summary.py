@@ -16,7 +16,7 @@ SOURCES: tuple[ReferenceSource, ...] = ("lambda2020", "own", "h200-2026-11", "ll
 SOURCE_TITLES: dict[ReferenceSource, str] = {
     "lambda2020": "Lambda 2020 table",
     "own": "whichgpu's own measurements",
-    "h200-2026-11": "NVIDIA H200, 2026-11-26 (independent training loop)",
+    "h200-2026-11": "NVIDIA H200, 2026-11-26 and -27 (independent training loop)",
     "llm-foundry": "MosaicML llm-foundry MPT benchmarks (8x A100/H100 80GB, FSDP)",
 }
 """How the views name each reference."""
