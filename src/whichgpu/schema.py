@@ -827,8 +827,10 @@ class SoftwareStack(_Frozen):
     """The same on compute capability 9.0."""
     cublaslt_workspace_bytes: int
     """cuBLASLt workspace per (handle, stream), served by the allocator."""
-    cudnn_workspace_bytes: int
-    """Allowance for the convolution workspace of convolutional models."""
+    cudnn_workspace_percent: int
+    """cuDNN's convolution workspace, allocated through the caching allocator around each
+    call, as a percentage of the larger of the convolution's input and output bytes: the
+    largest of a step's is added to its peak reserved bytes."""
     nccl_bytes_per_gpu: int
     """NCCL buffers per GPU when more than one GPU trains, outside the allocator."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)

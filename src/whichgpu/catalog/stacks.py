@@ -24,7 +24,7 @@ _VALUE_FIELDS = {
     "cublas_workspace_bytes": ("cublas_workspace_bytes", 1),
     "cublas_workspace_sm90_bytes": ("cublas_workspace_sm90_bytes", 1),
     "cublaslt_workspace_bytes": ("cublaslt_workspace_bytes", 1),
-    "cudnn_workspace_mib": ("cudnn_workspace_bytes", MIB),
+    "cudnn_workspace_percent": ("cudnn_workspace_percent", 1),
     "nccl_mib_per_gpu": ("nccl_bytes_per_gpu", MIB),
 }
 

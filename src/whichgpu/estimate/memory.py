@@ -21,6 +21,7 @@ search evaluates each size it needs exactly (a replay), never an extrapolation.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -186,6 +187,10 @@ def workspace_reserved_bytes(workspaces: tuple[int, ...]) -> int:
     return allocator.peak_reserved_bytes
 
 
+CONV_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+"""Bytes per element of a convolution's activations, by the dtype of its input."""
+
+
 class StepMemory:
     """Replays of one profile, memoised by (batch size, sequence length, workspaces, GPUs and
     sharding); with more than one GPU each replay is of one GPU's stream
@@ -213,6 +218,11 @@ class StepMemory:
         self._max_batch = {}
         self._attention: dict[tuple[str | None, int, int | None, str], AttentionExtra] = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
+        self._conv_ops = [
+            (op.conv, CONV_ELEMENT_BYTES.get(op.dtype, 4))
+            for op in profile.ops
+            if op.kind == "conv" and op.conv is not None and op.phase == "forward"
+        ]
         self._attention_ops = [
             op for op in profile.ops if op.kind == "attention" and op.attention is not None
         ]
@@ -248,6 +258,28 @@ class StepMemory:
             )
             self._plans[parallel] = found
         return found
+
+    def conv_workspace_bytes(self, batch_size: int, seq_len: int | None, percent: int) -> int:
+        """The largest cuDNN workspace of the step's convolutions at this size: ``percent`` of
+        the larger of a convolution's input and output bytes (``SoftwareStack.
+        cudnn_workspace_percent``), which the traced stream, run on the CPU, does not hold. A
+        workspace is allocated and freed around each call; the cache keeps about one largest
+        block beyond the traced peak (measured: the software stack's note). 0 without
+        convolutions."""
+        if not self._conv_ops:
+            return 0
+        values = self.profile.polynomials.values(batch_size, seq_len)
+        largest = 0.0
+        for shape_at, element_bytes in self._conv_ops:
+            shape = [int(values[i]) for i in shape_at]
+            spatial = (len(shape) - 5) // 2
+            batch, c_in, c_out = shape[0], shape[1], shape[2 + spatial]
+            stride = max(1, shape[-2])
+            sizes = shape[2 : 2 + spatial]
+            x = batch * c_in * math.prod(sizes)
+            y = batch * c_out * math.prod(-(-s // stride) for s in sizes)
+            largest = max(largest, max(x, y) * element_bytes)
+        return round(largest * percent / 100)
 
     def attention_extra(
         self, gpu: GpuSpec, batch_size: int, seq_len: int | None, precision: str
@@ -409,12 +441,12 @@ def tensor_parallel_saving(
 
 
 def outside_allocator(stack: SoftwareStack, *, convolutions: bool, gpus: int) -> dict[str, int]:
-    """What the process holds outside the caching allocator, by name: the CUDA context, the
-    cuDNN workspace allowance of a model with ``convolutions``, and NCCL buffers when more
-    than one GPU trains (each from ``stack``)."""
+    """What the process holds outside the caching allocator, by name: the CUDA context and
+    NCCL buffers when more than one GPU trains (each from ``stack``). cuDNN's workspaces are
+    served by the allocator (``StepMemory.conv_workspace_bytes``); ``convolutions`` is kept
+    for callers that ask."""
+    del convolutions
     outside = {"cuda_context": stack.cuda_context_bytes}
-    if convolutions:
-        outside["cudnn_workspace"] = stack.cudnn_workspace_bytes
     if gpus > 1:
         outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
     return outside
@@ -565,23 +597,29 @@ def estimate_on_gpu(
     def attention_bytes(batch: int, length: int | None = seq_len) -> int:
         return memory.attention_extra(gpu, batch, length, run.precision).total_bytes
 
+    budget = capacity.bytes - outside_bytes
+
     def reserved_at(batch: int, length: int | None = seq_len) -> int:
         """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference), with what
-        the GPU's attention kernels need beyond the traced ones."""
+        the GPU's attention kernels need beyond the traced step, and cuDNN's largest
+        convolution workspace as far as the card has room for it: where it has none, PyTorch
+        retries the convolution with an algorithm that needs less (``Conv_v7.cpp``), so a
+        workspace never decides whether a batch fits."""
         replay = memory.replay(batch, length, workspaces, parallel)
-        return (
+        needed = (
             replay.peak_reserved_bytes
             - saving(replay, batch, length)
             + attention_bytes(batch, length)
         )
+        workspace = memory.conv_workspace_bytes(batch, length, stack.cudnn_workspace_percent)
+        return needed + min(workspace, max(0, budget - needed))
 
     def device_total(batch: int) -> int:
         return reserved_at(batch) + outside_bytes
 
-    budget = capacity.bytes - outside_bytes
     # the extra does not depend on the batch's being zero or not, only on the GPU and length
     attention_differs = attention_bytes(1) > 0
-    if tensor or attention_differs:
+    if tensor or attention_differs or memory.has_convolutions:
         max_batch, capped = largest_batch(reserved_at, budget)
     else:
         max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
@@ -834,12 +872,13 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -
         out.append(f"attention dropout {dropout}")
     if memory.has_convolutions:
         out.append(
-            f"cuDNN workspace allowance of {stack.cudnn_workspace_bytes // MIB} MiB (an "
-            "estimate): the need of a card with little to spare. With "
-            "torch.backends.cudnn.benchmark on, the first steps try algorithms with workspaces "
-            "as large as free memory allows, so a large card's max_memory_reserved reads higher "
-            "(ResNet-50 fp32, batch 64, H200: 10.4 GiB against 6.1 estimated); on a small card "
-            "cuDNN leaves out what does not fit"
+            f"cuDNN's convolution workspaces: the largest, {stack.cudnn_workspace_percent} % of "
+            "its convolution's larger activation (measured on an H200), added to the peak "
+            "reserved bytes, as the allocator's cache keeps about one beyond the traced step. "
+            "With torch.backends.cudnn.benchmark on, the first steps try algorithms with "
+            "workspaces as large as free memory allows, so a large card's max_memory_reserved "
+            "reads higher (ResNet-50 fp32, batch 64, H200: 10.4 GiB against 6.6 estimated); on "
+            "a small card cuDNN leaves out what does not fit"
         )
     if memory.profile.run.mode == "train":
         out.append(
