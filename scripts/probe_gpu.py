@@ -17,8 +17,8 @@ it finishes (a run cut short keeps what finished):
   normalisation passes at their sizes, timed with CUDA events: the efficiencies the speed
   model assumes, measured.
 
-The steps are whichgpu's own (the workload's model and loss, ``trace.step``'s optimizer), random
-weights and synthetic data. Run from the repository root::
+The steps are whichgpu's own (the workload's model and loss, ``recipe.training``'s
+optimizer), random weights and synthetic data. Run from the repository root::
 
     python scripts/probe_gpu.py --out DIR [--parts alloc,kernels,gemm] [--device cuda]
 
@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from whichgpu.trace.step import make_optimizer, step_loss
+from whichgpu.recipe.training import make_optimizer, step_loss
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.finetune import apply_method
 

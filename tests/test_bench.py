@@ -801,7 +801,7 @@ def test_the_bench_tells_variants_that_share_an_nvml_name_apart_by_memory() -> N
 def test_the_fake_devices_step_time_is_its_formula_not_the_wall_clock(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from whichgpu.bench import devices
+    from whichgpu.bench.devices import fake as devices
 
     slept: list[float] = []
     real_sleep = time.sleep

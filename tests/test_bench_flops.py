@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("torch.utils.flop_counter")  # the module torch_211_counter patches
 
 from whichgpu.bench import BenchOptions, CpuDevice, TimingRule, WorkloadRef, run_bench  # noqa: E402
 from whichgpu.bench import flops as bench_flops  # noqa: E402

@@ -17,9 +17,9 @@ from whichgpu.errors import UsageError
 from whichgpu.estimate.prediction import accumulated
 from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.estimate.throughput import StepTime
+from whichgpu.recipe.training import step_loss
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import trace_step
-from whichgpu.trace.step import step_loss
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.hf import fused_linear_chunks
 from whichgpu.workloads.stored import profile_key

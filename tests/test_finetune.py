@@ -14,9 +14,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tests.conftest import run_cli
 from whichgpu.errors import UnsupportedWorkload
 from whichgpu.estimate.profile_summary import live_peak
+from whichgpu.recipe.optim8bit import BLOCK_SIZE, AdamW8bit
 from whichgpu.schema import RunConfig
 from whichgpu.trace import trace_step
-from whichgpu.trace.optim8bit import BLOCK_SIZE, AdamW8bit
 from whichgpu.workloads import finetune, get_workload
 from whichgpu.workloads.base import BuiltWorkload
 from whichgpu.workloads.finetune import (

@@ -13,8 +13,8 @@ from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.schema import Precision, RunConfig, StepProfile
 from whichgpu.trace import trace_step
-from whichgpu.trace.step import DEFAULT_NEW_TOKENS
 from whichgpu.workloads.hf import _release, transformers_version
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 from whichgpu.workloads.user import config_workload
 
 FIXTURES = Path(__file__).parent / "fixtures"

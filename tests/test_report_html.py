@@ -19,18 +19,8 @@ import pytest
 import whichgpu.api as wg
 from tests.conftest import run_cli
 from whichgpu.cli import main
-from whichgpu.report.html import (
-    CHARTS,
-    Bar,
-    Cell,
-    Column,
-    bar_chart,
-    chart_svg,
-    html_table,
-    render_html,
-    report_doc,
-    text_width,
-)
+from whichgpu.report.charts import CHARTS, Bar, bar_chart, chart_svg, text_width
+from whichgpu.report.html import Cell, Column, html_table, render_html, report_doc
 from whichgpu.report_data import ReportData
 
 HOSTILE = '<script>alert("x")</script>&"\''

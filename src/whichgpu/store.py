@@ -1,34 +1,15 @@
 """The results store: every ``BenchResult`` measured here or imported, kept in one SQLite file.
 
-``ResultStore`` keeps each result as one row of a SQLite database (default
-``settings.store_path()``; ``$WHICHGPU_STORE`` or ``--store`` move it): the full result as JSON,
-so nothing is lost, beside indexed columns to filter and sort by. The file is created by the
-first write, never by a read; a store that does not exist reads as empty.
+Over 600 lines because the store, its versioned layout and its file formats share one set of
+checks (what a valid, plausible record is); the export and import formats and ``pivot_results``
+(Lambda-style tables) are the seams along which it splits next.
 
-What it promises:
-
-- **Atomic.** Every write is one transaction that takes the write lock up front
-  (``BEGIN IMMEDIATE``). The database runs in WAL mode with ``synchronous=FULL``, so a process
-  killed at any moment leaves a readable store holding every result it committed.
-- **Concurrent.** Several processes may write at once: each waits up to ``BUSY_TIMEOUT_S`` for
-  the lock, and readers never wait for a writer.
-- **Never destructive.** A file that is not a SQLite database, or a database that is not a
-  whichgpu store, is refused with a ``StoreError`` that names it, and is left byte for byte as it
-  was. A result is never overwritten: adding a different result under a stored id is an error.
-  An export is never written over the store itself, over any SQLite database
-  (``files.check_output_file``), or, with no results to write, over an existing file.
-- **Versioned.** The ``meta`` table records the layout's version (``STORE_VERSION``).
-  ``_STEPS[v]`` brings a version-``v`` store to version ``v + 1`` inside the upgrade's
-  transaction; an empty file is version 0, so a new store is built by the same steps that upgrade
-  an old one. An existing store is copied beside itself (``<name>.v<N>.bak``) before it is
-  upgraded. A store written by a newer whichgpu is refused, with advice to upgrade.
-
-Results travel between machines as files: JSON (``{"schema_version": N, "results": [...]}``) or
-CSV (one row per result; the nested parts in JSON columns), written to a temporary file and
-renamed into place. An imported record must be a valid ``BenchResult`` and a possible
-measurement (``_implausible``: no MFU above 1, no time in the future, counts SQLite can hold).
-``pivot_results`` arranges results as Lambda's benchmark tables do: per workload and device,
-the largest batch, the throughput and the throughput relative to a reference device.
+``ResultStore`` keeps each result as one row (the full result as JSON beside indexed columns)
+in ``settings.store_path()`` (``$WHICHGPU_STORE``, ``--store``): atomic WAL transactions,
+several writers at once, never destructive, versioned with upgrade steps (``_STEPS``) and a
+backup before each upgrade. Results travel as JSON or CSV files, and an imported record must be
+a valid and possible measurement (``_implausible``). What it promises, and the file formats,
+are in ``docs/bench.md`` ("Results store").
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from importlib import metadata
 
-from whichgpu.bench.devices import Device, NvmlTarget
+from whichgpu.bench.devices.protocol import Device, NvmlTarget
 from whichgpu.bench.jobs import Inspection, PrecisionState
 from whichgpu.schema import BenchEnvironment
 from whichgpu.version import __version__

@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from whichgpu.attention_flops import Shape, attention_backward_flops, attention_flops
 
 if TYPE_CHECKING:
+    from whichgpu.recipe.training import Kernels
     from whichgpu.schema import RunConfig, StepProfile
-    from whichgpu.trace.step import Kernels
     from whichgpu.workloads.base import Workload
 
 COUNTED = (

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from whichgpu.schema import BenchEnvironment, RunConfig
 
 if TYPE_CHECKING:
-    from whichgpu.bench.devices import Device
+    from whichgpu.bench.devices.protocol import Device
     from whichgpu.bench.nvml import PowerSummary
     from whichgpu.bench.timing import Timing, TimingRule
     from whichgpu.workloads.base import Workload

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from whichgpu.bench.devices import NvmlTarget
+from whichgpu.bench.devices.protocol import NvmlTarget
 
 
 @dataclass(frozen=True)

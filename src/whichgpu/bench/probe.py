@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, Literal, TypeVar, Union
 
-from whichgpu.bench.devices import StepOutOfMemory
+from whichgpu.bench.devices.protocol import StepOutOfMemory
 from whichgpu.bench.jobs import BenchProgress
 from whichgpu.errors import UsageError, WhichGpuError, WorkloadError
 

@@ -1,5 +1,8 @@
 """``run_bench``: find the size if asked, measure, and return ``BenchResult``s.
 
+Over 600 lines because it is one flow in order (inspect, search, measure, ranks), each stage
+with the checks of the options it reads; its stages are already in the modules it calls.
+
 A bench of one workload, in order, every step in child processes (``probe``):
 
 1. **Inspect** the device (once; ``inspect``): is it there, what is it, what software.
@@ -26,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from whichgpu.bench.devices import Device
+from whichgpu.bench.devices.protocol import Device
 from whichgpu.bench.distributed import (
     AGGREGATION_RULES,
     Aggregate,
@@ -198,7 +201,7 @@ def run_bench(
 def _sizes(info: WorkloadInfo, run: RunConfig) -> tuple[int, int | None]:
     """Batch and sequence length of the step. A language model's inference serves
     ``--concurrency`` sequences of ``--context`` tokens (``--batch-size`` and ``--seq-len``
-    name the same), as ``whichgpu.trace.step.serving_sizes`` reads them."""
+    name the same), as ``whichgpu.recipe.generation.serving_sizes`` reads them."""
     batch = run.batch_size or info.default_batch_size
     seq = run.seq_len or info.default_seq_len
     if run.mode == "inference":

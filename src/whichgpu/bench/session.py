@@ -1,14 +1,14 @@
 """A workload's step on a torch device (CUDA, CPU, MPS), built and run in a child process.
 
-The step is the one the tracer records (``whichgpu.trace.step``), run for real: the same
-optimizer and implementation (``make_optimizer``: ``foreach`` AdamW by default), the same
-fine-tuning wrappers (``apply_method``), the same checkpointing switch, and autocast to the
-run's half dtype for ``fp16``/``bf16`` (on the device measured, not the CPU rules the tracer
-uses). What a real training loop adds is added here: a ``GradScaler`` for ``fp16``, and
-``zero_grad(set_to_none=True)`` after each optimizer step. The batch is synthetic, made once
-and reused (no input pipeline is timed). Inference is one forward pass under
-``torch.inference_mode``; a causal language model's inference is a request batch served as
-the tracer serves it (``whichgpu.trace.step._serve``): a ``StaticCache`` for context + new
+The step is the one the tracer records, run for real: both build it from the step recipe
+(``whichgpu.recipe``): the same optimizer and implementation (``make_optimizer``: ``foreach``
+AdamW by default), the same fine-tuning wrappers (``apply_method``), the same checkpointing
+switch, and autocast to the run's half dtype for ``fp16``/``bf16`` (on the device measured, not
+the CPU rules the tracer uses). What a real training loop adds is added here: a ``GradScaler``
+for ``fp16``, and ``zero_grad(set_to_none=True)`` after each optimizer step. The batch is
+synthetic, made once and reused (no input pipeline is timed). Inference is one forward pass
+under ``torch.inference_mode``; a causal language model's inference is a request batch served
+as the tracer serves it (``whichgpu.recipe.generation``): a ``StaticCache`` for context + new
 tokens, the prefill of the prompt (last position's logits only), then one greedy decode step
 per new token, so a step generates ``sequences x new_tokens`` tokens.
 
@@ -29,37 +29,27 @@ import contextlib
 import datetime as dt
 import os
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-from whichgpu.bench.devices import (
-    MemoryPeaks,
-    NvmlTarget,
-    Report,
-    StepOutOfMemory,
-    _TorchDevice,
-)
+from whichgpu.bench.devices.protocol import MemoryPeaks, NvmlTarget, Report, StepOutOfMemory
+from whichgpu.bench.devices.torch_device import TorchDevice
 from whichgpu.bench.flops import FlopCount, count_flops, flop_count, traced_flops
 from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
-from whichgpu.trace.step import (
-    Kernels,
+from whichgpu.recipe.generation import (
     ServingSizes,
     generation_arguments,
-    make_optimizer,
     prompt_ids,
     serving_sizes,
     static_cache,
-    step_loss,
 )
+from whichgpu.recipe.training import AMP_DTYPES, Kernels, autocast, make_optimizer, step_loss
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
 from whichgpu.workloads.hf import quiet_transformers
-
-_AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 EAGER_NOTE = (
     "eager: the model ran without torch.compile, with TorchDynamo disabled during the steps "
@@ -76,7 +66,7 @@ COMPILED_NOTE = (
 class TorchSession:
     """A built step on a torch device (see the module docstring for what a step is)."""
 
-    def __init__(self, device: _TorchDevice, spec: StepSpec, report: Report) -> None:
+    def __init__(self, device: TorchDevice, spec: StepSpec, report: Report) -> None:
         run = spec.run
         if run.precision == "fp8":
             raise UnsupportedWorkload("Benchmarking --precision fp8 is not supported yet.")
@@ -94,7 +84,7 @@ class TorchSession:
             self._notes.append(limit_note)
         if device.kind == "cuda":
             _set_cuda_precision(run.precision)
-        self._amp_dtype = _AMP_DTYPES.get(run.precision)
+        self._amp_dtype = AMP_DTYPES.get(run.precision)
         self._notes.extend(_run_notes(spec))
         workload = spec.workload.resolve()
         report(BenchProgress("build", f"building {workload.info.name} (batch {spec.batch_size})"))
@@ -329,13 +319,8 @@ class TorchSession:
             return contextlib.nullcontext()
         return torch._dynamo.config.patch(disable=True)  # type: ignore[no-any-return]
 
-    @contextlib.contextmanager
-    def _autocast(self) -> Iterator[None]:
-        if self._amp_dtype is None:
-            yield
-            return
-        with torch.autocast(device_type=self._device.kind, dtype=self._amp_dtype):
-            yield
+    def _autocast(self) -> contextlib.AbstractContextManager[None]:
+        return autocast(self._spec.run, self._device.kind)
 
 
 def _set_cuda_precision(precision: str) -> None:

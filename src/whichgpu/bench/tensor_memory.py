@@ -24,7 +24,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from whichgpu.bench.devices import MemoryPeaks, StepOutOfMemory
+from whichgpu.bench.devices.protocol import MemoryPeaks, StepOutOfMemory
 
 METHOD = "live tensor storage bytes (dispatch-mode count, no allocator caching)"
 

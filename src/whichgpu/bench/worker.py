@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from whichgpu.bench.devices import Report
+from whichgpu.bench.devices.protocol import Report
 from whichgpu.bench.environment import capture
 from whichgpu.bench.jobs import (
     BenchProgress,

@@ -164,7 +164,8 @@ def report(
       whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
     """
     from whichgpu.api import ReportRequest, answer_report
-    from whichgpu.report.html import CHARTS, chart_svg, render_html, report_doc
+    from whichgpu.report.charts import CHARTS, chart_svg
+    from whichgpu.report.html import render_html, report_doc
 
     if buy and rent:
         raise UsageError("Choose one of --buy and --rent.")

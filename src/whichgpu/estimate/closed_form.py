@@ -65,7 +65,7 @@ ADAMW_8BIT_BLOCK = 256
 ADAMW_8BIT_MIN_SIZE = 4096
 """Parameters with fewer elements keep fp32 states in 8-bit AdamW (``min_8bit_size``)."""
 ADAMW_8BIT_CHUNK = 1 << 22
-"""Elements the traced 8-bit AdamW updates per step (``trace.optim8bit.CHUNK_ELEMENTS``)."""
+"""Elements the traced 8-bit AdamW updates per step (``recipe.optim8bit.CHUNK_ELEMENTS``)."""
 NF4_BLOCK = 64
 """Weights per absmax in QLoRA's NF4 storage."""
 NF4_ABSMAX_BLOCK = 256

@@ -1,4 +1,8 @@
-"""Terminal renderings (rich) of catalog listings, spec sheets and comparisons."""
+"""Terminal renderings (rich) of catalog listings, spec sheets and comparisons.
+
+Over 600 lines because it holds the terminal views of many commands (catalog, workloads,
+profile, fit, predict, validate); it splits by domain with the report package's split.
+"""
 
 from __future__ import annotations
 

@@ -47,9 +47,10 @@ from typing import Any, Literal
 import torch
 
 from whichgpu.errors import WorkloadError
+from whichgpu.recipe.training import Kernels
 from whichgpu.schema import AllocEvent, OpRecord, RunConfig, StepProfile
 from whichgpu.trace.recorder import canonical_events
-from whichgpu.trace.step import Kernels, trace_step
+from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import Workload
 
 DEPTHS = (4, 5, 6)

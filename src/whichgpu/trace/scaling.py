@@ -21,10 +21,11 @@ from collections.abc import Callable
 import numpy as np
 
 from whichgpu.errors import WorkloadError
+from whichgpu.recipe.training import Kernels
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import depth
 from whichgpu.trace.recorder import canonical_events
-from whichgpu.trace.step import Kernels, trace_step
+from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import loss_chunk_multiple
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS

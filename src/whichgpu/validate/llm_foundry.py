@@ -224,8 +224,15 @@ MANIFEST = "MANIFEST.json"
 """File, in ``PROFILE_DIR``, naming what the shipped profiles were traced with
 (``tracer_state``)."""
 
-TRACER_MODULES = ("trace", "workloads/base.py", "workloads/hf.py", "workloads/user.py")
-"""whichgpu's code a config's trace runs: the tracer and the config workload's builders."""
+TRACER_MODULES = (
+    "recipe",
+    "trace",
+    "workloads/base.py",
+    "workloads/hf.py",
+    "workloads/user.py",
+)
+"""whichgpu's code a config's trace runs: the step recipe, the tracer and the config workload's
+builders."""
 
 
 def tracer_state() -> dict[str, str | None]:

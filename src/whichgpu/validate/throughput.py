@@ -1,5 +1,8 @@
 """``whichgpu validate throughput``: predicted training throughput against measured.
 
+Over 600 lines because the fit, its out-of-sample errors and the baselines share one table of
+cases (``CaseBatch``); the fit (``fit_parameters``) is the seam along which it splits next.
+
 The main reference is Lambda's 2020 table (12 models x 8 GPUs, throughput at each GPU's
 largest batch), read with the settings of ``lambda2020.LAMBDA_MODELS``. The predictor's
 constants and speed factors are fitted by ``fit_parameters`` (the shipped ones by

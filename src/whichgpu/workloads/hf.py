@@ -1,5 +1,8 @@
 """Building ``transformers`` models from configs shipped as data: random weights, no download.
 
+Over 600 lines because the losses a language model's step can take (fused, chunked,
+fused-linear) live beside the builder whose models they reach into; they split out next.
+
 Configs live in ``configs/<name>.json`` (the fields of the model's Hugging Face ``config.json``
 that define its architecture). The model class comes from the config's ``architectures``.
 torch and transformers are imported inside the functions, never at module import.

@@ -1,6 +1,9 @@
 """GANs of Lambda Labs' 2020 GPU benchmark: pix2pixHD (Cityscapes 2048x1024) and StyleGAN (FFHQ
 1024x1024), written in plain PyTorch after the authors' reference implementations.
 
+Over 600 lines because it restates two reference GANs layer by layer (pix2pixHD, StyleGAN),
+each with its own generator, discriminator and losses.
+
 Both are trained by alternating a generator and a discriminator update. A traced step runs
 one forward pass whose scalar loss is the *sum* of the generator and the discriminator losses,
 then one backward pass and one optimizer step over both networks: that stands for the two

@@ -1,40 +1,10 @@
 """The user's own model: a Hugging Face ``config.json`` (``--config FILE``) or a Python function
 that builds a PyTorch model (``--model FILE.py:FUNCTION`` or ``--model package.module:FUNCTION``).
 
-The ``--model`` protocol. The function takes the run configuration (a ``RunConfig``: precision,
-mode, batch size …) or nothing, builds the model, and returns one of
-
-* ``(model, batch)``: an ``nn.Module`` and an example batch, the model's inputs for one step:
-  a tensor or a tuple of them (positional inputs, ``model(*batch)``) or a dict (keyword inputs,
-  ``model(**batch)``). whichgpu resizes it along its first dimension for other batch sizes
-  (repeating its rows, so token ids and labels stay valid), and without ``--batch-size`` or a
-  declared default its first dimension is the default batch size;
-* ``(model, make_batch)``: ``make_batch(batch_size, seq_len) -> dict``, the keyword inputs of
-  one step (``seq_len`` is None unless the model takes sequences, below), for inputs whose
-  other dimensions change too;
-* ``(model, batch, loss)`` or ``(model, make_batch, loss)``: with ``loss(model, batch) ->
-  scalar tensor`` (forward + loss; it gets the batch in the form given). Without it, the loss
-  is the model's output if it is a single number, else its ``loss`` (attribute or key, as
-  ``transformers`` outputs have), else the sum of its floating-point outputs;
-* a ``BuiltWorkload``, for full control (throughput units, LoRA targets).
-
-whichgpu calls the function inside ``FakeTensorMode``, so the weights take no memory: the
-function must build the model itself (not return one built at import), and the step must not
-depend on tensor values (``.item()``, ``nonzero``). Weights are created in the run's weight
-dtype (bf16 for ``--precision bf16-pure``), and so are the batch's floating-point inputs.
-The decorator ``model_defaults`` declares the default batch size and, for models that take
-sequences, the default sequence length (which makes ``--seq-len`` apply to ``make_batch``) and
-throughput unit. To read an example batch's size, whichgpu calls an undecorated function once
-more, under fake tensors, when it loads it.
-
-::
-
-    import torch
-    from torch import nn
-
-    def build():
-        model = nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10))
-        return model, torch.randn(64, 784)
+Over 600 lines because both ways in share the batch handling (resizing an example batch, the
+weight dtype, reading sizes under fake tensors) and the error messages that name the user's
+file; the ``--model`` protocol (what the function may return, ``model_defaults``, the rules
+fake tensors impose) is described, with examples, in ``docs/workloads.md`` ("Your own model").
 """
 
 from __future__ import annotations

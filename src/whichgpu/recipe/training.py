@@ -1,0 +1,213 @@
+"""What a training step is made of, for the tracer and the bench alike: the optimizer in the
+implementation a run asks for, the loss, autocast to the run's half dtype, the checkpointing
+policy's contexts, and fairseq's ``--fp16`` (an fp16 model with a flat fp32 master copy)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
+
+import torch
+
+from whichgpu.errors import UnsupportedWorkload
+from whichgpu.recipe.optim8bit import AdamW8bit
+from whichgpu.schema import RunConfig, TensorCategory
+from whichgpu.workloads.base import BuiltWorkload
+from whichgpu.workloads.hf import (
+    chunked_cross_entropy_loss,
+    fused_cross_entropy_loss,
+    fused_linear_cross_entropy_loss,
+)
+
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+"""The half dtype autocast runs a precision in (the other precisions run without autocast)."""
+
+Kernels = Literal["cuda", "cpu"]
+"""Whose dropout and attention kernels a step follows: CUDA's (what every GPU estimate
+needs) or the CPU's (what a CPU step really runs)."""
+
+
+def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """The optimizer of a run, in the implementation it asks for (``foreach`` by default, as
+    CUDA picks it).
+
+    ``adamw-8bit`` is bitsandbytes' ``AdamW8bit`` rebuilt in plain PyTorch (``optim8bit``).
+    """
+    if not params:
+        raise UnsupportedWorkload(
+            "The model has no trainable parameters, so a training step has nothing to update: "
+            "check that the model's layers are registered as submodules (an nn.Module "
+            "attribute or nn.ModuleList, not a plain list), or use --mode inference."
+        )
+    # foreach=True: one kernel per operation over all parameters; False: a loop over them;
+    # fused=True: one kernel per parameter group (foreach then stays unset, as torch asks)
+    foreach = {"foreach": True, "for-loop": False, "fused": None}[run.optimizer_impl]
+    fused = True if run.optimizer_impl == "fused" else None
+    if run.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, foreach=foreach, fused=fused)
+    if run.optimizer == "adamw-8bit":
+        return AdamW8bit(params, lr=1e-4)
+    if run.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach, fused=fused)
+    if run.optimizer == "adafactor":
+        return torch.optim.Adafactor(params, lr=1e-3, foreach=foreach)
+    raise UnsupportedWorkload(f"Optimizer '{run.optimizer}' is not supported.")
+
+
+def step_loss(
+    built: BuiltWorkload, run: RunConfig, model: torch.nn.Module, batch: Any
+) -> torch.Tensor:
+    """The training step's loss: the workload's own, or a language model's cross-entropy by
+    ``loss_kernel`` (``workloads.hf``): ``fused``, one fused kernel over its logits;
+    ``chunked``, torchtune's chunked cross-entropy; ``fused-linear``, Liger's fused output
+    projection and cross-entropy. The tracer and the bench both take the loss from here."""
+    if run.loss_kernel == "fused":
+        return fused_cross_entropy_loss(model, batch)
+    if run.loss_kernel == "chunked":
+        return chunked_cross_entropy_loss(model, batch)
+    if run.loss_kernel == "fused-linear":
+        return fused_linear_cross_entropy_loss(model, batch)
+    return built.loss(model, batch)
+
+
+@contextlib.contextmanager
+def autocast(run: RunConfig, device_type: str) -> Iterator[None]:
+    """``torch.autocast`` on ``device_type`` to the run's half dtype (``AMP_DTYPES``); nothing
+    for the other precisions. The tracer autocasts on the CPU (with CUDA's operator table
+    when it traces for a GPU), the bench on the device it measures."""
+    dtype = AMP_DTYPES.get(run.precision)
+    if dtype is None:
+        yield
+        return
+    with torch.autocast(device_type=device_type, dtype=dtype):
+        yield
+
+
+SELECTIVE_SAVED_OPS = ("mm", "addmm", "_scaled_dot_product_")
+"""Operators whose outputs a ``selective`` checkpoint keeps (by name, ``aten.`` dropped; a
+name ending in ``_`` covers every operator it begins, here every fused attention kernel:
+flash, memory-efficient, cuDNN, the CPU's). torchtitan's ``op`` mode keeps these (and, of
+matrix multiplications, every other one); everything else is recomputed in the backward."""
+
+
+def _saves_output(name: str) -> bool:
+    """Whether a ``selective`` checkpoint keeps the output of operator ``name`` (``mm``)."""
+    return any(
+        name.startswith(saved) if saved.endswith("_") else name == saved
+        for saved in SELECTIVE_SAVED_OPS
+    )
+
+
+def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    """``create_selective_checkpoint_contexts``' policy: keep the outputs of
+    ``SELECTIVE_SAVED_OPS``, recompute the rest."""
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    del ctx, args, kwargs
+    name = str(getattr(op, "_opname", op.__name__.split(".")[0]))
+    return CheckpointPolicy.MUST_SAVE if _saves_output(name) else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+@contextlib.contextmanager
+def _entered(*managers: contextlib.AbstractContextManager[Any]) -> Iterator[None]:
+    """All of ``managers``, entered in order."""
+    with contextlib.ExitStack() as stack:
+        for manager in managers:
+            stack.enter_context(manager)
+        yield
+
+
+def checkpoint_contexts(
+    run: RunConfig, kernel_mode: Callable[[], contextlib.AbstractContextManager[Any]]
+) -> Callable[[], tuple[Any, Any]]:
+    """``torch.utils.checkpoint``'s ``context_fn`` for a checkpointed run: the recomputation
+    runs under ``kernel_mode`` (as the forward pass did); a ``selective`` policy also keeps
+    the outputs of ``SELECTIVE_SAVED_OPS`` in the forward and replays them in the
+    recomputation (``create_selective_checkpoint_contexts``)."""
+    if run.checkpointing_policy != "selective":
+        return lambda: (contextlib.nullcontext(), kernel_mode())
+
+    def contexts() -> tuple[Any, Any]:
+        from torch.utils.checkpoint import create_selective_checkpoint_contexts
+
+        forward, recompute = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+            _selective_policy
+        )
+        return forward, _entered(recompute, kernel_mode())
+
+    return contexts
+
+
+def to_fp16(model: torch.nn.Module) -> None:
+    """``model.half()`` by replacing each floating parameter and buffer (shared ones stay
+    shared); ``half()`` itself cannot swap fake tensors that others hold weak references to."""
+    converted: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is None or not value.is_floating_point():
+                    continue
+                found = converted.get(id(value))
+                if found is None:
+                    half = value.detach().to(torch.float16)
+                    if isinstance(value, torch.nn.Parameter):
+                        half = torch.nn.Parameter(half, requires_grad=value.requires_grad)
+                    found = converted[id(value)] = half
+                table[name] = found  # type: ignore[assignment]
+
+
+def fp16_master(built: BuiltWorkload, run: RunConfig) -> bool:
+    """Whether this run trains as fairseq's ``--fp16`` (``BuiltWorkload.fp16_master_weights``)."""
+    return built.fp16_master_weights and run.precision == "fp16" and run.method == "full"
+
+
+def _unmarked(tensor: torch.Tensor, category: TensorCategory) -> None:
+    del tensor, category
+
+
+class Fp16Master:
+    """fairseq's ``FP16Optimizer`` (``fairseq/optim/fp16_optimizer.py``, as of its 2019
+    releases), restated: the fp16 model's parameters copied into one flat fp32 buffer, whose
+    ``.grad`` is a second flat fp32 buffer kept for the whole run; after backward the fp16
+    gradients are copied into it, the optimizer steps on the fp32 buffer, and the result is
+    copied back into the fp16 parameters. ``mark`` hears the two buffers with their
+    categories (``optimizer``, ``gradient``): the tracer's ``Recorder.mark``."""
+
+    def __init__(
+        self,
+        params: list[torch.nn.Parameter],
+        mark: Callable[[torch.Tensor, TensorCategory], None] = _unmarked,
+    ) -> None:
+        self.fp16 = params
+        total = sum(p.numel() for p in params)
+        flat = torch.empty(total, dtype=torch.float32, device=params[0].device)
+        offset = 0
+        for p in params:
+            flat[offset : offset + p.numel()].copy_(p.detach().reshape(-1))
+            offset += p.numel()
+        self.flat = torch.nn.Parameter(flat)
+        self.flat.grad = torch.zeros_like(flat)
+        mark(self.flat, "optimizer")
+        mark(self.flat.grad, "gradient")
+        self.params = [self.flat]
+
+    def gradients_in(self) -> None:
+        """Copy the fp16 gradients into the flat fp32 gradient buffer."""
+        grad = self.flat.grad
+        assert grad is not None
+        offset = 0
+        for p in self.fp16:
+            n = p.numel()
+            if p.grad is not None:
+                grad[offset : offset + n].copy_(p.grad.reshape(-1))
+            offset += n
+
+    def parameters_out(self) -> None:
+        """Copy the updated fp32 parameters back into the fp16 model."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.fp16:
+                n = p.numel()
+                p.copy_(self.flat[offset : offset + n].view_as(p))
+                offset += n
