@@ -86,6 +86,7 @@ def answer_fit(
     hears each GPU, and each size while a step is traced."""
     from whichgpu.api.predict import checked_quantization, engine_quantization
     from whichgpu.estimate.engine_speed import QuantizationRefused
+    from whichgpu.estimate.fp8 import check_gpu, fp8_refusal
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.serving import engine_verdict
 
@@ -119,6 +120,11 @@ def answer_fit(
     for gpu in asked.targets:
         if progress is not None:
             progress(gpu.name)
+        if step.run.precision == "fp8" and (why := fp8_refusal(gpu)) is not None:
+            if len(asked.targets) == 1:
+                check_gpu(gpu)
+            refused.append(f"{gpu.name} is left out: {why}.")
+            continue
         estimate = estimate_on_gpu(
             step.memory,
             step.run,

@@ -256,6 +256,7 @@ def _speeds(
     unless ``named``, are left out, as are the GPUs it fits on that cannot be timed (with
     why). One GPU alone that cannot be timed raises its error. With ``engine``, fitting is the
     engine's (its KV cache holds the sequences) and each answer carries the engine's speed."""
+    from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
     from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.throughput import gpu_rates
 
@@ -267,6 +268,11 @@ def _speeds(
     untimed: list[tuple[str, UsageError]] = []  # GPUs that fit but cannot be timed, and why
     for gpu in targets:
         unknown: UsageError | None = None
+        if step.run.precision == "fp8" and (why := fp8_refusal(gpu)) is not None:
+            if len(targets) == 1:
+                check_gpu(gpu)
+            untimed.append((gpu.name, Fp8Refused(why)))
+            continue
         try:
             rates = gpu_rates(gpu)
         except MissingRates as exc:
@@ -485,6 +491,8 @@ def _left_out_notes(
     """What a whole-catalog ``predict`` leaves out, in words: how many GPUs the step does not
     fit on (and, when it fits on none alone, how to spread it), and the GPUs it fits on whose
     speed the catalog cannot describe, by what it lacks."""
+    from whichgpu.estimate.fp8 import Fp8Refused
+
     notes = [f"{unfit} catalog GPUs are left out: the step does not fit on them."] if unfit else []
     if unfit and suggest_sharding:
         notes.append(
@@ -496,7 +504,11 @@ def _left_out_notes(
         if isinstance(exc, MissingRates):
             by_gap.setdefault(", ".join(exc.missing), []).append(name)
         else:
-            notes.append(f"{name} is left out, as its speed cannot be predicted: {exc}")
+            notes.append(
+                f"{name} is left out: {exc}."
+                if isinstance(exc, Fp8Refused)  # fp8 cannot run there at all
+                else f"{name} is left out, as its speed cannot be predicted: {exc}"
+            )
     notes += [
         f"{', '.join(names)} {'are' if len(names) > 1 else 'is'} left out: the step fits, but "
         f"the catalog lacks {gap}, so the speed cannot be predicted."

@@ -340,7 +340,11 @@ def _option(
         serving=engine,
     )
     path = refused = None
-    if engine is not None:
+    if step.run.precision == "fp8":
+        from whichgpu.estimate.fp8 import fp8_refusal
+
+        refused = fp8_refusal(gpu)
+    if engine is not None and refused is None:
         try:
             memory, path = engine_quantization(step, engine, gpu, memory, software, quantization)
         except QuantizationRefused as exc:

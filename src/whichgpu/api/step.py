@@ -192,7 +192,13 @@ def prepare(
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if progress is not None:
         progress(f"profiling {chosen.info.name}")
-    profile, method = loaded or scalable_profile(chosen, run, progress)
+    from whichgpu.estimate import fp8
+
+    fp8.check_run(run)
+    # an fp8 run is derived from its bf16 AMP step (``estimate.fp8``), never traced
+    profile, method = loaded or scalable_profile(chosen, fp8.base_run(run), progress)
+    if run.precision == "fp8" and profile.run.precision != "fp8":
+        profile, method = fp8.fp8_profile(profile), f"{method}; fp8 derived from its bf16 AMP step"
     if config is not None:  # answers name the model, not only its file
         profile = replace(profile, workload=config_label(config, profile.params_total))
     seq_limit = chosen.info.max_seq_len

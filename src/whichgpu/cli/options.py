@@ -62,8 +62,8 @@ PrecisionOption = Annotated[
     typer.Option(
         "--precision",
         help="fp32 (TF32 off), tf32, fp16 / bf16 (AMP with fp32 master weights), bf16-pure "
-        "(weights, grads, optimizer state in bf16). Default bf16. (fp8 training is not "
-        "modelled yet.)",
+        "(weights, grads, optimizer state in bf16), fp8 (torchao Float8Linear: the linear "
+        "layers' GEMMs in fp8, the rest as bf16 AMP; GPUs with fp8 tensor cores). Default bf16.",
         rich_help_panel=_RUN,
     ),
 ]

@@ -861,6 +861,11 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -
             f"context + {run.new_tokens} new tokens per sequence, in the weights' dtype; then "
             "one decode step over it",
         ]
+    if "fp8" in memory.profile.choices:  # the recipe (estimate.fp8)
+        out.append(
+            memory.profile.choices["fp8"]
+            + "; autocast's 16-bit weight copies of the converted layers are fp8 copies"
+        )
     attention = memory.profile.choices.get("attention", "")
     if "sdpa" in attention:
         out.append(

@@ -126,6 +126,11 @@ class ThroughputPredictor:
         self.inference = load_inference_parameters() if run.mode == "inference" else None
         self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
         self.assumptions = self._assumptions()
+        if "fp8" in profile.choices:  # fp8 training (estimate.fp8): its recipe and its rate
+            self.assumptions += (
+                profile.choices["fp8"] + "; fp8 GEMMs at the fitted tensor efficiency of the "
+                "16-bit ones x the catalog's dense fp8 peak; MFU against the bf16 peak",
+            )
 
     def _replicated_heads_note(self) -> str:
         gpus, heads = self.run.gpus, self.state.kv_heads

@@ -842,6 +842,9 @@ class GpuRates:
     """DRAM bandwidth."""
     sm_count: int
     """Streaming multiprocessors (compute units)."""
+    fp8_tensor_flops_per_s: float | None = None
+    """FP8 tensor peak, dense (None: no fp8 tensor cores); fp8 training's GEMMs
+    (``estimate.fp8``)."""
 
 
 def gpu_rates(gpu: GpuSpec) -> GpuRates:
@@ -871,6 +874,7 @@ def gpu_rates(gpu: GpuSpec) -> GpuRates:
         vector_flops_per_s=tflops_to_flops(gpu.fp32_tflops),
         bandwidth_bytes_per_s=gpu.memory_bandwidth_gbps * GB,
         sm_count=gpu.sm_count,
+        fp8_tensor_flops_per_s=rate(gpu.fp8_tensor_tflops),
     )
 
 
@@ -908,6 +912,11 @@ def matrix_engines(
                 else misaligned_efficiency
             )
             peak[table.misaligned & table.is_half] *= share
+    # fp8 training's linear GEMMs (``estimate.fp8``) run on the fp8 tensor cores
+    fp8 = np.array([d.startswith("float8") for d in table.dtypes], dtype=bool)
+    if rates.fp8_tensor_flops_per_s is not None and fp8.any():
+        peak[fp8] = rates.fp8_tensor_flops_per_s
+        tensor[fp8] = True
     tf32 = rates.tf32_flops_per_s
     # GeForce Ampere and Ada rate TF32 at their FP32 rate: no faster engine, so the FP32 one
     if precision == "tf32" and tf32 is not None and tf32 > rates.vector_flops_per_s:
@@ -1016,7 +1025,8 @@ def peak_flops_per_s(rates: GpuRates, precision: Precision) -> float:
     """The peak a step at ``precision`` is measured against (for MFU)."""
     if precision in ("fp16",) and rates.tensor_flops_per_s:
         return rates.tensor_flops_per_s
-    if precision in ("bf16", "bf16-pure") and rates.bf16_tensor_flops_per_s:
+    # fp8 training is measured against the bf16 peak, as its MFU is usually reported
+    if precision in ("bf16", "bf16-pure", "fp8") and rates.bf16_tensor_flops_per_s:
         return rates.bf16_tensor_flops_per_s
     if precision == "tf32" and rates.tf32_flops_per_s:
         return rates.tf32_flops_per_s

@@ -23,7 +23,7 @@ def inference_context(info: WorkloadInfo, run: RunConfig) -> tuple[int, int]:
 
     ``context`` is ``--context`` (or ``--seq-len``), else the workload's default sequence length
     shortened so that context plus new tokens fits ``max_seq_len`` — what the tracer does too
-    (``whichgpu.trace.step.serving_sizes``). A given context that does not fit is refused.
+    (``whichgpu.recipe.generation.serving_sizes``). A given context that does not fit is refused.
     ``new_tokens`` 0 (prefill-only requests: embedding, classification, scoring) stays 0; only
     a run that gives none takes ``DEFAULT_NEW_TOKENS``.
     """
@@ -86,13 +86,6 @@ def run_config(**options: Any) -> RunConfig:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"])
         raise UsageError(f"{_keyword(field)}: {err['msg']}.") from exc
-    if run.precision == "fp8":
-        raise UsageError(
-            f"{option('precision')} fp8 is not modelled yet: FP8 training keeps per-tensor "
-            "scales and casts (Transformer Engine's recipe) that the trace does not reproduce. "
-            "Use bf16 "
-            "(the FP8 rates of each GPU are in `whichgpu gpus` and `whichgpu show`)."
-        )
     for name in (
         "batch_size",
         "seq_len",

@@ -1,0 +1,411 @@
+"""fp8 training (``--precision fp8``), derived from the bf16 AMP step rather than traced.
+
+The recipe modelled is torchao's ``Float8Linear`` with its default tensorwise dynamic scaling
+(``convert_to_float8_training``; Transformer Engine's ``Linear`` does the same work): the
+three matrix products of every converted linear layer run on the fp8 tensor cores, the
+forward's ``input @ weight.t()`` in e4m3, backward's grad-input ``grad_out @ weight`` and
+grad-weight ``grad_out.t() @ input`` with the gradient in e5m2; everything else — master
+weights, gradients, optimizer state, attention, norms, activations, the loss — is the bf16
+AMP step unchanged. Which linear layers: the matrix products of the traced step with a
+parameter operand (two of the GEMM's M, N, K fixed, their product a parameter's size), whose
+dimensions are multiples of 16 (``torch._scaled_mm``'s requirement), less the model's last
+linear layer (a language model's output projection), as the filter of torchao's README leaves
+them. What changes, per converted linear (torchao ``torchao/float8/float8_linear.py``,
+``Float8Linear.forward`` and ``matmul_with_hp_or_float8_args``): the weight is cast to fp8 once
+in the forward and that fp8 copy is what backward uses, so autocast's 16-bit copy of the weight
+(``parameter_cast``: 2 bytes a weight, held to its backward) becomes a 1-byte one held as long;
+the input is saved for backward in bf16 as before and cast to fp8 around each product (the fp8
+copy freed after it); backward casts the output gradient once for each of its two products and
+the input once more. Each cast of a tensor of n elements is a max-abs reduction (reads it) and
+a scaled cast (reads it, writes n bytes): the kernels ``torch.compile`` makes of
+``hp_tensor_to_float8_dynamic``. A tensorwise scale is one fp32 number per cast (not counted).
+The fp8 products run at the catalog's fp8 tensor rate with the fitted tensor efficiency of the
+16-bit products. So against the bf16 AMP step, memory is lower by one byte per converted weight
+while the forward's weights are held, higher by the fp8 copies alive around one product; time
+is the linear GEMMs at (about) half their bf16 time plus the casts' traffic.
+
+Not modelled: rowwise scaling (per-row scales, slower products), delayed scaling, fp8
+all-gather under FSDP (the all-gather stays 16-bit), fp8 attention, the MXFP8/NVFP4 recipes of
+Blackwell, and ``force_recompute_fp8_weight_in_bwd`` (which frees the fp8 weight after the
+forward).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from whichgpu.errors import UsageError, option
+from whichgpu.schema import GpuSpec, RunConfig, Vendor
+from whichgpu.workloads.stored import CATEGORIES, Polynomials, ScalableProfile, StoredOp
+
+TRACED_PRECISION = "bf16"
+"""The precision of the step an fp8 run is derived from (AMP over fp32 parameters)."""
+FP8_ALIGNMENT = 16
+"""Elements every fixed GEMM dimension of a converted linear is a multiple of
+(``torch._scaled_mm``; torchao's README filter leaves other layers in bf16)."""
+MIN_NVIDIA_CAPABILITY = (8, 9)
+"""Lowest NVIDIA compute capability with fp8 tensor cores (Ada; Hopper is 9.0)."""
+FP8_VENDORS = (Vendor.NVIDIA, Vendor.AMD)
+"""Makers whose GPUs torchao's float8 training runs on (its README: NVIDIA and AMD)."""
+FORWARD_DTYPE = "float8_e4m3fn"
+BACKWARD_DTYPE = "float8_e5m2"
+RECIPE = (
+    "fp8 training: torchao Float8Linear, tensorwise dynamic scaling (e4m3 forward, e5m2 "
+    "gradients), the linear layers' three GEMMs in fp8 but the last layer's; master weights, "
+    "gradients, optimizer state, attention and other layers as bf16 AMP; casts as "
+    "torch.compile fuses them (a max-abs pass and a cast per tensor); derived from the bf16 "
+    "AMP step (whichgpu.estimate.fp8)"
+)
+
+
+class Fp8Refused(UsageError):
+    """fp8 training cannot run on a GPU (or for a run); the message says why."""
+
+
+def base_run(run: RunConfig) -> RunConfig:
+    """The run whose step an fp8 run is derived from: the same run in bf16 AMP (itself for any
+    other precision)."""
+    if run.precision != "fp8":
+        return run
+    return run.model_copy(update={"precision": TRACED_PRECISION})
+
+
+def check_run(run: RunConfig) -> None:
+    """Refuse an fp8 run the recipe does not cover: inference, LoRA/QLoRA."""
+    if run.precision != "fp8":
+        return
+    if run.mode != "train":
+        raise Fp8Refused(
+            f"{option('precision')} fp8 is fp8 training (torchao Float8Linear); to serve fp8 "
+            f"weights use {option('precision')} bf16 with {option('serving')} vllm "
+            f"{option('quantization')} fp8."
+        )
+    if run.method != "full":
+        raise Fp8Refused(
+            f"{option('precision')} fp8 models full training; {option('method')} "
+            f"{run.method} keeps frozen base weights whose fp8 path is not modelled."
+        )
+
+
+def fp8_refusal(gpu: GpuSpec) -> str | None:
+    """Why ``gpu`` cannot train in fp8 (None: it can): no fp8 tensor rate in the catalog, a
+    maker torchao's float8 does not run on, or an NVIDIA GPU before Ada."""
+    device = gpu.one_device()
+    if not device.fp8_tensor_tflops:
+        return (
+            f"{gpu.name} has no fp8 tensor cores (no fp8 tensor rate in the catalog): fp8 "
+            "training needs NVIDIA Ada, Hopper or Blackwell (compute capability 8.9+) or AMD "
+            "MI300 and later; use --precision bf16"
+        )
+    if device.vendor not in FP8_VENDORS:
+        return (
+            f"{gpu.name}: torchao's float8 training runs on NVIDIA and AMD GPUs only; use "
+            "--precision bf16"
+        )
+    if device.vendor == Vendor.NVIDIA:
+        cc = _capability(device.compute_capability)
+        if cc is not None and cc < MIN_NVIDIA_CAPABILITY:
+            return (
+                f"{gpu.name} (compute capability {device.compute_capability}) has no fp8 "
+                "tensor cores (8.9+: Ada, Hopper, Blackwell); use --precision bf16"
+            )
+    return None
+
+
+def check_gpu(gpu: GpuSpec) -> None:
+    """``Fp8Refused`` where ``gpu`` cannot train in fp8 (``fp8_refusal``)."""
+    reason = fp8_refusal(gpu)
+    if reason is not None:
+        raise Fp8Refused(f"--precision fp8 cannot train here: {reason}.")
+
+
+def _capability(value: str | None) -> tuple[int, int] | None:
+    if not value:
+        return None
+    try:
+        major, minor = value.split(".")
+        return int(major), int(minor)
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Fp8Linears:
+    """What the derivation found in a step: its converted GEMMs and weights."""
+
+    gemms: int
+    """Converted matrix products (forward, grad-input and grad-weight, recomputations)."""
+    weights: int
+    """Distinct converted weight shapes."""
+    kept_shape: tuple[int, int] | None
+    """The shape of the last linear layer, left in bf16."""
+
+
+class _Table:
+    """The profile's polynomials, extended with the ones the derivation needs."""
+
+    def __init__(self, polys: Polynomials) -> None:
+        self.basis = polys.basis
+        self.numerators = list(polys.numerators)
+        self.denominators = list(polys.denominators)
+        self.one = polys.basis.index("1")
+        pairs = zip(self.numerators, self.denominators, strict=True)
+        self._index = {(n, d): i for i, (n, d) in enumerate(pairs)}
+
+    def constant_of(self, index: int) -> int | None:
+        """The value of polynomial ``index`` when it is a whole constant, else None."""
+        nums = self.numerators[index]
+        if any(c for j, c in enumerate(nums) if j != self.one):
+            return None
+        value = Fraction(nums[self.one], self.denominators[index])
+        return int(value) if value.denominator == 1 else None
+
+    def _add(self, nums: tuple[int, ...], den: int) -> int:
+        g = math.gcd(den, *nums)
+        key = (tuple(c // g for c in nums), den // g)
+        found = self._index.get(key)
+        if found is None:
+            self.numerators.append(key[0])
+            self.denominators.append(key[1])
+            found = self._index[key] = len(self.numerators) - 1
+        return found
+
+    def scaled(self, index: int, factor: Fraction | int) -> int:
+        """A polynomial ``factor`` times polynomial ``index``."""
+        f = Fraction(factor)
+        nums = tuple(c * f.numerator for c in self.numerators[index])
+        return self._add(nums, self.denominators[index] * f.denominator)
+
+    def constant(self, value: int) -> int:
+        nums = tuple(value if j == self.one else 0 for j in range(len(self.basis)))
+        return self._add(nums, 1)
+
+    def polynomials(self) -> Polynomials:
+        return Polynomials(self.basis, tuple(self.numerators), tuple(self.denominators))
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    index: int
+    """Operator index in the steady step."""
+    casts: tuple[int, ...]
+    """Polynomials of the element counts of the operands cast to fp8 around it."""
+
+
+_DERIVED: dict[int, tuple[ScalableProfile, ScalableProfile, Fp8Linears]] = {}
+
+
+def fp8_profile(profile: ScalableProfile) -> ScalableProfile:
+    """The fp8 training step derived from ``profile``, a bf16 AMP training step (memoised)."""
+    return _derive(profile)[0]
+
+
+def fp8_linears(profile: ScalableProfile) -> Fp8Linears:
+    """What ``fp8_profile`` converts in ``profile``."""
+    return _derive(profile)[1]
+
+
+def _derive(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
+    found = _DERIVED.get(id(profile))
+    if found is not None and found[0] is profile:
+        return found[1], found[2]
+    derived, linears = _build(profile)
+    if len(_DERIVED) >= 16:
+        _DERIVED.clear()
+    _DERIVED[id(profile)] = (profile, derived, linears)
+    return derived, linears
+
+
+def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
+    table = _Table(profile.polynomials)
+    events = profile.events
+    casts_code = CATEGORIES.index("parameter_cast")
+    parameter_code = CATEGORIES.index("parameter")
+    if profile.run.mode != "train" or not (events[:, 3] == casts_code).any():
+        raise Fp8Refused(
+            f"fp8 training is derived from a bf16 AMP training step (autocast over fp32 "
+            f"parameters); {profile.workload}'s step is not one."
+        )
+    first_step = events[:, 4] == events[:, 4].min()
+    param_rows = np.flatnonzero(first_step & (events[:, 2] == 1) & (events[:, 3] == parameter_code))
+    param_elements: set[int] = set()
+    for row in param_rows.tolist():
+        size = table.constant_of(int(events[row, 5]))
+        if size is not None and size % 4 == 0:
+            param_elements.add(size // 4)  # fp32 parameters under AMP
+
+    # the matrix products with a parameter operand: (index, weight shape, role)
+    found: list[tuple[int, tuple[int, int], str]] = []
+    for i, op in enumerate(profile.ops):
+        if op.kind != "gemm" or op.gemm_bmnk is None or op.dtype != "bfloat16":
+            continue
+        b, m, n, k = (table.constant_of(p) for p in op.gemm_bmnk)
+        if b != 1:
+            continue
+        if m is None and n is not None and k is not None:
+            shape, role = (n, k), "rows"  # forward or grad-input: tokens x weight
+        elif k is None and m is not None and n is not None:
+            shape, role = (m, n), "weight_grad"  # grad-weight: tokens are the inner dimension
+        else:
+            continue
+        if shape[0] * shape[1] not in param_elements:
+            continue
+        if shape[0] % FP8_ALIGNMENT or shape[1] % FP8_ALIGNMENT:
+            continue
+        found.append((i, (min(shape), max(shape)), role))
+    forward = [f for f in found if profile.ops[f[0]].phase == "forward"]
+    if not forward:
+        raise Fp8Refused(
+            f"{profile.workload} has no linear layers that fp8 training converts (matrix "
+            f"products with a weight whose dimensions are multiples of {FP8_ALIGNMENT})."
+        )
+    kept = forward[-1][1]  # the last linear layer stays bf16
+    converted_shapes = {f[1] for f in found} - {kept}
+    converted_elements = {a * b for a, b in converted_shapes} - {kept[0] * kept[1]}
+
+    ops = list(profile.ops)
+    gemms: list[_Gemm] = []
+    for i, _shape, role in (f for f in found if f[1] in converted_shapes):
+        op = ops[i]
+        assert op.gemm_bmnk is not None
+        _, m_at, n_at, k_at = op.gemm_bmnk
+        m, n, k = (table.constant_of(p) for p in (m_at, n_at, k_at))
+        if role == "rows":
+            assert k is not None
+            casts: tuple[int, ...] = (table.scaled(m_at, k),)  # the token-side operand
+        else:
+            assert m is not None and n is not None
+            casts = (table.scaled(k_at, m), table.scaled(k_at, n))
+        gemms.append(_Gemm(i, casts))
+        ops[i] = replace(
+            op,
+            dtype=FORWARD_DTYPE if op.phase == "forward" else BACKWARD_DTYPE,
+            bytes_read=table.scaled(op.bytes_read, Fraction(1, 2)),
+        )
+
+    # autocast's 16-bit copies of the converted weights become fp8 copies (same lifetime);
+    # the cast that makes each reads the fp32 weight twice (max-abs, cast) and writes half
+    last = int(events[:, 4].max())
+    offset = int(events[:, 0].max()) + 1 - len(ops)
+    new_events = events.copy()
+    recast: set[int] = set()
+    for row in np.flatnonzero(events[:, 3] == casts_code).tolist():
+        size = table.constant_of(int(events[row, 5]))
+        if size is None or size % 2 or size // 2 not in converted_elements:
+            continue
+        new_events[row, 5] = table.scaled(int(events[row, 5]), Fraction(1, 2))
+        if events[row, 2] == 1 and events[row, 4] == last:
+            recast.add(int(events[row, 0]) - offset)
+    for local in sorted(recast):
+        if 0 <= local < len(ops):
+            op = ops[local]
+            ops[local] = replace(
+                op,
+                bytes_read=table.scaled(op.bytes_read, 2),
+                bytes_written=table.scaled(op.bytes_written, Fraction(1, 2)),
+            )
+
+    zero = table.constant(0)
+    scale_bytes = table.constant(4)
+    inserted: dict[int, list[StoredOp]] = {}
+    for gemm in gemms:
+        phase = ops[gemm.index].phase
+        made: list[StoredOp] = []
+        for elements in gemm.casts:
+            made.append(
+                StoredOp(
+                    name="whichgpu.fp8_amax",
+                    kind="reduction",
+                    phase=phase,
+                    dtype="bfloat16",
+                    flops=zero,
+                    bytes_read=table.scaled(elements, 2),
+                    bytes_written=scale_bytes,
+                    gemm_bmnk=None,
+                    conv=None,
+                    attention=None,
+                )
+            )
+            made.append(
+                StoredOp(
+                    name="whichgpu.fp8_cast",
+                    kind="elementwise",
+                    phase=phase,
+                    dtype="bfloat16",
+                    flops=zero,
+                    bytes_read=table.scaled(elements, 2),
+                    bytes_written=elements,
+                    gemm_bmnk=None,
+                    conv=None,
+                    attention=None,
+                )
+            )
+        inserted[gemm.index] = made
+
+    # the new operator list, and where each old operator moved
+    new_ops: list[StoredOp] = []
+    moved = [0] * len(ops)
+    for i, op in enumerate(ops):
+        new_ops.extend(inserted.get(i, ()))
+        moved[i] = len(new_ops)
+        new_ops.append(op)
+    total = len(new_ops) - len(ops)
+    first_optimizer = next((i for i, op in enumerate(ops) if op.phase == "optimizer"), len(ops))
+
+    def new_index(index: int, step: int) -> int:
+        if index < 0:
+            return index
+        if step == last:
+            local = index - offset
+            return offset + (moved[local] if 0 <= local < len(ops) else local + total)
+        if index < first_optimizer:
+            return moved[index]
+        return index + total
+
+    # the fp8 copies: allocated around their product, freed after it (after its own events)
+    storage = int(events[:, 1].max()) + 1
+    by_gemm = {g.index: g for g in gemms}
+    rows: list[list[int]] = []
+    pending: dict[int, list[int]] = {}
+
+    def flush(step: int, below: int) -> None:
+        nonlocal storage
+        queue = pending[step]
+        while queue and queue[0] < below:
+            g = by_gemm[queue.pop(0)]
+            index = offset + moved[g.index] if step == last else moved[g.index]
+            handles = []
+            for elements in g.casts:
+                rows.append([index, storage, 1, CATEGORIES.index("temporary"), step, elements])
+                handles.append((storage, elements))
+                storage += 1
+            for handle, elements in handles:
+                rows.append([index, handle, 0, CATEGORIES.index("temporary"), step, elements])
+
+    steps = sorted(set(events[:, 4].tolist()))
+    for step in steps:
+        pending[step] = sorted(by_gemm)
+    for row in new_events.tolist():
+        index, step = row[0], row[4]
+        # the operator an event belongs to, in the steady step's numbering
+        in_step = index if index < first_optimizer else len(ops)
+        flush(step, index - offset if step == last else in_step)
+        rows.append([new_index(index, step), *row[1:]])
+    for step in steps:
+        flush(step, len(ops) + 1)
+    derived_events = np.array(rows, dtype=np.int64)
+    derived_events.flags.writeable = False
+
+    derived = replace(
+        profile,
+        run=profile.run.model_copy(update={"precision": "fp8"}),
+        choices={**profile.choices, "fp8": RECIPE},
+        polynomials=table.polynomials(),
+        events=derived_events,
+        ops=tuple(new_ops),
+    )
+    return derived, Fp8Linears(len(gemms), len(converted_shapes), kept)
