@@ -176,7 +176,7 @@ def test_serving_engine_on_tensor_parallel_gpus_holds_more_sequences() -> None:
         (["gpt2", "--mode", "inference", "--context", "1000"], "positions"),
         (["gpt2", "--mode", "inference", "--batch-size", "4", "--concurrency", "8"], "disagrees"),
         (["gpt2", "--concurrency", "1"], "applies to --mode inference only"),
-        (["gpt2", "--precision", "fp8"], "fp8 is not modelled yet"),  # before any trace
+        (["gpt2", "--mode", "inference", "--precision", "fp8"], "is fp8 training"),  # untraced
     ],
 )
 def test_bad_inference_options_exit_2(
