@@ -39,9 +39,9 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "GPU per step (the table's gradient accumulation, 1 to 21 micro-batches per optimizer "
         "step, is not modelled: the optimizer step is counted once per micro-batch); "
         "llm-foundry's optimizer and loss (--optimizer-impl for-loop: Composer's "
-        "DecoupledAdamW; --loss-kernel fused: flash-attn's cross-entropy); not modelled: its "
-        "low_precision_layernorm (bf16 layer norms); the table ran Triton/flash attention, "
-        "the configs SDPA"
+        "DecoupledAdamW; --loss-kernel fused: flash-attn's cross-entropy) and its "
+        "low_precision_layernorm (layer norms in bf16, the configs' norm_type); the table ran "
+        "Triton/flash attention, the configs SDPA"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -120,7 +120,7 @@ def build_hf_model(config: Mapping[str, Any], run: RunConfig) -> torch.nn.Module
         raise UnsupportedWorkload(
             f"transformers {transformers.__version__} has no class '{architectures[0]}'."
         )
-    fields = {k: v for k, v in config.items() if k != "architectures"}
+    fields = {k: v for k, v in config.items() if k not in ("architectures", NORM_TYPE_KEY)}
     hf_config = transformers.AutoConfig.for_model(**fields)
     if getattr(model_cls, "_supports_sdpa", False):
         hf_config._attn_implementation = "sdpa"
@@ -131,7 +131,54 @@ def build_hf_model(config: Mapping[str, Any], run: RunConfig) -> torch.nn.Module
         tie()
     if getattr(model.config, "_experts_implementation", None) == "grouped_mm":
         grouped_experts_precision(architectures[0], run)
+    if config.get(NORM_TYPE_KEY) == LOW_PRECISION_LAYER_NORM:
+        low_precision_layer_norms(model)
     return model
+
+
+NORM_TYPE_KEY = "norm_type"
+"""A config key (MPT's, read by llm-foundry) naming the layer norm the training code runs."""
+
+LOW_PRECISION_LAYER_NORM = "low_precision_layernorm"
+"""``norm_type`` of llm-foundry's MPT models: layer norms computed in the autocast dtype."""
+
+
+def low_precision_layer_norms(model: torch.nn.Module) -> None:
+    """Replace every ``nn.LayerNorm`` of ``model`` by a layer norm computed in the autocast
+    dtype, as llm-foundry's ``low_precision_layernorm`` (``LPLayerNorm`` in
+    ``llmfoundry/models/layers/norm.py``) does: under autocast, the input, weight and bias are
+    cast to the autocast dtype and the norm runs with autocast off, so its input is saved and
+    its output made in bf16, where autocast's own table would run ``layer_norm`` in fp32
+    (an fp32 copy of the input saved, an fp32 output cast again for the next layer)."""
+    import torch
+    from torch import nn
+
+    class LowPrecisionLayerNorm(nn.Module):
+        def __init__(self, norm: nn.LayerNorm) -> None:
+            super().__init__()
+            self.weight, self.bias = norm.weight, norm.bias
+            self.normalized_shape, self.eps = norm.normalized_shape, norm.eps
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            kind = x.device.type
+            if not torch.is_autocast_enabled(kind):
+                return nn.functional.layer_norm(
+                    x, self.normalized_shape, self.weight, self.bias, self.eps
+                )
+            dtype = torch.get_autocast_dtype(kind)
+
+            def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+                return None if t is None else t.to(dtype)
+
+            with torch.autocast(device_type=kind, enabled=False):
+                return nn.functional.layer_norm(
+                    x.to(dtype), self.normalized_shape, cast(self.weight), cast(self.bias), self.eps
+                )
+
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, nn.LayerNorm):
+                setattr(module, name, LowPrecisionLayerNorm(child))
 
 
 def experts_choice(op_names: Iterable[str], precision: str) -> dict[str, str]:
