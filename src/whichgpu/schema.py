@@ -445,11 +445,15 @@ class Comparison(_Tabular):
 Mode = Literal["train", "inference"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
 Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd"]
-OptimizerImpl = Literal["foreach", "for-loop", "fused"]
+OptimizerImpl = Literal["foreach", "for-loop", "fused", "in-backward"]
 """How the optimizer step runs: ``foreach`` (PyTorch's default on CUDA: each operation over all
 parameters at once, with temporaries the size of them all), ``for-loop`` (one parameter at a
 time: ``foreach=False``, and the loop of Composer's ``DecoupledAdamW`` that llm-foundry trains
-with), ``fused`` (one kernel per parameter group, no temporaries: ``fused=True``)."""
+with), ``fused`` (one kernel per parameter group, no temporaries: ``fused=True``),
+``in-backward`` (each parameter updated in the backward pass as soon as its gradient is
+accumulated, which is then dropped, so no full set of gradients exists: PyTorch's
+``register_post_accumulate_grad_hook`` pattern, torchtune's ``optimizer_in_bwd``; one GPU,
+no gradient accumulation, no fp16 loss scaling)."""
 LossKernel = Literal["torch", "fused", "chunked", "fused-linear"]
 """A language model's cross-entropy: ``torch`` (transformers' loss: the logits upcast to fp32, a
 log-softmax and its gradient in fp32), ``fused`` (one kernel that reads the 16-bit logits and
@@ -487,8 +491,8 @@ class RunConfig(_Frozen):
     optimizer: Optimizer = "adamw"
     """Optimizer for training."""
     optimizer_impl: OptimizerImpl = "foreach"
-    """How the optimizer step runs (see ``OptimizerImpl``); adamw and sgd take all three,
-    adafactor foreach and for-loop, adamw-8bit its own kernels only."""
+    """How the optimizer step runs (see ``OptimizerImpl``); adamw and sgd take all four,
+    adafactor all but fused, adamw-8bit its own kernels only."""
     loss_kernel: LossKernel = "torch"
     """A language model's cross-entropy kernel (see ``LossKernel``)."""
     grad_accum: int = 1

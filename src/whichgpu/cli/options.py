@@ -126,7 +126,9 @@ OptimizerImplOption = Annotated[
         help="How the optimizer step runs: foreach (default, PyTorch's choice on CUDA: "
         "temporaries the size of all parameters), for-loop (one parameter at a time, as "
         "Composer/llm-foundry's DecoupledAdamW), fused (one kernel, no temporaries: "
-        "torch.optim.AdamW(fused=True), torchtitan's default).",
+        "torch.optim.AdamW(fused=True), torchtitan's default), in-backward (each parameter "
+        "updated in the backward pass as soon as its gradient is ready, so no full set of "
+        "gradients exists: torchtune's optimizer_in_bwd; one GPU, no --grad-accum, no fp16).",
         rich_help_panel=_RUN,
     ),
 ]

@@ -30,7 +30,8 @@ needs) or the CPU's (what a CPU step really runs)."""
 
 def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer of a run, in the implementation it asks for (``foreach`` by default, as
-    CUDA picks it).
+    CUDA picks it); ``in-backward``: an ``InBackwardOptimizer``, which updates each parameter
+    during the backward pass.
 
     ``adamw-8bit`` is bitsandbytes' ``AdamW8bit`` rebuilt in plain PyTorch (``optim8bit``).
     """
@@ -40,10 +41,19 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
             "check that the model's layers are registered as submodules (an nn.Module "
             "attribute or nn.ModuleList, not a plain list), or use --mode inference."
         )
+    if run.optimizer_impl == "in-backward":
+        return InBackwardOptimizer(run, params)
+    return _optimizer(run, params)
+
+
+def _optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """``make_optimizer``'s optimizer over ``params`` (``in-backward``: one parameter's, run
+    as a loop over its one parameter)."""
     # foreach=True: one kernel per operation over all parameters; False: a loop over them;
     # fused=True: one kernel per parameter group (foreach then stays unset, as torch asks)
-    foreach = {"foreach": True, "for-loop": False, "fused": None}[run.optimizer_impl]
-    fused = True if run.optimizer_impl == "fused" else None
+    impl = run.optimizer_impl
+    foreach = {"foreach": True, "for-loop": False, "fused": None, "in-backward": False}[impl]
+    fused = True if impl == "fused" else None
     if run.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=foreach, fused=fused)
     if run.optimizer == "adamw-8bit":
@@ -53,6 +63,46 @@ def make_optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.op
     if run.optimizer == "adafactor":
         return torch.optim.Adafactor(params, lr=1e-3, foreach=foreach)
     raise UnsupportedWorkload(f"Optimizer '{run.optimizer}' is not supported.")
+
+
+class InBackwardOptimizer(torch.optim.Optimizer):
+    """The optimizer step in the backward pass (``--optimizer-impl in-backward``), as
+    PyTorch's tutorial "How to save memory by fusing the optimizer step into the backward
+    pass" and torchtune's ``optimizer_in_bwd`` run it: one optimizer per parameter (the run's,
+    ``foreach=False`` as the tutorial builds it), stepped by the parameter's
+    ``register_post_accumulate_grad_hook`` as soon as its gradient is accumulated, which then
+    drops that gradient (``zero_grad(set_to_none=True)``). No full set of gradients ever
+    exists: at most the gradients the backward pass has produced and not yet handed to an
+    update.
+
+    To a training loop it is an ordinary optimizer: ``step`` does nothing (the updates ran in
+    the backward pass), ``zero_grad`` finds no gradients, and ``state`` holds every
+    parameter's state (the per-parameter optimizers share this one table), so the tracer and
+    the bench read it as they read any optimizer's. Gradient accumulation (the gradients must
+    persist across micro-steps), a ``GradScaler`` (it checks all gradients for infinities
+    before any update) and data-parallel gradient averaging (it runs after the backward
+    pass) cannot run with it: ``whichgpu.workloads.run_config`` refuses them."""
+
+    def __init__(self, run: RunConfig, params: list[torch.nn.Parameter]) -> None:
+        super().__init__(params, {})
+        self.optimizers: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}
+        self._handles = []
+        for param in params:
+            optimizer = _optimizer(run, [param])
+            optimizer.state = self.state  # one table: each writes only its parameter's
+            self.optimizers[param] = optimizer
+            update = param.register_post_accumulate_grad_hook
+            self._handles.append(update(self._update))  # type: ignore[no-untyped-call]
+
+    def _update(self, param: torch.Tensor) -> None:
+        """The hook: update ``param`` with its accumulated gradient, then drop the gradient."""
+        optimizer = self.optimizers[param]  # type: ignore[index]
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        """Nothing: every parameter was updated in the backward pass."""
+        del closure
 
 
 def step_loss(

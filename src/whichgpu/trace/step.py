@@ -339,7 +339,7 @@ def trace_built(
                 if run.mode != "train"
                 else ADAMW_8BIT_IMPLEMENTATION
                 if run.optimizer == "adamw-8bit"
-                else "foreach"
+                else run.optimizer_impl
             ),
             "autocast": (
                 "off: an fp16 model with fp32 master weights (fairseq's FP16Optimizer)"

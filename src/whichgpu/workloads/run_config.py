@@ -153,11 +153,40 @@ def run_config(**options: Any) -> RunConfig:
             f"PyTorch's Adafactor has no fused kernel: {option('optimizer_impl')} foreach or "
             "for-loop."
         )
+    if run.optimizer_impl == "in-backward":
+        _check_in_backward(run)
     if run.method == "full" and run.lora_targets:
         raise UsageError(f"{option('lora_targets')} needs {option('method')} lora or qlora.")
     if run.method == "full" and "lora_rank" in given:
         raise UsageError(f"{option('lora_rank')} needs {option('method')} lora or qlora.")
     return run
+
+
+def _check_in_backward(run: RunConfig) -> None:
+    """Refuse what cannot run with the optimizer step in the backward pass, where each
+    parameter is updated, and its gradient dropped, as soon as the gradient is ready."""
+    impl = f"{option('optimizer_impl')} in-backward"
+    if run.grad_accum > 1:
+        raise UsageError(
+            f"{impl} updates each parameter as soon as its gradient is ready, but "
+            f"{option('grad_accum')} {run.grad_accum} keeps the gradients across micro-steps "
+            "until one update: use one or the other."
+        )
+    if run.precision == "fp16":
+        raise UsageError(
+            f"{impl} cannot run with {option('precision')} fp16: its GradScaler checks every "
+            "gradient for infinities before any parameter is updated, and the updates in the "
+            f"backward pass happen before the last gradient exists. Use {option('precision')} "
+            "bf16."
+        )
+    if run.gpus > 1:
+        raise UsageError(
+            f"{impl} is modelled on one GPU only: with {option('gpus')} {run.gpus} the "
+            f"gradients are averaged (or, with {option('sharding')} zero2/fsdp, "
+            "reduce-scattered) across GPUs before an update, which the traced one-GPU step, "
+            "updating each parameter with its local gradient in the backward pass, does not "
+            "contain. Use one GPU or another implementation."
+        )
 
 
 def check_for_workload(run: RunConfig, info: WorkloadInfo) -> None:
