@@ -38,8 +38,8 @@ from whichgpu.catalog.stacks import get_stack
 from whichgpu.estimate import closed_form
 from whichgpu.estimate.closed_form import DEFAULT_POINTS, RESERVED_POINTS, cross_check
 from whichgpu.estimate.memory import StepMemory, workspace_reserved_bytes
+from whichgpu.profiles.stored import load_stored
 from whichgpu.schema import RunConfig
-from whichgpu.workloads.stored import load_stored
 
 DATA = Path(__file__).resolve().parents[1] / "src/whichgpu/estimate/data"
 PROFILES = "the stored bf16/fp32 AdamW profiles of gpt2*, llama*, mistral-7b, qwen2.5-*, bert-*"

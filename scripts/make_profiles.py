@@ -7,7 +7,7 @@ Run from the repository root with the torch extra installed:
     python scripts/make_profiles.py --mode inference llama-3.1-8b   # only its inference run
     python scripts/make_profiles.py --missing       # only runs with no stored profile yet
 
-Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.workloads.stored``)
+Writes ``src/whichgpu/workloads/profiles/<key>.json.gz`` (see ``whichgpu.profiles.stored``)
 and prints each workload's trace time. A test regenerates one profile and compares it.
 The replays shipped with the old files no longer apply: run ``scripts/warm_replays.py`` next
 (a test fails until it has run).
@@ -19,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import RunConfig
 from whichgpu.trace.scaling import ProfileNotScalable, trace_scalable
 from whichgpu.workloads import all_workloads, run_config
 from whichgpu.workloads.base import Workload
-from whichgpu.workloads.stored import profile_key
 
 OUT = Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "workloads" / "profiles"
 

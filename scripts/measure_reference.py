@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Any
 
 from whichgpu.api import bench
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import BenchResult
 from whichgpu.store import read_results_file, write_results_file
 from whichgpu.validate.measured import CPU_KERNEL_DIR
 from whichgpu.workloads import get_workload
-from whichgpu.workloads.stored import profile_key
 
 OUT_DIR = (
     Path(__file__).resolve().parent.parent / "src" / "whichgpu" / "validate" / "data" / "measured"

@@ -26,11 +26,11 @@ from typing import Any
 from whichgpu import api
 from whichgpu.catalog.stacks import shipped_stacks
 from whichgpu.estimate import replay_cache
+from whichgpu.profiles.stored import load_stem, stored_keys
 from whichgpu.ranking.presets import shipped_presets
 from whichgpu.schema import RunConfig
 from whichgpu.validate.memory import validate_memory
 from whichgpu.workloads import run_config
-from whichgpu.workloads.stored import load_stem, stored_keys
 
 OUT = (
     Path(__file__).resolve().parent.parent

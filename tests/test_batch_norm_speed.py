@@ -20,8 +20,9 @@ from whichgpu.estimate.throughput import (
     op_table,
     step_time,
 )
+from whichgpu.profiles.scalable import _decode_ops, _encode_ops
+from whichgpu.profiles.stored import load_stored
 from whichgpu.workloads import run_config
-from whichgpu.workloads.stored import _decode_ops, _encode_ops, load_stored
 
 
 def _resnet() -> object:

@@ -438,9 +438,9 @@ def test_bench_without_a_usable_guess_doubles_from_one() -> None:
 def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
     from whichgpu.api import _batch_guesser, fit
     from whichgpu.estimate.memory import largest_live_batch
+    from whichgpu.profiles.stored import load_stored
     from whichgpu.schema import BenchEnvironment
     from whichgpu.workloads import get_workload
-    from whichgpu.workloads.stored import load_stored
 
     def env(kind: str, name: str) -> BenchEnvironment:
         return BenchEnvironment.model_construct(
@@ -468,9 +468,9 @@ def test_the_api_guesses_the_largest_batch_from_a_stored_profile() -> None:
 def test_the_api_guesses_the_longest_sequence_from_a_stored_profile() -> None:
     from whichgpu.api import _seq_len_guesser, fit
     from whichgpu.estimate.memory import longest_live_seq
+    from whichgpu.profiles.stored import load_stored
     from whichgpu.schema import BenchEnvironment
     from whichgpu.workloads import get_workload
-    from whichgpu.workloads.stored import load_stored
 
     def env(kind: str, name: str) -> BenchEnvironment:
         return BenchEnvironment.model_construct(

@@ -12,12 +12,12 @@ import pytest
 from tests.conftest import run_cli
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate.profile_summary import live_peak
+from whichgpu.profiles.stored import profile_key
 from whichgpu.recipe.training import _saves_output
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.run_config import run_config
-from whichgpu.workloads.stored import profile_key
 from whichgpu.workloads.user import config_workload
 
 TINY_LLAMA = Path(__file__).parent / "fixtures" / "tiny-llama.json"

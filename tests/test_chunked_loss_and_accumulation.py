@@ -17,12 +17,12 @@ from whichgpu.errors import UsageError
 from whichgpu.estimate.prediction import accumulated
 from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.estimate.throughput import StepTime
+from whichgpu.profiles.stored import profile_key
 from whichgpu.recipe.training import step_loss
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import trace_step
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.hf import fused_linear_chunks
-from whichgpu.workloads.stored import profile_key
 
 FIXTURES = Path(__file__).parent / "fixtures"
 GPT2_VOCAB = 50257

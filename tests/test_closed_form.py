@@ -12,9 +12,9 @@ import pytest
 from whichgpu.errors import UnsupportedWorkload
 from whichgpu.estimate import closed_form as cf
 from whichgpu.estimate.memory import StepMemory
+from whichgpu.profiles.stored import load_stored
 from whichgpu.schema import RunConfig
 from whichgpu.workloads.registry import get_workload
-from whichgpu.workloads.stored import load_stored
 
 AMP = RunConfig(precision="bf16")
 

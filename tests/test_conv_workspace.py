@@ -13,9 +13,9 @@ import pytest
 import whichgpu.api as wg
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.estimate.memory import StepMemory
+from whichgpu.profiles.stored import load_stored
 from whichgpu.units import MIB
 from whichgpu.workloads import run_config
-from whichgpu.workloads.stored import load_stored
 
 
 def _memory() -> StepMemory:

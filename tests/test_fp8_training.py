@@ -12,7 +12,7 @@ import pytest
 from whichgpu.api import fit, predict
 from whichgpu.errors import UsageError
 from whichgpu.estimate.fp8 import Fp8Refused, fp8_linears, fp8_profile
-from whichgpu.workloads.stored import load_stem
+from whichgpu.profiles.stored import load_stem
 
 REFERENCE = Path(__file__).parent / "data" / "fp8_training_reference.json"
 LLAMA = "llama-3.1-8b_train_bf16_adamw"

@@ -16,10 +16,11 @@ from whichgpu.catalog.stacks import get_serving_engine, get_stack
 from whichgpu.cli import app, main
 from whichgpu.estimate.memory import capacity_of, kv_cache_bytes, weights_bytes
 from whichgpu.estimate.serving import kv_bytes_per_token, kv_heads, kv_on_one_gpu
+from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.profiles.stored import load_stored
 from whichgpu.trace.scaling import trace_scalable
 from whichgpu.workloads import run_config
 from whichgpu.workloads.hf import read_config
-from whichgpu.workloads.stored import ScalableProfile, load_stored
 from whichgpu.workloads.user import config_workload
 
 TINY_LLAMA = Path(__file__).parent / "fixtures" / "tiny-llama.json"

@@ -15,11 +15,11 @@ from whichgpu.bench.jobs import StepSpec
 from whichgpu.bench.session import TorchSession
 from whichgpu.errors import UsageError
 from whichgpu.estimate.profile_summary import live_peak
+from whichgpu.profiles.stored import profile_key
 from whichgpu.recipe.training import InBackwardOptimizer, make_optimizer
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import trace_step
 from whichgpu.workloads import get_workload, run_config
-from whichgpu.workloads.stored import profile_key
 
 GPT2_PARAMETERS = 124_439_808
 GPT2_EMBEDDING = 50257 * 768

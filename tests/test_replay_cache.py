@@ -11,7 +11,7 @@ from whichgpu import api
 from whichgpu.estimate import replay_cache
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, StepMemory
 from whichgpu.estimate.sharding import SINGLE_GPU
-from whichgpu.workloads.stored import load_stem, stored_digest, stored_keys
+from whichgpu.profiles.stored import load_stem, stored_digest, stored_keys
 
 STALE = "run scripts/warm_replays.py to replay the stored profiles again"
 

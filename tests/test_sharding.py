@@ -28,10 +28,10 @@ from whichgpu.estimate.sharding import (
     repeated_block,
     shard_bytes,
 )
+from whichgpu.profiles.stored import load_stored, profile_key
 from whichgpu.schema import Phase, RunConfig, Sharding, TensorCategory
 from whichgpu.units import MIB
 from whichgpu.workloads import run_config
-from whichgpu.workloads.stored import load_stored, profile_key
 
 STRATEGIES: tuple[Sharding, ...] = ("ddp", "zero2", "zero3", "fsdp")
 

@@ -6,16 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from whichgpu.profiles.scalable import ScalableProfile, solve_polynomials
+from whichgpu.profiles.stored import load_stored, profile_key, stored_keys
 from whichgpu.trace.scaling import trace_scalable
 from whichgpu.trace.step import trace_step
 from whichgpu.workloads import get_workload, run_config
-from whichgpu.workloads.stored import (
-    ScalableProfile,
-    load_stored,
-    profile_key,
-    solve_polynomials,
-    stored_keys,
-)
 from whichgpu.workloads.user import config_workload
 
 FIXTURES = Path(__file__).parent / "fixtures"

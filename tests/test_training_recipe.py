@@ -8,10 +8,10 @@ import pytest
 from tests.conftest import run_cli
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate.profile_summary import live_peak
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace import trace_step
 from whichgpu.workloads import get_workload, run_config
-from whichgpu.workloads.stored import profile_key
 
 BATCH, SEQ = 4, 256
 GPT2_VOCAB = 50257

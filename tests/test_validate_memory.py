@@ -9,6 +9,7 @@ from rich.console import Console, RenderableType
 from tests.conftest import run_cli
 from whichgpu.api import fit
 from whichgpu.estimate.memory import largest_live_batch
+from whichgpu.profiles.stored import load_stored
 from whichgpu.report.terminal import measured_memory_view
 from whichgpu.schema import BenchResult
 from whichgpu.units import GIB
@@ -21,7 +22,6 @@ from whichgpu.validate.measured import (
 )
 from whichgpu.validate.memory import compare, on_grid
 from whichgpu.workloads import run_config
-from whichgpu.workloads.stored import load_stored
 
 
 def run_rich(renderable: RenderableType) -> str:

@@ -12,6 +12,7 @@ import pytest
 from tests.conftest import run_cli
 from whichgpu.api import fit, predict
 from whichgpu.errors import UsageError
+from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.validate.h200 import h200_cases, h200_memory, h200_throughput
 from whichgpu.validate.llm_foundry import (
     PROFILE_DIR,
@@ -25,7 +26,6 @@ from whichgpu.validate.llm_foundry import (
 )
 from whichgpu.validate.memory import validate_memory
 from whichgpu.validate.summary import SOURCES, chosen_sources, error_summary
-from whichgpu.workloads.stored import ScalableProfile
 
 
 def test_h200_cases_map_to_runs() -> None:

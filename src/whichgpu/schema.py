@@ -470,6 +470,8 @@ Sharding = Literal["ddp", "zero2", "zero3", "fsdp"]
 """How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
 (gradients and optimizer state split), ``zero3``/``fsdp`` (parameters split too)."""
 ThroughputUnit = Literal["images", "tokens", "sequences", "samples"]
+DEFAULT_NEW_TOKENS = 128
+"""Tokens generated per sequence when an inference run of a language model gives none."""
 
 
 class RunConfig(_Frozen):

@@ -16,11 +16,12 @@ from whichgpu.api.fit import fit
 from whichgpu.api.step import is_registered, select
 from whichgpu.catalog import load_catalog
 from whichgpu.errors import UsageError, require_positive
+from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.profiles.stored import load_stored
 from whichgpu.schema import BenchEnvironment, BenchResult, MemoryEstimate, RunConfig
 from whichgpu.tabular import ResultList
 from whichgpu.workloads import check_for_workload, run_config
 from whichgpu.workloads.base import Workload
-from whichgpu.workloads.stored import ScalableProfile, load_stored
 
 if TYPE_CHECKING:
     from whichgpu.bench.jobs import BenchProgress

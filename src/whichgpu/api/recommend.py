@@ -27,6 +27,7 @@ from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError, option
+from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.ranking.question import Asked as QuestionAsked
 from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
 from whichgpu.schema import (
@@ -40,7 +41,6 @@ from whichgpu.schema import (
 )
 from whichgpu.workloads import check_for_workload, run_config
 from whichgpu.workloads.base import Workload
-from whichgpu.workloads.stored import ScalableProfile
 
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog

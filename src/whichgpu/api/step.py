@@ -20,13 +20,14 @@ from whichgpu.api.requests import Target
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError, option
 from whichgpu.numbers import significant
+from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.profiles.stored import load_stored, profile_key
 from whichgpu.schema import GpuSpec, RunConfig, SoftwareStack
 from whichgpu.workloads import check_for_workload, select_workload
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import read_config
 from whichgpu.workloads.registry import get_workload
 from whichgpu.workloads.run_config import inference_context
-from whichgpu.workloads.stored import ScalableProfile, load_stored, profile_key
 
 if TYPE_CHECKING:
     from whichgpu.estimate.memory import StepMemory

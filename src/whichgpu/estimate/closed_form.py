@@ -866,7 +866,7 @@ def cross_check(
     Imports the traced path's replay (numpy), not torch.
     """
     from whichgpu.estimate.memory import StepMemory
-    from whichgpu.workloads.stored import load_stored
+    from whichgpu.profiles.stored import load_stored
 
     names = list(workloads) if workloads is not None else closed_form_workloads()
     run_list = (

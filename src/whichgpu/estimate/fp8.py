@@ -39,8 +39,8 @@ from fractions import Fraction
 import numpy as np
 
 from whichgpu.errors import UsageError, option
+from whichgpu.profiles.scalable import CATEGORIES, Polynomials, ScalableProfile, StoredOp
 from whichgpu.schema import GpuSpec, RunConfig, Vendor
-from whichgpu.workloads.stored import CATEGORIES, Polynomials, ScalableProfile, StoredOp
 
 TRACED_PRECISION = "bf16"
 """The precision of the step an fp8 run is derived from (AMP over fp32 parameters)."""

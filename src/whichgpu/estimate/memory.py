@@ -42,6 +42,7 @@ from whichgpu.estimate.sharding import (
     make_plan,
     rank_events,
 )
+from whichgpu.profiles.scalable import CATEGORIES, ScalableProfile
 from whichgpu.schema import (
     GpuSpec,
     MemoryCategory,
@@ -55,7 +56,6 @@ from whichgpu.schema import (
     Vendor,
 )
 from whichgpu.units import GIB, MIB
-from whichgpu.workloads.stored import CATEGORIES, ScalableProfile
 
 MAX_BATCH_LIMIT = 65536
 """The batch search stops here (``max_batch_capped`` says so)."""

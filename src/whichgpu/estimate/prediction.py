@@ -40,8 +40,8 @@ from whichgpu.estimate.throughput import (
     split_work,
     step_time,
 )
+from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
-from whichgpu.workloads.stored import ScalableProfile
 
 
 @dataclass(frozen=True)

@@ -33,14 +33,8 @@ from typing import TYPE_CHECKING, Any
 from whichgpu.estimate.memory import REPLAY_MODEL_VERSION, Replay, ReplayKey, StepMemory
 from whichgpu.estimate.sharding import Parallel
 from whichgpu.files import write_json_gz_atomically
-from whichgpu.workloads.profile_cache import replays_path
-from whichgpu.workloads.stored import (
-    CATEGORIES,
-    ScalableProfile,
-    load_stem,
-    profiles_dir,
-    stored_digest,
-)
+from whichgpu.profiles.scalable import CATEGORIES, ScalableProfile
+from whichgpu.profiles.stored import load_stem, profiles_dir, replays_path, stored_digest
 
 if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
     from importlib.abc import Traversable

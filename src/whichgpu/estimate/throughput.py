@@ -50,9 +50,9 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.errors import MissingRates
+from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, Precision
 from whichgpu.units import GB, tflops_to_flops
-from whichgpu.workloads.stored import ScalableProfile
 
 Engine = Literal["tensor", "tf32", "vector"]
 """Where a matrix operator runs: FP16/BF16 tensor cores, TF32 tensor cores, FP32 vector units."""

@@ -1,6 +1,6 @@
 """Trace a workload at a few sizes and solve its profile as polynomials of batch and length.
 
-See ``whichgpu.workloads.stored`` for the model. Grid: batch sizes 2 and 3 (see ``FIRST_BATCH``)
+See ``whichgpu.profiles.scalable`` for the model. Grid: batch sizes 2 and 3 (see ``FIRST_BATCH``)
 and, for sequence models, lengths ``L/4, L/2, 3L/4`` of the default ``L`` (not ``L`` itself:
 at a model's largest length, slicing position tables becomes aliasing, a different operator);
 the check point is ``(4, 3L/8)``; a chunked loss rounds ``L/8`` up to a multiple of its
@@ -21,15 +21,7 @@ from collections.abc import Callable
 import numpy as np
 
 from whichgpu.errors import WorkloadError
-from whichgpu.recipe.training import Kernels
-from whichgpu.schema import RunConfig, StepProfile
-from whichgpu.trace import depth
-from whichgpu.trace.recorder import canonical_events
-from whichgpu.trace.step import trace_step
-from whichgpu.workloads.base import Workload
-from whichgpu.workloads.hf import loss_chunk_multiple
-from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
-from whichgpu.workloads.stored import (
+from whichgpu.profiles.scalable import (
     CATEGORIES,
     FIXED_BASIS,
     SEQUENCE_BASIS,
@@ -38,6 +30,14 @@ from whichgpu.workloads.stored import (
     StoredOp,
     solve_polynomials,
 )
+from whichgpu.recipe.training import Kernels
+from whichgpu.schema import RunConfig, StepProfile
+from whichgpu.trace import depth
+from whichgpu.trace.recorder import canonical_events
+from whichgpu.trace.step import trace_step
+from whichgpu.workloads.base import Workload
+from whichgpu.workloads.hf import loss_chunk_multiple
+from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 FIRST_BATCH = 2
 """Smallest traced batch. A batch of one is special: tensors with a dimension of one are often

@@ -38,6 +38,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.errors import WhichGpuError
+from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import FsdpFitCase, ReferenceThroughputCase, RunConfig
 from whichgpu.validate.timing import UNFIT_NOTE, fit_options, predict_even_if_unfit
 from whichgpu.workloads import run_config
@@ -49,7 +51,6 @@ from whichgpu.workloads.profile_cache import (
     package_files,
     traced_run,
 )
-from whichgpu.workloads.stored import ScalableProfile, profile_key
 
 if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
     from importlib.abc import Traversable

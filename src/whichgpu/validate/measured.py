@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from whichgpu.errors import UsageError
 from whichgpu.estimate.memory import largest_live_batch
+from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import (
     BenchResult,
     MeasuredMemoryCase,
@@ -41,7 +43,6 @@ from whichgpu.schema import (
     Verdict,
 )
 from whichgpu.store import read_results_file
-from whichgpu.workloads.stored import ScalableProfile, profile_key
 
 if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
     from importlib.abc import Traversable

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import WhichGpuError
+from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import (
     FsdpFitCase,
     MeasuredMemoryCase,
@@ -34,7 +35,6 @@ from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
 from whichgpu.validate.measured import measured_cases
 from whichgpu.validate.summary import SOURCES, count_summary, error_summary
 from whichgpu.workloads import get_workload, run_config
-from whichgpu.workloads.stored import profile_key
 
 LAMBDA_STACK = "lambda-2020"
 

@@ -55,6 +55,7 @@ from whichgpu.estimate.throughput import (
     with_values,
     workload_type,
 )
+from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import (
     BenchResult,
     ErrorStats,
@@ -68,7 +69,6 @@ from whichgpu.schema import (
 from whichgpu.validate.lambda2020 import LAMBDA_MODELS, lambda_rows
 from whichgpu.validate.summary import SOURCES, error_summary
 from whichgpu.workloads import get_workload, run_config
-from whichgpu.workloads.stored import ScalableProfile
 
 
 @dataclass(frozen=True)

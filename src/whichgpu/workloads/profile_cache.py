@@ -47,12 +47,13 @@ from typing import TYPE_CHECKING, Any
 
 from whichgpu import settings
 from whichgpu.files import write_json_gz_atomically
+from whichgpu.profiles.stored import replays_path
 from whichgpu.schema import RunConfig
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
 
 if TYPE_CHECKING:
-    from whichgpu.workloads.stored import ScalableProfile
+    from whichgpu.profiles.scalable import ScalableProfile
 
 CACHE_FORMAT = "whichgpu-trace-cache"
 CACHE_VERSION = 1
@@ -221,7 +222,7 @@ def _active_key(workload: Workload, run: RunConfig, *, named: bool) -> dict[str,
 def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> ScalableProfile | None:
     """The profile kept for ``workload`` and ``run``, or None (none kept, the cache is off,
     or the file cannot be read: a new trace then replaces it)."""
-    from whichgpu.workloads.stored import ScalableProfile
+    from whichgpu.profiles.scalable import ScalableProfile
 
     key = _active_key(workload, run, named=named)
     if key is None:
@@ -347,12 +348,6 @@ def clear_cache(*, stale_only: bool = False) -> tuple[int, int]:
         gone += 1
         bytes_freed += kept.size_bytes
     return gone, bytes_freed
-
-
-def replays_path(path: Path) -> Path:
-    """The file of the replays kept beside the profile file ``path``
-    (``estimate.replay_cache``)."""
-    return path.with_name(path.name.removesuffix(".json.gz") + ".replays.json.gz")
 
 
 @functools.lru_cache(maxsize=1)

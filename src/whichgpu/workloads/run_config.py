@@ -9,9 +9,7 @@ from pydantic import ValidationError
 
 from whichgpu.errors import UnsupportedWorkload, UsageError, option
 from whichgpu.schema import CHECKPOINTING_POLICY_PATTERN, RunConfig, WorkloadInfo
-
-DEFAULT_NEW_TOKENS = 128
-"""Tokens generated per sequence when an inference run of a language model gives none."""
+from whichgpu.schema import DEFAULT_NEW_TOKENS as DEFAULT_NEW_TOKENS  # re-exported: its old home
 
 LARGEST_SIZE = 2**24
 """Largest batch, length, rank or count a run may give (16,777,216): past it no GPU machine

@@ -1,4 +1,4 @@
-"""Step profiles as exact polynomials of batch size and sequence length; stored for named workloads.
+"""Step profiles as exact polynomials of batch size and sequence length, and their file format.
 
 A traced step is a fixed sequence of operators and allocations whose *sizes* depend on the
 batch size ``b`` and the sequence length ``L``: an activation is ``b x L x hidden x 2`` bytes,
@@ -13,12 +13,12 @@ attention dimensions) is therefore a polynomial in ``b`` and ``L`` of low degree
 ``whichgpu.trace.scaling`` traces the grid, checks that every trace has the same operators
 and allocations in the same order, solves for the coefficients exactly (rationals), and
 confirms them against one more trace off the grid. The result, a ``ScalableProfile``, answers
-for any ``(b, L)`` without torch: named workloads ship one per stored run configuration in
-``profiles/`` (written by ``scripts/make_profiles.py``). The coefficients are exact where
-the model's code is polynomial in the sizes — verified at the check point, and reported as
-``check_point`` — so sizes between and beyond the traced points are exact too unless the model
-switches code paths there (say, a sliding attention window); ``trace_points`` say what was
-traced.
+for any ``(b, L)`` without torch: named workloads ship one per stored run configuration
+(``whichgpu.profiles.stored``, written by ``scripts/make_profiles.py``). The coefficients are
+exact where the model's code is polynomial in the sizes — verified at the check point, and
+reported as ``check_point`` — so sizes between and beyond the traced points are exact too
+unless the model switches code paths there (say, a sliding attention window); ``trace_points``
+say what was traced.
 
 This module is pure Python + numpy; it never imports torch.
 """
@@ -27,15 +27,13 @@ from __future__ import annotations
 
 import functools
 import gzip
-import hashlib
 import itertools
 import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, get_args
+from typing import Any, get_args
 
 import numpy as np
 import numpy.typing as npt
@@ -52,10 +50,6 @@ from whichgpu.schema import (
     TensorCategory,
     ThroughputUnit,
 )
-from whichgpu.workloads.run_config import DEFAULT_NEW_TOKENS
-
-if TYPE_CHECKING:  # importlib.abc's home of Traversable moves in later Pythons
-    from importlib.abc import Traversable
 
 FORMAT = "whichgpu-scalable-profile"
 FORMAT_VERSION = 1
@@ -432,90 +426,3 @@ def _invert(matrix: list[list[Fraction]]) -> list[list[Fraction]]:
                 factor = aug[r][col]
                 aug[r] = [a - factor * b for a, b in zip(aug[r], aug[col], strict=True)]
     return [row[n:] for row in aug]
-
-
-# --- stored profiles of named workloads ------------------------------------------------------
-
-PROFILE_DIR = "profiles"
-"""Package directory (under ``whichgpu.workloads``) of the stored profiles."""
-
-
-def profile_key(workload: str, run: RunConfig) -> str:
-    """File stem of a stored profile: the workload and what of the run changes the trace.
-
-    Training: ``<workload>_train_<precision>_<optimizer>[_forloop|_fused]
-    [_fusedce|_chunkedce|_fusedlinearce][_ckpt|_ckptevery<N>|_ckptselective][_<method><rank>]
-    [_accum]`` (the optimizer's implementation, the loss kernel and the checkpointing policy
-    when not the default; ``accum`` for gradient accumulation, whose traced micro-step is the
-    same for every count above one: the gradients of the earlier micro-steps present). Inference:
-    ``<workload>_inference_<precision>_new<new tokens>`` — the concurrency and the context are
-    the profile's variables, the generated tokens are fixed (default ``DEFAULT_NEW_TOKENS``).
-    A TF32 run is the FP32 step (TF32 is how the GPU multiplies FP32 matrices: the same
-    operators, tensors and bytes), so it takes the FP32 profile.
-    """
-    precision = "fp32" if run.precision == "tf32" else run.precision
-    if run.mode == "inference":
-        return f"{workload}_inference_{precision}_new{run.new_tokens or DEFAULT_NEW_TOKENS}"
-    parts = [workload, run.mode, precision, run.optimizer]
-    if run.optimizer_impl != "foreach":
-        parts.append(run.optimizer_impl.replace("-", ""))
-    if run.loss_kernel != "torch":
-        parts.append(f"{run.loss_kernel.replace('-', '')}ce")
-    if run.checkpointing:
-        policy = run.checkpointing_policy
-        parts.append("ckpt" if policy == "full" else f"ckpt{policy.replace('-', '')}")
-    if run.method != "full":
-        parts.append(f"{run.method}{run.lora_rank}")
-    if run.grad_accum > 1:
-        parts.append("accum")
-    return "_".join(parts)
-
-
-def storable(run: RunConfig) -> bool:
-    """Whether stored profiles can answer for ``run`` (default LoRA targets; training, or
-    inference of the whole model)."""
-    return not run.lora_targets and (run.mode == "train" or run.method == "full")
-
-
-def load_stored(workload: str, run: RunConfig) -> ScalableProfile | None:
-    """The stored profile of a named workload for ``run``, or None if none is shipped (read
-    once per process: the same object is returned again, its arrays read-only)."""
-    if not storable(run):
-        return None
-    return load_stem(profile_key(workload, run))
-
-
-def profiles_dir() -> Traversable:
-    """The package directory of the stored profiles."""
-    return resources.files("whichgpu.workloads").joinpath(PROFILE_DIR)
-
-
-@functools.lru_cache(maxsize=64)
-def load_stem(stem: str) -> ScalableProfile | None:
-    """The stored profile whose file stem is ``stem`` (``profile_key``), or None."""
-    ref = profiles_dir().joinpath(stem + ".json.gz")
-    if not ref.is_file():
-        return None
-    with resources.as_file(ref) as path:
-        profile = ScalableProfile.load(path)
-    profile.events.flags.writeable = False
-    return profile
-
-
-def stored_digest(stem: str) -> str | None:
-    """SHA-256 of the stored profile file ``stem`` (what replays computed from it name), or
-    None if there is none."""
-    ref = profiles_dir().joinpath(stem + ".json.gz")
-    if not ref.is_file():
-        return None
-    return hashlib.sha256(ref.read_bytes()).hexdigest()
-
-
-def stored_keys() -> list[str]:
-    """Stems of every stored profile."""
-    ref = profiles_dir()
-    if not ref.is_dir():
-        return []
-    return sorted(
-        p.name.removesuffix(".json.gz") for p in ref.iterdir() if p.name.endswith(".json.gz")
-    )
