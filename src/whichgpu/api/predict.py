@@ -391,45 +391,20 @@ def serving_speed_on_gpu(
         gpu, rates, run.precision, gpus=n, kv_heads_total=step.kv_heads or 0, path=path
     )
     speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
-    decode = speed.decode(concurrency, context, new)
-    at = speed.point(concurrency, context, new)
-    tpot_ms, ttft_ms = targets_ms
-    within = None
-    if tpot_ms is not None or ttft_ms is not None:
-        within = speed.largest_within(
-            limit if limit is not None else concurrency,
-            context,
-            new,
-            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
-            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
-        )
-    hourly = per_million = source = None
+    hourly = source = None
     try:
         price = cloud_price(catalog, gpu, gpus=n)
     except UsageError:
         price = None
     if price is not None:
         hourly = price.usd
-        if at.output_tokens_per_s:
-            per_million = price.usd * n / (at.output_tokens_per_s * 3600) * 1e6
         source = price_note(price)
-    ladder = concurrency_ladder(concurrency, limit)
     quantized: tuple[str, ...] = ()
     if path is not None:
         quantized = (
             f"weights: {path.label}, {shape.weights_bytes / 2**30:.2f} GiB in all (the "
             "decode step reads these bytes); the engine runs it on this GPU per "
             f"{path.source}",
-        )
-    moe: tuple[str, ...] = ()
-    if shape.experts:
-        moe = (
-            f"mixture of experts: a step of B tokens reads the weights outside the experts "
-            f"once and, per layer, the distinct experts its tokens are routed to, "
-            f"{shape.experts} x (1 - (1 - {shape.experts_per_token}/{shape.experts})^B) of "
-            f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
-            f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
-            f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
         )
     if new == 0:  # prefill-only requests: no decode step
         return prefill_only_speed(
@@ -443,6 +418,32 @@ def serving_speed_on_gpu(
             usd_per_gpu_hour=hourly,
             price_source=source,
             notes=(*quantized, *rate_notes),
+        )
+    decode = speed.decode(concurrency, context, new)
+    at = speed.point(concurrency, context, new)
+    tpot_ms, ttft_ms = targets_ms
+    within = None
+    if tpot_ms is not None or ttft_ms is not None:
+        within = speed.largest_within(
+            limit if limit is not None else concurrency,
+            context,
+            new,
+            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        )
+    per_million = None
+    if hourly is not None:
+        per_million = hourly * n / (at.output_tokens_per_s * 3600) * 1e6
+    ladder = concurrency_ladder(concurrency, limit)
+    moe: tuple[str, ...] = ()
+    if shape.experts:
+        moe = (
+            f"mixture of experts: a step of B tokens reads the weights outside the experts "
+            f"once and, per layer, the distinct experts its tokens are routed to, "
+            f"{shape.experts} x (1 - (1 - {shape.experts_per_token}/{shape.experts})^B) of "
+            f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
+            f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
+            f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
         )
     return ServingSpeed(
         engine=engine.id,

@@ -129,7 +129,7 @@ def fast_estimate_on_gpu(
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
     workspace_bytes = workspace_reserved_bytes(workspaces)
-    outside = outside_allocator(stack, convolutions=False, gpus=run.gpus)
+    outside = outside_allocator(stack, gpus=run.gpus)
     outside_bytes = sum(outside.values())
 
     shape = cf.parse_config(config)

@@ -40,7 +40,7 @@ import numpy as np
 
 from whichgpu.errors import UsageError, option
 from whichgpu.profiles.scalable import CATEGORIES, Polynomials, ScalableProfile, StoredOp
-from whichgpu.schema import GpuSpec, RunConfig, Vendor
+from whichgpu.schema import GpuSpec, OpKind, Phase, RunConfig, Vendor
 
 TRACED_PRECISION = "bf16"
 """The precision of the step an fp8 run is derived from (AMP over fp32 parameters)."""
@@ -312,39 +312,33 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
     zero = table.constant(0)
     scale_bytes = table.constant(4)
     inserted: dict[int, list[StoredOp]] = {}
+
+    def cast_op(name: str, kind: OpKind, phase: Phase, elements: int, written: int) -> StoredOp:
+        """One kernel of a cast: it reads the bf16 tensor of ``elements`` elements."""
+        return StoredOp(
+            name=name,
+            kind=kind,
+            phase=phase,
+            dtype="bfloat16",
+            flops=zero,
+            bytes_read=table.scaled(elements, 2),
+            bytes_written=written,
+            gemm_bmnk=None,
+            conv=None,
+            attention=None,
+        )
+
     for gemm in gemms:
         phase = ops[gemm.index].phase
-        made: list[StoredOp] = []
-        for elements in gemm.casts:
-            made.append(
-                StoredOp(
-                    name="whichgpu.fp8_amax",
-                    kind="reduction",
-                    phase=phase,
-                    dtype="bfloat16",
-                    flops=zero,
-                    bytes_read=table.scaled(elements, 2),
-                    bytes_written=scale_bytes,
-                    gemm_bmnk=None,
-                    conv=None,
-                    attention=None,
-                )
+        # each cast: a max-abs reduction (writes the scale), then the scaled 1-byte copy
+        inserted[gemm.index] = [
+            op
+            for elements in gemm.casts
+            for op in (
+                cast_op("whichgpu.fp8_amax", "reduction", phase, elements, scale_bytes),
+                cast_op("whichgpu.fp8_cast", "elementwise", phase, elements, elements),
             )
-            made.append(
-                StoredOp(
-                    name="whichgpu.fp8_cast",
-                    kind="elementwise",
-                    phase=phase,
-                    dtype="bfloat16",
-                    flops=zero,
-                    bytes_read=table.scaled(elements, 2),
-                    bytes_written=elements,
-                    gemm_bmnk=None,
-                    conv=None,
-                    attention=None,
-                )
-            )
-        inserted[gemm.index] = made
+        ]
 
     # the new operator list, and where each old operator moved
     new_ops: list[StoredOp] = []

@@ -440,12 +440,10 @@ def tensor_parallel_saving(
     return weights * (gpus - 1) // gpus + kv - kv_on_one_gpu(kv, kv_head_count, gpus)
 
 
-def outside_allocator(stack: SoftwareStack, *, convolutions: bool, gpus: int) -> dict[str, int]:
+def outside_allocator(stack: SoftwareStack, *, gpus: int) -> dict[str, int]:
     """What the process holds outside the caching allocator, by name: the CUDA context and
     NCCL buffers when more than one GPU trains (each from ``stack``). cuDNN's workspaces are
-    served by the allocator (``StepMemory.conv_workspace_bytes``); ``convolutions`` is kept
-    for callers that ask."""
-    del convolutions
+    served by the allocator (``StepMemory.conv_workspace_bytes``)."""
     outside = {"cuda_context": stack.cuda_context_bytes}
     if gpus > 1:
         outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
@@ -577,7 +575,7 @@ def estimate_on_gpu(
         raise UsageError("A sequence length is needed for this workload (--seq-len).")
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
-    outside = outside_allocator(stack, convolutions=memory.has_convolutions, gpus=run.gpus)
+    outside = outside_allocator(stack, gpus=run.gpus)
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
     parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
@@ -619,7 +617,9 @@ def estimate_on_gpu(
 
     # the extra does not depend on the batch's being zero or not, only on the GPU and length
     attention_differs = attention_bytes(1) > 0
-    if tensor or attention_differs or memory.has_convolutions:
+    # cuDNN's workspace takes only the room a batch leaves (``reserved_at``), so it never moves
+    # the largest batch: the memoised search over the replays answers for convolutions too
+    if tensor or attention_differs:
         max_batch, capped = largest_batch(reserved_at, budget)
     else:
         max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
