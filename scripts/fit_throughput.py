@@ -36,6 +36,7 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.catalog import load_catalog
+from whichgpu.catalog.stacks import get_stack
 from whichgpu.estimate.throughput import (
     FIT_FIELDS,
     OpTable,
@@ -96,7 +97,9 @@ def _case(
     table: OpTable,
     measured: float,
     unit: str,
+    stack: str | None = None,
 ) -> ThroughputCase:
+    """One of today's runs on ``gpu_id`` under the software ``stack`` (None: the default)."""
     catalog = load_catalog()
     gpu = catalog.resolve(gpu_id)
     reference = gpu_rates(catalog.get(load_parameters().host_reference_gpu))
@@ -107,7 +110,7 @@ def _case(
         gpu=gpu,
         precision=precision,
         table=table,
-        rates=gpu_rates(gpu),
+        rates=gpu_rates(gpu, get_stack(stack)),
         measured=measured,
         unit=unit,
         reference=reference,
@@ -151,7 +154,7 @@ def foundry_cases() -> list[TodayCase]:
     the published tokens/s per GPU. FSDP's gathers and reduce-scatters hide behind the step
     (``estimate.data_parallel``: under 0.1 % of these steps is exposed), so no exchange time."""
     from whichgpu.api import _prepare, _select
-    from whichgpu.validate.llm_foundry import compared_runs, config_file, place_profile
+    from whichgpu.validate.llm_foundry import STACK, compared_runs, config_file, place_profile
 
     out = []
     for r in compared_runs():
@@ -168,6 +171,7 @@ def foundry_cases() -> list[TodayCase]:
             table,
             r.tokens_per_s_per_gpu,
             "tokens/s",
+            STACK,
         )
         out.append(TodayCase(FOUNDRY_SOURCE, r.case, case))
     return out

@@ -62,7 +62,11 @@ def test_stacks_are_sourced() -> None:
     stacks = shipped_stacks()
     assert sum(s.default for s in stacks) == 1
     for stack in stacks:
-        assert set(stack.provenance) >= {"cuda_context_bytes", "cublas_workspace_bytes"}
+        assert set(stack.provenance) >= {
+            "cuda_context_bytes",
+            "cublas_workspace_bytes",
+            "hopper_attention_percent",
+        }
     default = get_stack()
     assert default.cublas_workspace_bytes == 4096 * 1024 * 2 + 16 * 1024 * 8
     with pytest.raises(UsageError, match="Known stacks: pytorch2-cuda12"):

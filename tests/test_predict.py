@@ -549,6 +549,34 @@ def test_a_16_bit_gemm_off_the_16_byte_alignment_is_marked_and_runs_slower() -> 
     assert merged.weights[merged.misaligned].sum() == 3  # two identical rows merged into one
 
 
+def test_attention_kernels_of_amperes_instructions_run_at_the_stacks_share_on_hopper() -> None:
+    from whichgpu.catalog.stacks import get_stack
+
+    catalog = load_catalog()
+    table = _table(["gemm", "attention"], ["bfloat16", "bfloat16"], [1e12, 1e12], [0, 0])
+    foundry = get_stack("llm-foundry-2023")
+    assert foundry.hopper_attention_percent == 50
+    h100 = gpu_rates(catalog.resolve("h100-sxm"), foundry)
+    assert h100.attention_rate_share == 0.5
+    peak, _ = matrix_engines(table, h100, "bf16")
+    assert peak[0] == h100.bf16_tensor_flops_per_s and peak[1] == peak[0] * 0.5
+    # an Ampere GPU runs the same kernel at its own rate; today's stack is Hopper's own
+    assert gpu_rates(catalog.resolve("a100-sxm4-80gb"), foundry).attention_rate_share == 1.0
+    assert gpu_rates(catalog.resolve("h100-sxm"), get_stack()).attention_rate_share == 1.0
+    # through predict: slower on the H100 under that stack, unchanged on the A100
+    options = {"batch_size": 4, "seq_len": 1024, "precision": "bf16"}
+    hopper = [
+        predict("gpt2", gpus=["h100-sxm"], stack=stack, **options)[0].throughput
+        for stack in (None, "llm-foundry-2023")
+    ]
+    ampere = [
+        predict("gpt2", gpus=["a100-sxm4-80gb"], stack=stack, **options)[0].throughput
+        for stack in (None, "llm-foundry-2023")
+    ]
+    assert hopper[0] is not None and hopper[1] is not None and hopper[1] < hopper[0]
+    assert ampere[0] == ampere[1]
+
+
 def test_batch_norm_reads_twice_and_half_precision_nchw_convolutions_transpose() -> None:
     from whichgpu.estimate.throughput import (
         EXTRA_READS,

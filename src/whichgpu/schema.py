@@ -839,6 +839,11 @@ class SoftwareStack(_Frozen):
     largest of a step's is added to its peak reserved bytes."""
     nccl_bytes_per_gpu: int
     """NCCL buffers per GPU when more than one GPU trains, outside the allocator."""
+    hopper_attention_percent: int = 100
+    """The rate of the stack's attention kernels on Hopper (compute capability 9.x), as a
+    percentage of the rate a kernel written for Hopper reaches there: 100 where its kernels use
+    Hopper's warpgroup matrix instructions, less where they are Ampere's, which Hopper runs
+    at a fraction of its tensor peak. The only speed figure of a stack; the rest is memory."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 

@@ -274,7 +274,7 @@ def _speeds(
             untimed.append((gpu.name, Fp8Refused(why)))
             continue
         try:
-            rates = gpu_rates(gpu)
+            rates = gpu_rates(gpu, asked.software)
         except MissingRates as exc:
             if len(targets) == 1:
                 raise
@@ -567,7 +567,7 @@ def calibration_of(
     alone = ThroughputPredictor(
         step.profile, one_gpu, family=chosen.info.family, method=step.method
     )
-    prediction = alone.on_gpu(reference, gpu_rates(reference), at_batch)
+    prediction = alone.on_gpu(reference, gpu_rates(reference, software), at_batch)
     if prediction.throughput is None:
         raise UsageError(
             f"--calibrate: the measured batch {result.batch_size} does not fit "

@@ -355,7 +355,7 @@ def _option(
         speed_unknown = refused
     elif memory.fits:
         try:
-            rates = gpu_rates(gpu)
+            rates = gpu_rates(gpu, software)
             speed = timer.on_gpu(gpu, rates, memory)
             if engine is not None:
                 served = serving_speed_on_gpu(

@@ -1,4 +1,5 @@
-"""Software stacks: the memory a process holds outside PyTorch's allocator, as sourced data.
+"""Software stacks: the memory a process holds outside PyTorch's allocator, and the one speed
+figure that depends on the stack's kernels (its attention on Hopper), as sourced data.
 
 Read from ``data/v1/stacks/*.yaml``; every value is a scalar or ``{value, source, confidence,
 note}`` like the GPU records, and sources come from the same source table. Sizes are written in
@@ -26,6 +27,7 @@ _VALUE_FIELDS = {
     "cublaslt_workspace_bytes": ("cublaslt_workspace_bytes", 1),
     "cudnn_workspace_percent": ("cudnn_workspace_percent", 1),
     "nccl_mib_per_gpu": ("nccl_bytes_per_gpu", MIB),
+    "hopper_attention_percent": ("hopper_attention_percent", 1),
 }
 
 

@@ -51,7 +51,7 @@ import numpy.typing as npt
 
 from whichgpu.errors import MissingRates
 from whichgpu.profiles.scalable import ScalableProfile
-from whichgpu.schema import GpuSpec, Precision
+from whichgpu.schema import GpuSpec, Precision, SoftwareStack
 from whichgpu.units import GB, tflops_to_flops
 
 Engine = Literal["tensor", "tf32", "vector"]
@@ -845,11 +845,16 @@ class GpuRates:
     fp8_tensor_flops_per_s: float | None = None
     """FP8 tensor peak, dense (None: no fp8 tensor cores); fp8 training's GEMMs
     (``estimate.fp8``)."""
+    attention_rate_share: float = 1.0
+    """The share of the tensor rate the software's fused attention kernels reach here against
+    a kernel written for this GPU (``SoftwareStack.hopper_attention_percent`` on Hopper; 1
+    elsewhere)."""
 
 
-def gpu_rates(gpu: GpuSpec) -> GpuRates:
+def gpu_rates(gpu: GpuSpec, software: SoftwareStack | None = None) -> GpuRates:
     """The catalog figures the model uses, of one device (``GpuSpec.one_device``: what one
-    process runs on); ``UsageError`` naming what is missing."""
+    process runs on), under ``software`` (None: kernels written for the GPU); ``UsageError``
+    naming what is missing."""
     gpu = gpu.one_device()
     missing = [
         name
@@ -875,7 +880,15 @@ def gpu_rates(gpu: GpuSpec) -> GpuRates:
         bandwidth_bytes_per_s=gpu.memory_bandwidth_gbps * GB,
         sm_count=gpu.sm_count,
         fp8_tensor_flops_per_s=rate(gpu.fp8_tensor_tflops),
+        attention_rate_share=_attention_rate_share(gpu, software),
     )
+
+
+def _attention_rate_share(gpu: GpuSpec, software: SoftwareStack | None) -> float:
+    """``GpuRates.attention_rate_share`` of ``gpu`` under ``software``: the stack's Hopper
+    figure on compute capability 9.x, 1 on every other GPU (no figure is known there)."""
+    hopper = (gpu.compute_capability or "").split(".")[0] == "9"
+    return software.hopper_attention_percent / 100 if software and hopper else 1.0
 
 
 def matrix_engines(
@@ -893,7 +906,9 @@ def matrix_engines(
     FP32 units (not on GeForce Ampere and Ada, which rate both the same).
 
     A 16-bit matrix operator with a dimension off the 16-byte alignment (``table.misaligned``)
-    reaches ``misaligned_efficiency`` of its tensor rate (default: the shipped constant).
+    reaches ``misaligned_efficiency`` of its tensor rate (default: the shipped constant). A
+    fused attention operator reaches ``rates.attention_rate_share`` of its engine's rate (its
+    kernel's instructions against the GPU's: Ampere's on Hopper run at about half).
     """
     n = len(table.kinds)
     peak = np.full(n, rates.vector_flops_per_s)
@@ -917,6 +932,9 @@ def matrix_engines(
     if rates.fp8_tensor_flops_per_s is not None and fp8.any():
         peak[fp8] = rates.fp8_tensor_flops_per_s
         tensor[fp8] = True
+    if rates.attention_rate_share != 1.0:
+        attention = np.array([kind == "attention" for kind in table.kinds], dtype=bool)
+        peak[attention & tensor] *= rates.attention_rate_share
     tf32 = rates.tf32_flops_per_s
     # GeForce Ampere and Ada rate TF32 at their FP32 rate: no faster engine, so the FP32 one
     if precision == "tf32" and tf32 is not None and tf32 > rates.vector_flops_per_s:

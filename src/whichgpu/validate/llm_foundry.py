@@ -75,6 +75,10 @@ compared)."""
 COMPARED_SEQ_LEN = 2048
 """The sequence length of the rows compared: the configs' ``n_positions``."""
 
+STACK = "llm-foundry-2023"
+"""The software stack the table ran (``catalog/data/v1/stacks``): its FlashAttention in
+Triton's pre-MLIR backend runs Ampere's matrix instructions on the H100s."""
+
 
 @dataclass(frozen=True)
 class FoundryRun:
@@ -307,7 +311,7 @@ def foundry_memory(
         try:
             with config_file(r.model) as path:
                 place_profile(r.model, path, r.run)
-                (estimate,) = fit(config=path, gpus=[r.gpu], **fit_options(r.run))
+                (estimate,) = fit(config=path, gpus=[r.gpu], stack=STACK, **fit_options(r.run))
         except WhichGpuError as exc:
             out.append(FsdpFitCase(**base, fits=None, note=f"fit failed: {exc}"))
             continue
@@ -344,7 +348,7 @@ def foundry_throughput(
         try:
             with config_file(r.model) as path:
                 place_profile(r.model, path, r.run)
-                estimate, fits = predict_even_if_unfit(None, r.gpu, r.run, config=path)
+                estimate, fits = predict_even_if_unfit(None, r.gpu, r.run, config=path, stack=STACK)
         except WhichGpuError as exc:
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue

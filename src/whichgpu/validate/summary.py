@@ -40,8 +40,10 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "step, is not modelled: the optimizer step is counted once per micro-batch); "
         "llm-foundry's optimizer and loss (--optimizer-impl for-loop: Composer's "
         "DecoupledAdamW; --loss-kernel fused: flash-attn's cross-entropy) and its "
-        "low_precision_layernorm (layer norms in bf16, the configs' norm_type); the table ran "
-        "Triton/flash attention, the configs SDPA"
+        "low_precision_layernorm (layer norms in bf16, the configs' norm_type); the table's "
+        "attention, FlashAttention in Triton's pre-MLIR backend (Ampere's instructions), as "
+        "the stack llm-foundry-2023 (--stack): on the H100s at half the rate of today's "
+        "Hopper kernels, on the A100s at the GPU's own rate"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -33,20 +33,29 @@ def predict_even_if_unfit(
     run: RunConfig,
     config: Path | None = None,
     task: str | None = None,
+    stack: str | None = None,
 ) -> tuple[ThroughputEstimate, bool]:
     """``predict``'s answer for ``run`` on the catalog ``gpu`` (a named ``workload`` or a
-    ``config`` file with its ``task``), and whether ``fit`` says it fits; when it does not, the
-    answer is the predictor's timing of the step at the run's batch as if it fitted."""
+    ``config`` file with its ``task``) under the software ``stack`` (None: the default), and
+    whether ``fit`` says it fits; when it does not, the answer is the predictor's timing of
+    the step at the run's batch as if it fitted."""
     from whichgpu.api import predict
 
-    (estimate,) = predict(workload, config=config, task=task, gpus=[gpu], **fit_options(run))
+    (estimate,) = predict(
+        workload, config=config, task=task, gpus=[gpu], stack=stack, **fit_options(run)
+    )
     if estimate.fits or estimate.speed_unknown is not None:
         return estimate, estimate.fits
-    return _timed_as_if_fitting(workload, gpu, estimate.run, config, task), False
+    return _timed_as_if_fitting(workload, gpu, estimate.run, config, task, stack), False
 
 
 def _timed_as_if_fitting(
-    workload: str | None, gpu: str, run: RunConfig, config: Path | None, task: str | None
+    workload: str | None,
+    gpu: str,
+    run: RunConfig,
+    config: Path | None,
+    task: str | None,
+    stack: str | None,
 ) -> ThroughputEstimate:
     """The predictor's answer for ``run`` on ``gpu`` with the memory answer's ``fits`` set:
     ``api.predict``'s own steps, for one GPU."""
@@ -60,15 +69,16 @@ def _timed_as_if_fitting(
     step = _prepare(chosen, run, config, None)
     catalog = load_catalog()
     spec = catalog.resolve(gpu)
+    software = get_stack(stack)
     memory = estimate_on_gpu(
         step.memory,
         step.run,
         spec,
         catalog,
-        get_stack(None),
+        software,
         method=step.method,
         search_seq_len=False,
     )
     return _predictor(chosen, step).on_gpu(
-        spec, gpu_rates(spec), memory.model_copy(update={"fits": True})
+        spec, gpu_rates(spec, software), memory.model_copy(update={"fits": True})
     )
