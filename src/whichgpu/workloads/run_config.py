@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any
 
@@ -68,6 +69,17 @@ def _checkpointing_policy(given: dict[str, Any]) -> str:
     return "full" if policy == "every-1" else policy
 
 
+def _unknown_option(name: str) -> str:
+    """What to say of a keyword that is no run option: the nearest run options' names, and
+    where the question's own keywords (``budget_usd``, ``gpus``, ...) are listed."""
+    near = difflib.get_close_matches(name, list(RunConfig.model_fields), n=2, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(near)}?" if near else ""
+    return (
+        f"'{name}' is not an option of a run.{hint} The run options are the fields of "
+        "whichgpu.RunConfig; a function's own keywords (budget_usd, gpus, ...) are in its help()."
+    )
+
+
 def run_config(**options: Any) -> RunConfig:
     """A ``RunConfig`` from user options (None = default), checked for consistency; an error
     names the option it is about (``UsageError.field``) as the API's keyword."""
@@ -78,6 +90,9 @@ def run_config(**options: Any) -> RunConfig:
         )
     if "checkpointing_policy" in given:
         given["checkpointing_policy"] = _checkpointing_policy(given)
+    unknown = sorted(set(given) - set(RunConfig.model_fields))
+    if unknown:
+        raise UsageError(_unknown_option(unknown[0]))
     try:
         run = RunConfig(**given)
     except ValidationError as exc:
