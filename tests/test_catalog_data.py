@@ -231,3 +231,14 @@ def test_cuda_total_is_just_below_the_marketed_size() -> None:
         assert gpu.memory_gb is not None and gpu.memory_cuda_total_mib is not None
         marketed_mib = gpu.memory_gb * 1024
         assert 0.9 * marketed_mib < gpu.memory_cuda_total_mib < marketed_mib, gpu.id
+
+
+def test_a_sustained_tensor_rate_above_the_peak_is_a_problem() -> None:
+    from whichgpu.catalog.audit import audit_gpu
+
+    t4 = load_catalog().resolve("tesla-t4")
+    assert audit_gpu(t4) == []
+    assert any(
+        "sustained tensor" in p
+        for p in audit_gpu(t4.model_copy(update={"sustained_tensor_tflops": 70.0}))
+    )

@@ -577,6 +577,35 @@ def test_attention_kernels_of_amperes_instructions_run_at_the_stacks_share_on_ho
     assert ampere[0] == ampere[1]
 
 
+def test_a_card_held_below_its_boost_clock_runs_large_gemms_at_its_measured_rate() -> None:
+    from whichgpu.estimate.engine_speed import engine_rates
+
+    catalog = load_catalog()
+    params = load_parameters()
+    t4 = catalog.resolve("tesla-t4")
+    assert t4.sustained_tensor_tflops is not None and t4.fp16_tensor_tflops is not None
+    rates = gpu_rates(t4)
+    assert rates.tensor_power_share == pytest.approx(
+        t4.sustained_tensor_tflops / (params.tensor_efficiency * t4.fp16_tensor_tflops)
+    )
+    big = _table(["gemm", "elementwise"], ["float16", "float16"], [1e16, 0], [0, 1e9])
+    step = step_time(big, rates, "fp16", params)
+    work = 1e16 / rates.sm_count
+    ramp = work / (work + params.half_work_flops_per_sm)
+    gemm_s = 1e16 / (t4.sustained_tensor_tflops * 1e12 * ramp)
+    stream_s = 1e9 / (rates.bandwidth_bytes_per_s * params.memory_efficiency)  # not held back
+    assert step.step_time_s == pytest.approx(gemm_s + stream_s)
+    # the MFU keeps the datasheet peak; a card without a measurement keeps its rate
+    assert rates.tensor_flops_per_s == t4.fp16_tensor_tflops * 1e12
+    assert gpu_rates(catalog.resolve("l40s")).tensor_power_share == 1.0
+    l4 = catalog.resolve("l4")
+    served, notes = engine_rates(l4, gpu_rates(l4), "bf16")
+    assert served.tensor_flops_per_s == pytest.approx(l4.sustained_tensor_tflops * 1e12)
+    assert any("power limit" in n for n in notes)
+    (estimate,) = predict("gpt2", gpus=["tesla-t4"], precision="fp16", batch_size=2)
+    assert any("cannot hold its boost clock" in a for a in estimate.assumptions)
+
+
 def test_batch_norm_reads_twice_and_half_precision_nchw_convolutions_transpose() -> None:
     from whichgpu.estimate.throughput import (
         EXTRA_READS,

@@ -199,6 +199,7 @@ SPEC_FIELDS: tuple[str, ...] = (
     "fp4_tensor_tflops",
     "int8_tensor_tops",
     "sparse_fp16_tensor_tflops",
+    "sustained_tensor_tflops",
     "tdp_w",
     "slot_width",
     "cooling",
@@ -313,6 +314,10 @@ class GpuSpec(_Tabular):
     sparse_fp16_tensor_tflops: float | None = None
     """The vendor's FP16 tensor figure *with* 2:4 sparsity (same accumulate as the larger dense
     figure). Kept only to check that dense figures are not sparse ones; never used for speed."""
+    sustained_tensor_tflops: float | None = None
+    """A dense 16-bit matrix product's rate measured under load on a card whose power limit
+    holds its clock below the boost the peaks assume (T4, L4), TFLOP/s. Where given, the
+    throughput model's tensor rate never exceeds it (``estimate.throughput.gpu_rates``)."""
 
     tdp_w: float | None = None
     """Board power (TDP / TBP / max power), W."""

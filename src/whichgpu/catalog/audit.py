@@ -77,6 +77,9 @@ def audit_gpu(spec: GpuSpec, today: dt.date | None = None) -> list[str]:
         problems.append(f"{p} FP8 {fp8} below FP16 {fp16}")
     if spec.fp4_tensor_tflops and fp8 and spec.fp4_tensor_tflops < fp8 * (1 - RATE_TOLERANCE):
         problems.append(f"{p} FP4 {spec.fp4_tensor_tflops} below FP8 {fp8}")
+    sustained = spec.sustained_tensor_tflops
+    if sustained is not None and not 0 < sustained <= (dense or 0.0):
+        problems.append(f"{p} sustained tensor {sustained} not within its dense 16-bit peak")
     if spec.fp32_tflops and spec.fp64_tflops and spec.fp64_tflops > spec.fp32_tflops * 1.01:
         problems.append(f"{p} FP64 {spec.fp64_tflops} above FP32 {spec.fp32_tflops}")
     if spec.launch_date and not EARLIEST_LAUNCH <= spec.launch_date <= today:

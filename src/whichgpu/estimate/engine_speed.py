@@ -717,6 +717,8 @@ def engine_rates(
     peak = peak_flops_per_s(rates, precision)
     on_vector = peak == rates.vector_flops_per_s  # no tensor cores for this precision
     efficiency = params.vector_efficiency if on_vector else params.tensor_efficiency
+    if not on_vector:  # a card held below its boost clock by its power limit
+        efficiency *= rates.tensor_power_share
     share = (
         1.0 if kv_heads_total <= 0 else kv_heads_on_one_gpu(kv_heads_total, gpus) / kv_heads_total
     )
@@ -734,10 +736,18 @@ def engine_rates(
         f"matrix products at {efficiency:.0%} of the {precision} peak (the throughput model's "
         f"fitted efficiency, {params.fitted_date})",
     )
+    if not on_vector and rates.tensor_power_share < 1.0:
+        notes += (
+            f"{gpu.name}: matrix products held to {rates.tensor_power_share:.0%} of that by its "
+            f"power limit (the {gpu.sustained_tensor_tflops:g} TFLOPS it sustains, measured)",
+        )
     fp8_tflops = gpu.one_device().fp8_tensor_tflops
     if path is not None and path.fp8_activations and fp8_tflops:
         out = replace(
-            out, matmul_flops_per_s=tflops_to_flops(fp8_tflops) * params.tensor_efficiency
+            out,
+            matmul_flops_per_s=tflops_to_flops(fp8_tflops)
+            * params.tensor_efficiency
+            * rates.tensor_power_share,
         )
         notes += (
             f"weight matrix products at {params.tensor_efficiency:.0%} of the catalog's fp8 "

@@ -69,6 +69,21 @@ class StepState:
         return kv_heads_on_one_gpu(self.kv_heads, gpus) / self.kv_heads
 
 
+def power_limit_note(gpu: GpuSpec, rates: GpuRates) -> tuple[str, ...]:
+    """What a card held below its boost clock by its power limit runs its matrix products at:
+    the measured sustained rate, and where it comes from."""
+    if rates.tensor_power_share >= 1.0 or gpu.sustained_tensor_tflops is None:
+        return ()
+    source = gpu.provenance.get("sustained_tensor_tflops")
+    cited = f" ({source.source})" if source is not None and source.source else ""
+    return (
+        f"{gpu.name} cannot hold its boost clock under sustained matrix work within its "
+        f"{gpu.tdp_w:g} W: tensor-core operators run at {rates.tensor_power_share:.0%} of the "
+        f"model's rate at the datasheet peak, so that a large matrix product runs at the "
+        f"{gpu.sustained_tensor_tflops:g} TFLOPS measured under load{cited}",
+    )
+
+
 def half_precision_note(gpu: GpuSpec, precision: str) -> tuple[str, ...]:
     """What a bf16 run on a GPU with FP16 tensor cores but none for BF16 (Volta, Turing)
     should know: it is timed on the FP32 units, and fp16 would use the tensor cores."""
@@ -308,6 +323,7 @@ class ThroughputPredictor:
             assumptions += (architecture,)
         assumptions += split_package_note(gpu)
         assumptions += half_precision_note(gpu, self.run.precision)
+        assumptions += power_limit_note(gpu, rates)
         base = self._base(gpu, memory, assumptions)
         if not memory.fits:
             return self._no_speed(base)

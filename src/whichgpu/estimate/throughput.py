@@ -849,6 +849,10 @@ class GpuRates:
     """The share of the tensor rate the software's fused attention kernels reach here against
     a kernel written for this GPU (``SoftwareStack.hopper_attention_percent`` on Hopper; 1
     elsewhere)."""
+    tensor_power_share: float = 1.0
+    """The share of its tensor peaks the card sustains under its power limit: where the catalog
+    has a measured sustained matrix rate (``GpuSpec.sustained_tensor_tflops``), that rate over
+    the fitted tensor efficiency x the 16-bit peak, at most 1; 1 elsewhere."""
 
 
 def gpu_rates(gpu: GpuSpec, software: SoftwareStack | None = None) -> GpuRates:
@@ -881,7 +885,18 @@ def gpu_rates(gpu: GpuSpec, software: SoftwareStack | None = None) -> GpuRates:
         sm_count=gpu.sm_count,
         fp8_tensor_flops_per_s=rate(gpu.fp8_tensor_tflops),
         attention_rate_share=_attention_rate_share(gpu, software),
+        tensor_power_share=_tensor_power_share(gpu),
     )
+
+
+def _tensor_power_share(gpu: GpuSpec) -> float:
+    """``GpuRates.tensor_power_share``: the measured sustained 16-bit matrix rate against what
+    the model would reach at the datasheet peak (the fitted tensor efficiency x the peak), so
+    that its large GEMMs run at the measured rate; 1 without a measurement or above it."""
+    peak = gpu.fp16_tensor_tflops or gpu.bf16_tensor_tflops
+    if gpu.sustained_tensor_tflops is None or not peak:
+        return 1.0
+    return min(1.0, gpu.sustained_tensor_tflops / (load_parameters().tensor_efficiency * peak))
 
 
 def _attention_rate_share(gpu: GpuSpec, software: SoftwareStack | None) -> float:
@@ -908,7 +923,9 @@ def matrix_engines(
     A 16-bit matrix operator with a dimension off the 16-byte alignment (``table.misaligned``)
     reaches ``misaligned_efficiency`` of its tensor rate (default: the shipped constant). A
     fused attention operator reaches ``rates.attention_rate_share`` of its engine's rate (its
-    kernel's instructions against the GPU's: Ampere's on Hopper run at about half).
+    kernel's instructions against the GPU's: Ampere's on Hopper run at about half). Every
+    tensor-core operator runs at ``rates.tensor_power_share`` of its peak (a card that cannot
+    hold its boost clock under its power limit).
     """
     n = len(table.kinds)
     peak = np.full(n, rates.vector_flops_per_s)
@@ -940,6 +957,8 @@ def matrix_engines(
     if precision == "tf32" and tf32 is not None and tf32 > rates.vector_flops_per_s:
         peak[table.is_fp32] = tf32
         tensor[table.is_fp32] = True
+    if rates.tensor_power_share != 1.0:
+        peak[tensor] *= rates.tensor_power_share
     return peak, tensor
 
 

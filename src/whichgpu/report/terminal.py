@@ -65,6 +65,7 @@ _FIELD_LABELS = {
     "fp4_tensor_tflops": ("FP4 tensor", "TFLOPS"),
     "int8_tensor_tops": ("INT8 tensor", "TOPS"),
     "sparse_fp16_tensor_tflops": ("FP16 tensor with sparsity", "TFLOPS"),
+    "sustained_tensor_tflops": ("16-bit tensor, sustained (measured)", "TFLOPS"),
     "tdp_w": ("Board power", "W"),
     "interconnect_bandwidth_gbps": ("GPU link bandwidth", "GB/s"),
     "launch_price_usd": ("Launch price", "USD"),
