@@ -338,7 +338,9 @@ def test_the_api_and_the_cli_name_a_bad_batch_size_each_their_way(
 def test_a_keyword_that_is_no_run_option_is_named_with_the_nearest_one() -> None:
     import whichgpu
 
-    with pytest.raises(UsageError, match=r"'batchsize' is not an option of a run\. Did you mean"):
+    with pytest.raises(
+        UsageError, match=r"^batchsize is not an option of a run\. Did you mean batch_size\?"
+    ):
         whichgpu.fit("resnet50", gpus=["4090"], batchsize=4)
-    with pytest.raises(UsageError, match=r"'budget' is not an option of a run\. The run"):
+    with pytest.raises(UsageError, match=r"^budget is not an option of a run\. The run"):
         whichgpu.recommend("resnet50", budget=500)  # recommend's own keyword is budget_usd

@@ -73,9 +73,9 @@ def _unknown_option(name: str) -> str:
     """What to say of a keyword that is no run option: the nearest run options' names, and
     where the question's own keywords (``budget_usd``, ``gpus``, ...) are listed."""
     near = difflib.get_close_matches(name, list(RunConfig.model_fields), n=2, cutoff=0.6)
-    hint = f" Did you mean {' or '.join(near)}?" if near else ""
+    hint = f" Did you mean {' or '.join(option(n) for n in near)}?" if near else ""
     return (
-        f"'{name}' is not an option of a run.{hint} The run options are the fields of "
+        f"{option(name)} is not an option of a run.{hint} The run options are the fields of "
         "whichgpu.RunConfig; a function's own keywords (budget_usd, gpus, ...) are in its help()."
     )
 
