@@ -18,9 +18,9 @@ attributes (``whichgpu.api.fit`` is the function; its module is
 
 Each keyword function turns its keywords into a typed request once (``requests``:
 ``FitRequest``, ``PredictRequest``, ``RecommendRequest``, ``ReportRequest``,
-``ProfileRequest``, each naming a ``Target`` and its run) and hands it to the function that
-answers it (``answer_fit``, ``answer_predict`` …), which the CLI calls with the request it
-builds from its flags.
+``ProfileRequest``, ``BenchRequest``, each naming a ``Target`` and its run) and hands it to
+the function that answers it (``answer_fit``, ``answer_predict``, … ``answer_bench``), which
+the CLI calls with the request it builds from its flags.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from whichgpu.api import step as _step
 from whichgpu.api.bench import _batch_guesser as _batch_guesser
 from whichgpu.api.bench import _bench_on_catalog as _bench_on_catalog
 from whichgpu.api.bench import _seq_len_guesser as _seq_len_guesser
-from whichgpu.api.bench import bench
+from whichgpu.api.bench import answer_bench, bench
 from whichgpu.api.catalog import compare, gpu, gpus, resolve_gpus
 from whichgpu.api.fit import answer_fit, fit
 from whichgpu.api.predict import answer_predict, predict
@@ -37,6 +37,7 @@ from whichgpu.api.profile import answer_profile, profile
 from whichgpu.api.recommend import answer_recommend, recommend
 from whichgpu.api.report import answer_report, report
 from whichgpu.api.requests import (
+    BenchRequest,
     FitRequest,
     PredictRequest,
     ProfileRequest,
@@ -54,6 +55,7 @@ from whichgpu.catalog import load_catalog as load_catalog
 from whichgpu.workloads.hf import read_config as read_config
 
 __all__ = [
+    "BenchRequest",
     "FitRequest",
     "PredictRequest",
     "ProfileRequest",
@@ -61,6 +63,7 @@ __all__ = [
     "ReportRequest",
     "RunOptions",
     "Target",
+    "answer_bench",
     "answer_fit",
     "answer_predict",
     "answer_profile",

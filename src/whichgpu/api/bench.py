@@ -13,17 +13,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.fit import fit
-from whichgpu.api.step import is_registered, select
+from whichgpu.api.requests import BenchRequest, RunOptions, Target
+from whichgpu.api.step import is_registered, select_target
 from whichgpu.catalog import load_catalog
 from whichgpu.errors import UsageError, require_positive
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.profiles.stored import load_stored
 from whichgpu.schema import BenchEnvironment, BenchResult, MemoryEstimate, RunConfig
 from whichgpu.tabular import ResultList
-from whichgpu.workloads import check_for_workload, run_config
+from whichgpu.workloads import check_for_workload
 from whichgpu.workloads.base import Workload
 
 if TYPE_CHECKING:
+    from whichgpu.bench import BenchOptions
     from whichgpu.bench.jobs import BenchProgress
 
 
@@ -68,38 +70,48 @@ def bench(
     The catalog id of the GPU and the MFU (model FLOPs per second over the catalog's dense
     peak for the precision) are filled in here, where the device's name resolves to a
     catalog GPU.
-    """
-    from whichgpu.bench import BenchOptions, TimingRule, WorkloadRef, parse_device, run_bench
-    from whichgpu.units import gib_to_bytes
 
-    chosen = select(workload, config, task, model)
-    run = run_config(gpus=gpu_count, **run_options)
-    check_for_workload(run, chosen.info)
-    require_positive("memory_limit_gib", memory_limit_gib, "GiB")
-    defaults = TimingRule()
-    options = BenchOptions(
+    The keywords become a ``BenchRequest``, answered by ``answer_bench``.
+    """
+    request = BenchRequest(
+        Target(workload, config, task, model),
+        RunOptions.of(run_options),
+        gpu_count=gpu_count,
+        device=device,
         find_max_batch=find_max_batch,
         max_batch_resolution=max_batch_resolution,
         find_max_seq_len=find_max_seq_len,
-        memory_limit_bytes=None if memory_limit_gib is None else gib_to_bytes(memory_limit_gib),
+        memory_limit_gib=memory_limit_gib,
         compile=compile,
         channels_last=channels_last,
-        rule=TimingRule(
-            min_iters=defaults.min_iters if min_iters is None else min_iters,
-            min_seconds=defaults.min_seconds if min_seconds is None else min_seconds,
-        ),
-        timeout_s=600.0 if timeout_s is None else timeout_s,
-        batch_guess=_batch_guesser(chosen, run, memory_limit_gib) if find_max_batch else None,
-        seq_len_guess=(
-            _seq_len_guesser(chosen, run, memory_limit_gib) if find_max_seq_len else None
-        ),
+        min_seconds=min_seconds,
+        min_iters=min_iters,
+        timeout_s=timeout_s,
     )
-    if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
-        raise UsageError(
-            "--min-iters must be at least 1, --min-seconds at least 0 and --timeout more than 0."
-        )
-    target = WorkloadRef.of(
-        chosen.info.name if model is None and config is None else None, config, task, model
+    return answer_bench(request, progress=progress, on_result=on_result)
+
+
+def answer_bench(
+    request: BenchRequest,
+    *,
+    progress: Callable[[BenchProgress], None] | None = None,
+    on_result: Callable[[BenchResult], None] | None = None,
+) -> ResultList[BenchResult]:
+    """``bench``'s answer to a typed request (see ``bench`` for what it means): one result per
+    measurement, each with its catalog GPU and MFU, and each also passed to ``on_result`` as
+    soon as it is measured; ``progress`` receives ``BenchProgress`` events."""
+    from whichgpu.bench import WorkloadRef, parse_device, run_bench
+
+    target = request.target
+    chosen = select_target(target)
+    run = request.run.config(gpus=request.gpu_count)
+    check_for_workload(run, chosen.info)
+    options = _bench_options(request, chosen, run)
+    ref = WorkloadRef.of(
+        None if target.names_own_model else chosen.info.name,
+        target.config,
+        target.task,
+        target.model,
     )
 
     def completed(result: BenchResult) -> None:
@@ -109,8 +121,44 @@ def bench(
             on_result(result)
 
     out: ResultList[BenchResult] = ResultList()
-    run_bench(target, run, parse_device(device), options, progress=progress, on_result=completed)
+    device = parse_device(request.device)
+    run_bench(ref, run, device, options, progress=progress, on_result=completed)
     return out
+
+
+def _bench_options(request: BenchRequest, chosen: Workload, run: RunConfig) -> BenchOptions:
+    """The harness's options of ``request``, checked, with whichgpu's guesses of the largest
+    batch and the longest sequence for the searches it asks for."""
+    from whichgpu.bench import BenchOptions, TimingRule
+    from whichgpu.units import gib_to_bytes
+
+    limit_gib = request.memory_limit_gib
+    require_positive("memory_limit_gib", limit_gib, "GiB")
+    defaults = TimingRule()
+    options = BenchOptions(
+        find_max_batch=request.find_max_batch,
+        max_batch_resolution=request.max_batch_resolution,
+        find_max_seq_len=request.find_max_seq_len,
+        memory_limit_bytes=None if limit_gib is None else gib_to_bytes(limit_gib),
+        compile=request.compile,
+        channels_last=request.channels_last,
+        rule=TimingRule(
+            min_iters=defaults.min_iters if request.min_iters is None else request.min_iters,
+            min_seconds=(
+                defaults.min_seconds if request.min_seconds is None else request.min_seconds
+            ),
+        ),
+        timeout_s=600.0 if request.timeout_s is None else request.timeout_s,
+        batch_guess=(_batch_guesser(chosen, run, limit_gib) if request.find_max_batch else None),
+        seq_len_guess=(
+            _seq_len_guesser(chosen, run, limit_gib) if request.find_max_seq_len else None
+        ),
+    )
+    if options.rule.min_iters < 1 or options.rule.min_seconds < 0 or options.timeout_s <= 0:
+        raise UsageError(
+            "--min-iters must be at least 1, --min-seconds at least 0 and --timeout more than 0."
+        )
+    return options
 
 
 def _batch_guesser(

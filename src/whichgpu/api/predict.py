@@ -34,7 +34,8 @@ from whichgpu.workloads.base import Workload
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
-    from whichgpu.estimate.engine_speed import Quantization, QuantizedPath
+    from whichgpu.estimate.engine_speed import EngineSpeed, ModelShape, Quantization, QuantizedPath
+    from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import GpuRates
 
 
@@ -256,89 +257,133 @@ def _speeds(
     unless ``named``, are left out, as are the GPUs it fits on that cannot be timed (with
     why). One GPU alone that cannot be timed raises its error. With ``engine``, fitting is the
     engine's (its KV cache holds the sequences) and each answer carries the engine's speed."""
-    from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
-    from whichgpu.estimate.memory import estimate_on_gpu
     from whichgpu.estimate.throughput import gpu_rates
 
     step, targets = asked.step, asked.targets
+    alone = len(targets) == 1
     timer = predictor(asked.chosen, step)
     catalog = load_catalog()
     out: list[ThroughputEstimate] = []
     unfit = 0
     untimed: list[tuple[str, UsageError]] = []  # GPUs that fit but cannot be timed, and why
     for gpu in targets:
-        unknown: UsageError | None = None
-        if step.run.precision == "fp8" and (why := fp8_refusal(gpu)) is not None:
-            if len(targets) == 1:
-                check_gpu(gpu)
-            untimed.append((gpu.name, Fp8Refused(why)))
+        refused = _fp8_refused(step, gpu, alone=alone)
+        if refused is not None:
+            untimed.append((gpu.name, refused))
             continue
+        unknown: UsageError | None = None
         try:
             rates = gpu_rates(gpu, asked.software)
         except MissingRates as exc:
-            if len(targets) == 1:
+            if alone:
                 raise
             unknown = exc  # the others are answered; this one says why it is not
         if progress is not None:
             progress(gpu.name)
-        estimate = estimate_on_gpu(
-            step.memory,
-            step.run,
-            gpu,
-            catalog,
-            asked.software,
-            method=step.method,
-            search_seq_len=False,
-            kv_per_token_bytes=step.kv_per_token,
-            kv_head_count=step.kv_heads,
-            serving=engine,
-        )
-        path = None
-        if engine is not None:
-            from whichgpu.estimate.engine_speed import QuantizationRefused
-
-            try:
-                estimate, path = engine_quantization(
-                    step, engine, gpu, estimate, asked.software, quantization
-                )
-            except QuantizationRefused as exc:
-                if len(targets) == 1:
-                    raise
-                untimed.append((gpu.name, exc))
-                continue
+        sized = _sized_on_gpu(asked, gpu, catalog, engine, quantization, alone=alone)
+        if isinstance(sized, UsageError):
+            untimed.append((gpu.name, sized))
+            continue
+        estimate, path = sized
         fits = estimate.fits if engine is None else _engine_fits(estimate, step.run)
         if not fits and not named:
             unfit += 1
             continue
         if unknown is None:
-            try:
-                answer = timer.on_gpu(gpu, rates, estimate)
-                if engine is not None:
-                    answer = answer.model_copy(
-                        update={
-                            "serving_speed": serving_speed_on_gpu(
-                                asked.step,
-                                engine,
-                                gpu,
-                                rates,
-                                estimate,
-                                targets_ms,
-                                catalog,
-                                path=path,
-                            )
-                        }
-                    )
-                out.append(answer)
+            timed = _timed_on_gpu(
+                asked, timer, gpu, rates, estimate, engine, targets_ms, catalog, path, alone=alone
+            )
+            if isinstance(timed, ThroughputEstimate):
+                out.append(timed)
                 continue
-            except UsageError as exc:  # the catalog lacks what timing several of it needs
-                if len(targets) == 1:
-                    raise
-                unknown = exc
+            unknown = timed
         if named:
             out.append(timer.unknown_on_gpu(gpu, estimate, str(unknown)))
         elif unknown is not None:
             untimed.append((gpu.name, unknown))
     return out, unfit, untimed
+
+
+def _fp8_refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
+    """Why ``gpu`` cannot run the step's fp8 at all (None: it can, or the step is not fp8);
+    a GPU asked about ``alone`` raises it."""
+    from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
+
+    if step.run.precision != "fp8" or (why := fp8_refusal(gpu)) is None:
+        return None
+    if alone:
+        check_gpu(gpu)
+    return Fp8Refused(why)
+
+
+def _sized_on_gpu(
+    asked: Asked,
+    gpu: GpuSpec,
+    catalog: Catalog,
+    engine: ServingEngine | None,
+    quantization: Quantization | None,
+    *,
+    alone: bool,
+) -> tuple[MemoryEstimate, QuantizedPath | None] | UsageError:
+    """The step's memory on ``gpu`` at the asked batch (with ``engine``, its KV budget for the
+    weights stored as ``quantization`` says) and how the engine runs those weights there
+    (``engine_quantization``); or why the engine cannot run them there, which a GPU asked
+    about ``alone`` raises."""
+    from whichgpu.estimate.memory import estimate_on_gpu
+
+    step = asked.step
+    estimate = estimate_on_gpu(
+        step.memory,
+        step.run,
+        gpu,
+        catalog,
+        asked.software,
+        method=step.method,
+        search_seq_len=False,
+        kv_per_token_bytes=step.kv_per_token,
+        kv_head_count=step.kv_heads,
+        serving=engine,
+    )
+    if engine is None:
+        return estimate, None
+    from whichgpu.estimate.engine_speed import QuantizationRefused
+
+    try:
+        return engine_quantization(step, engine, gpu, estimate, asked.software, quantization)
+    except QuantizationRefused as exc:
+        if alone:
+            raise
+        return exc
+
+
+def _timed_on_gpu(
+    asked: Asked,
+    timer: ThroughputPredictor,
+    gpu: GpuSpec,
+    rates: GpuRates,
+    estimate: MemoryEstimate,
+    engine: ServingEngine | None,
+    targets_ms: tuple[float | None, float | None],
+    catalog: Catalog,
+    path: QuantizedPath | None,
+    *,
+    alone: bool,
+) -> ThroughputEstimate | UsageError:
+    """The step's predicted speed on ``gpu`` (with ``engine``, carrying the engine's speed,
+    ``serving_speed_on_gpu``); or why the catalog cannot time it (it lacks what timing several
+    of it needs), which a GPU asked about ``alone`` raises."""
+    try:
+        answer = timer.on_gpu(gpu, rates, estimate)
+        if engine is not None:
+            speed = serving_speed_on_gpu(
+                asked.step, engine, gpu, rates, estimate, targets_ms, catalog, path=path
+            )
+            answer = answer.model_copy(update={"serving_speed": speed})
+    except UsageError as exc:
+        if alone:
+            raise
+        return exc
+    return answer
 
 
 def _engine_fits(estimate: MemoryEstimate, run: RunConfig) -> bool:
@@ -362,55 +407,23 @@ def serving_speed_on_gpu(
     asked concurrency (default: the most its KV cache holds), its growth with the concurrency,
     the largest concurrency within the targets and the cost per million output tokens; with
     ``path``, of weights quantized as it says (``engine_quantization``)."""
-    from whichgpu.cost.pricing import cloud_price, price_note
-    from whichgpu.estimate.engine_speed import (
-        EngineSpeed,
-        concurrency_ladder,
-        engine_rates,
-        model_shape,
-        prefill_only_speed,
-    )
-    from whichgpu.estimate.memory import weights_bytes
-    from whichgpu.estimate.serving import serving_dtype_bytes
+    from whichgpu.estimate.engine_speed import prefill_only_speed
 
     run = step.run
-    assert step.model_config is not None and step.kv_per_token is not None
     n = run.gpus
     context = estimate.seq_len or run.context or 1
     new = 1 if run.new_tokens is None else run.new_tokens
     limit = estimate.serving.max_concurrency if estimate.serving is not None else None
     concurrency = run.batch_size or max(limit or 1, 1)
-    shape = model_shape(
-        step.model_config,
-        weights_bytes(step.profile),
-        step.kv_per_token,
-        serving_dtype_bytes(run.precision),
-        None if path is None else path.format,
-    )
-    achievable, rate_notes = engine_rates(
-        gpu, rates, run.precision, gpus=n, kv_heads_total=step.kv_heads or 0, path=path
-    )
-    speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
-    hourly = source = None
-    try:
-        price = cloud_price(catalog, gpu, gpus=n)
-    except UsageError:
-        price = None
-    if price is not None:
-        hourly = price.usd
-        source = price_note(price)
-    quantized: tuple[str, ...] = ()
-    if path is not None:
-        quantized = (
-            f"weights: {path.label}, {shape.weights_bytes / 2**30:.2f} GiB in all (the "
-            "decode step reads these bytes); the engine runs it on this GPU per "
-            f"{path.source}",
-        )
+    speed, rate_notes = _engine_speed(step, engine, gpu, rates, path)
+    hourly, source = _rental(catalog, gpu, n)
+    quantized = _quantized_notes(speed.shape, path)
+    label = engine.label if path is None else f"{engine.label}, {path.format.label}"
     if new == 0:  # prefill-only requests: no decode step
         return prefill_only_speed(
             speed,
             engine=engine.id,
-            engine_label=engine.label if path is None else f"{engine.label}, {path.format.label}",
+            engine_label=label,
             concurrency=concurrency,
             context=context,
             max_concurrency=limit,
@@ -419,6 +432,99 @@ def serving_speed_on_gpu(
             price_source=source,
             notes=(*quantized, *rate_notes),
         )
+    return _decoding_speed(
+        speed,
+        engine,
+        label,
+        gpus=n,
+        concurrency=concurrency,
+        context=context,
+        new_tokens=new,
+        max_concurrency=limit,
+        targets_ms=targets_ms,
+        usd_per_gpu_hour=hourly,
+        price_source=source,
+        quantized=quantized,
+        rate_notes=rate_notes,
+    )
+
+
+def _engine_speed(
+    step: Step, engine: ServingEngine, gpu: GpuSpec, rates: GpuRates, path: QuantizedPath | None
+) -> tuple[EngineSpeed, tuple[str, ...]]:
+    """The engine's step-time model of the served model on ``gpu`` (``step.run.gpus`` of them;
+    with ``path``, of its quantized weights), and what its achievable rates assume."""
+    from whichgpu.estimate.engine_speed import EngineSpeed, engine_rates, model_shape
+    from whichgpu.estimate.memory import weights_bytes
+    from whichgpu.estimate.serving import serving_dtype_bytes
+
+    run = step.run
+    assert step.model_config is not None and step.kv_per_token is not None
+    shape = model_shape(
+        step.model_config,
+        weights_bytes(step.profile),
+        step.kv_per_token,
+        serving_dtype_bytes(run.precision),
+        None if path is None else path.format,
+    )
+    achievable, rate_notes = engine_rates(
+        gpu, rates, run.precision, gpus=run.gpus, kv_heads_total=step.kv_heads or 0, path=path
+    )
+    speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
+    return speed, rate_notes
+
+
+def _rental(catalog: Catalog, gpu: GpuSpec, gpus: int) -> tuple[float | None, str | None]:
+    """The cheapest catalog on-demand rate of a machine of ``gpus`` x ``gpu``, in USD per GPU
+    hour, and where it is from (None, None: the catalog rents none)."""
+    from whichgpu.cost.pricing import cloud_price, price_note
+
+    try:
+        price = cloud_price(catalog, gpu, gpus=gpus)
+    except UsageError:
+        price = None
+    if price is None:
+        return None, None
+    return price.usd, price_note(price)
+
+
+def _quantized_notes(shape: ModelShape, path: QuantizedPath | None) -> tuple[str, ...]:
+    """What the answer assumes of quantized weights (none without ``path``)."""
+    if path is None:
+        return ()
+    return (
+        f"weights: {path.label}, {shape.weights_bytes / 2**30:.2f} GiB in all (the "
+        "decode step reads these bytes); the engine runs it on this GPU per "
+        f"{path.source}",
+    )
+
+
+def _decoding_speed(
+    speed: EngineSpeed,
+    engine: ServingEngine,
+    label: str,
+    *,
+    gpus: int,
+    concurrency: int,
+    context: int,
+    new_tokens: int,
+    max_concurrency: int | None,
+    targets_ms: tuple[float | None, float | None],
+    usd_per_gpu_hour: float | None,
+    price_source: str | None,
+    quantized: tuple[str, ...],
+    rate_notes: tuple[str, ...],
+) -> ServingSpeed:
+    """The engine's answer for requests that generate ``new_tokens`` (the counterpart of
+    ``engine_speed.prefill_only_speed``): TTFT, TPOT and output tokens/s at ``concurrency``,
+    their growth with it up to ``max_concurrency`` (the most the KV cache holds), the largest
+    concurrency within ``targets_ms``, and the cost per million output tokens at
+    ``usd_per_gpu_hour``; what the quantized weights and the rates assume joins its
+    assumptions (``_decoding_assumptions``)."""
+    from whichgpu.estimate.engine_speed import concurrency_ladder
+
+    n, new, limit = gpus, new_tokens, max_concurrency
+    hourly, source = usd_per_gpu_hour, price_source
     decode = speed.decode(concurrency, context, new)
     at = speed.point(concurrency, context, new)
     tpot_ms, ttft_ms = targets_ms
@@ -435,19 +541,9 @@ def serving_speed_on_gpu(
     if hourly is not None:
         per_million = hourly * n / (at.output_tokens_per_s * 3600) * 1e6
     ladder = concurrency_ladder(concurrency, limit)
-    moe: tuple[str, ...] = ()
-    if shape.experts:
-        moe = (
-            f"mixture of experts: a step of B tokens reads the weights outside the experts "
-            f"once and, per layer, the distinct experts its tokens are routed to, "
-            f"{shape.experts} x (1 - (1 - {shape.experts_per_token}/{shape.experts})^B) of "
-            f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
-            f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
-            f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
-        )
     return ServingSpeed(
         engine=engine.id,
-        engine_label=engine.label if path is None else f"{engine.label}, {path.format.label}",
+        engine_label=label,
         gpus=n,
         concurrency=concurrency,
         context=context,
@@ -467,22 +563,59 @@ def serving_speed_on_gpu(
         usd_per_gpu_hour=hourly,
         usd_per_million_output_tokens=per_million,
         price_source=source,
-        assumptions=(
-            f"{engine.label}: decode steps replay a captured CUDA graph (no per-operator "
-            "launch floor); step time = max(bytes / achievable bandwidth, FLOPs / achievable "
-            "tensor rate)" + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
-            f"a decode step reads the weights once, every sequence's KV cache at the "
-            f"generation's average length (context {context} + {new}/2) and the activations",
-            *quantized,
-            *moe,
-            f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
-            "step budget less the other sequences' decode tokens (steady state, no queueing)",
-            "TPOT is a decode step without prefill chunks beside it: measured mean TPOTs, "
-            "which include the other requests' prefills, are higher",
-            *rate_notes,
-            "cost per million output tokens: the cheapest catalog on-demand rate for this "
-            "machine size x GPUs / output tokens per hour at this concurrency, kept busy",
+        assumptions=_decoding_assumptions(
+            speed.shape,
+            engine,
+            gpus=n,
+            concurrency=concurrency,
+            context=context,
+            new=new,
+            quantized=quantized,
+            rate_notes=rate_notes,
         ),
+    )
+
+
+def _decoding_assumptions(
+    shape: ModelShape,
+    engine: ServingEngine,
+    *,
+    gpus: int,
+    concurrency: int,
+    context: int,
+    new: int,
+    quantized: tuple[str, ...],
+    rate_notes: tuple[str, ...],
+) -> tuple[str, ...]:
+    """What the engine's answer for requests that generate assumes, in words: the decode
+    step's model and what it reads, the ``quantized`` weights, a mixture of experts' routing,
+    TTFT and TPOT, the rates (``rate_notes``) and the cost."""
+    n = gpus
+    moe: tuple[str, ...] = ()
+    if shape.experts:
+        moe = (
+            f"mixture of experts: a step of B tokens reads the weights outside the experts "
+            f"once and, per layer, the distinct experts its tokens are routed to, "
+            f"{shape.experts} x (1 - (1 - {shape.experts_per_token}/{shape.experts})^B) of "
+            f"{shape.experts} (uniform, independent routing; real routers are skewed, so fewer "
+            f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
+            f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
+        )
+    return (
+        f"{engine.label}: decode steps replay a captured CUDA graph (no per-operator "
+        "launch floor); step time = max(bytes / achievable bandwidth, FLOPs / achievable "
+        "tensor rate)" + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
+        f"a decode step reads the weights once, every sequence's KV cache at the "
+        f"generation's average length (context {context} + {new}/2) and the activations",
+        *quantized,
+        *moe,
+        f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
+        "step budget less the other sequences' decode tokens (steady state, no queueing)",
+        "TPOT is a decode step without prefill chunks beside it: measured mean TPOTs, "
+        "which include the other requests' prefills, are higher",
+        *rate_notes,
+        "cost per million output tokens: the cheapest catalog on-demand rate for this "
+        "machine size x GPUs / output tokens per hour at this concurrency, kept busy",
     )
 
 

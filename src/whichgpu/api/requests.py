@@ -3,10 +3,11 @@ what the keyword functions of ``whichgpu.api`` build from their keywords.
 
 A request names what it is about (``Target``), how the step runs (the ``RunConfig`` that
 ``workloads.run_config`` checked, or for ``recommend`` and ``report`` the ``RunOptions`` as
-given, which a preset completes before they are checked) and the question's own options.
+given, which a preset completes before they are checked, and for ``bench`` the
+``RunOptions`` as given, checked once the workload is known) and the question's own options.
 ``api.fit.answer_fit``, ``api.predict.answer_predict``, ``api.recommend.answer_recommend``,
-``api.report.answer_report`` and ``api.profile.answer_profile`` answer them; the requests are
-frozen and compute nothing.
+``api.report.answer_report``, ``api.profile.answer_profile`` and ``api.bench.answer_bench``
+answer them; the requests are frozen and compute nothing.
 """
 
 from __future__ import annotations
@@ -226,3 +227,44 @@ class ProfileRequest:
     target: Target
     run: RunConfig = field(default_factory=RunConfig)
     """The run, checked."""
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """Measure it (``api.bench``): throughput, memory and power of the step on a real device,
+    each probe and measurement in a child process."""
+
+    target: Target
+    run: RunOptions = field(default_factory=RunOptions)
+    """The run options as given, checked (``RunOptions.config``) once the target's workload is
+    known: an unknown workload is refused before an option it does not take."""
+    gpu_count: int | None = None
+    """GPUs of this node that then train together (DDP), measured after one alone, for the
+    scaling efficiency (None: one)."""
+    device: str = "cuda"
+    """Where to measure: ``cuda``, ``cuda:N``, ``cpu``, ``mps`` or ``fake`` (a simulated
+    device, for trying the harness)."""
+    find_max_batch: bool = False
+    """Search the largest batch that runs, and measure at it: from whichgpu's own prediction
+    where a stored profile gives one at once (galloping), else doubling from 1; then
+    bisection. The result's notes say how far the prediction was off."""
+    max_batch_resolution: int = 1
+    """With ``find_max_batch``: stop when the largest batch is known to within this (1:
+    exact)."""
+    find_max_seq_len: bool = False
+    """Search the longest sequence that runs at the batch, from its prediction the same way,
+    and measure at it."""
+    memory_limit_gib: float | None = None
+    """GiB a step may use (None: the device's memory): sizes for a smaller card, and gives the
+    CPU, which needs one to search, a limit (counted as live tensor bytes)."""
+    compile: bool = False
+    """Measure the model under ``torch.compile``."""
+    channels_last: bool = False
+    """Channels-last images and weights (CNNs)."""
+    min_seconds: float | None = None
+    """Seconds of timed steps, at least, after the warm-up (None: ``bench.TimingRule``'s)."""
+    min_iters: int | None = None
+    """Timed steps, at least (None: ``bench.TimingRule``'s)."""
+    timeout_s: float | None = None
+    """Stop a child process that makes no progress (builds nothing, finishes no step) for this
+    many seconds (None: 600)."""

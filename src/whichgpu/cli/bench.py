@@ -6,7 +6,7 @@ import contextlib
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Optional, Protocol, TextIO
 
@@ -188,7 +188,7 @@ def bench(
 
       whichgpu bench --model my_model.py:build --device cpu --find-max-batch --memory-limit 2
     """
-    from whichgpu.api import bench as run_bench
+    from whichgpu.api import answer_bench
     from whichgpu.store import ResultStore
 
     if store is not None and no_store:
@@ -197,7 +197,6 @@ def bench(
     results_store = None if no_store else ResultStore(store)
     if results_store is not None:
         results_store.list(limit=1)  # a file that is not a store fails now, not after a bench
-    run = r.run_options(ctx)  # each suite entry may add its precision and length
     finished: list[BenchResult] = []
     failures: list[str] = []
     interrupted = False
@@ -217,30 +216,13 @@ def bench(
             label = entry.workload if entry is not _OWN else str(model or config)
             show.update(BenchProgress("start", f"starting on --device {device}", workload=label))
             try:
-                run_bench(
+                request = r.bench_request(  # the suite's precision and length, unless given
+                    ctx,
                     entry.workload if entry is not _OWN else None,
-                    config=config,
-                    task=task,
-                    model=model,
-                    device=device,
-                    gpu_count=gpus,
-                    find_max_batch=find_max_batch,
-                    max_batch_resolution=max_batch_resolution,
-                    find_max_seq_len=find_max_seq_len,
-                    memory_limit_gib=memory_limit,
-                    compile=compile,
-                    channels_last=channels_last,
-                    min_seconds=min_seconds,
-                    min_iters=min_iters,
-                    timeout_s=timeout,
-                    progress=show.update,
-                    on_result=keep,
-                    **replace(
-                        run,
-                        precision=run.precision or entry.precision,
-                        seq_len=run.seq_len or entry.seq_len,
-                    ).given(),
+                    precision=entry.precision,
+                    seq_len=entry.seq_len,
                 )
+                answer_bench(request, progress=show.update, on_result=keep)
             except (BenchError, WorkloadError) as exc:
                 if len(entries) == 1:
                     raise

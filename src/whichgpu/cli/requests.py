@@ -1,5 +1,5 @@
-"""The typed requests of the sizing commands (``whichgpu.api.requests``), built in one place
-from a command's parsed parameters (``ctx.params``, by the parameter names of
+"""The typed requests of the sizing commands and ``bench`` (``whichgpu.api.requests``), built
+in one place from a command's parsed parameters (``ctx.params``, by the parameter names of
 ``cli.options``), so that every command spells a target, a run and a question alike: a new
 run option is a ``RunOptions`` field, an alias in ``cli.options`` and a parameter of the
 commands that take it.
@@ -9,13 +9,13 @@ The API is imported on first use, which keeps ``whichgpu --help`` light.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 if TYPE_CHECKING:
-    from whichgpu.api.requests import RecommendRequest, RunOptions, Target
+    from whichgpu.api.requests import BenchRequest, RecommendRequest, RunOptions, Target
 
 
 def parameters(ctx: typer.Context) -> dict[str, Any]:
@@ -85,4 +85,36 @@ def recommend_request(ctx: typer.Context) -> RecommendRequest:
         stack=given["stack"],
         store=given["store"],
         prices=given["prices"],
+    )
+
+
+def bench_request(
+    ctx: typer.Context,
+    workload: str | None,
+    *,
+    precision: str | None = None,
+    seq_len: int | None = None,
+) -> BenchRequest:
+    """The measurement ``bench`` asks for of one workload it names (None: the user's model,
+    ``--config`` with ``--task``, or ``--model``), from its flags: ``--device``, ``--gpus``
+    (GPUs of this node), the searches, ``--memory-limit``, the timing rule …; a suite's
+    ``precision`` and ``seq_len`` for the workload apply where the flags give none."""
+    from whichgpu.api.requests import BenchRequest, Target
+
+    given = parameters(ctx)
+    run = run_options(ctx)
+    return BenchRequest(
+        Target(workload, given["config"], given["task"], given["model"]),
+        replace(run, precision=run.precision or precision, seq_len=run.seq_len or seq_len),
+        gpu_count=given["gpus"],
+        device=given["device"],
+        find_max_batch=given["find_max_batch"],
+        max_batch_resolution=given["max_batch_resolution"],
+        find_max_seq_len=given["find_max_seq_len"],
+        memory_limit_gib=given["memory_limit"],
+        compile=given["compile"],
+        channels_last=given["channels_last"],
+        min_seconds=given["min_seconds"],
+        min_iters=given["min_iters"],
+        timeout_s=given["timeout"],
     )
