@@ -19,7 +19,6 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from whichgpu import store as store_module
 from whichgpu.errors import StoreError, UsageError
 from whichgpu.report.results import result_doc, results_doc
 from whichgpu.schema import SCHEMA_VERSION, BenchEnvironment, BenchResult, RunConfig
@@ -31,6 +30,8 @@ from whichgpu.store import (
     ResultStore,
     pivot_results,
 )
+from whichgpu.store import files as store_files
+from whichgpu.store import results as store_results
 
 T0 = dt.datetime(2026, 11, 20, 9, 30, tzinfo=dt.timezone.utc)
 GIB = 1 << 30
@@ -358,7 +359,7 @@ def test_a_failed_export_leaves_the_old_file(
         out.write('{"schema_version": 1, "results": [')
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(store_module, "_write_json", broken)
+    monkeypatch.setattr(store_files, "_write_json", broken)
     with pytest.raises(StoreError, match="No space left"):
         store.export(target)
     assert target.read_text() == "the previous export\n"
@@ -526,7 +527,7 @@ def test_a_damaged_row_names_the_result(store: ResultStore) -> None:
 
 
 def test_the_layout_version_is_the_number_of_steps() -> None:
-    assert STORE_VERSION == len(store_module._STEPS) == 1
+    assert STORE_VERSION == len(store_results._STEPS) == 1
 
 
 def _add_note_column(conn: sqlite3.Connection) -> None:
@@ -539,8 +540,8 @@ def test_an_older_store_is_upgraded_after_a_copy_is_saved(
 ) -> None:
     results = [make_result(), make_two_gpu_result(minutes=1)]
     store.add_many(results)  # a version-1 store, as this whichgpu writes it
-    monkeypatch.setattr(store_module, "_STEPS", (*store_module._STEPS, _add_note_column))
-    monkeypatch.setattr(store_module, "STORE_VERSION", 2)
+    monkeypatch.setattr(store_results, "_STEPS", (*store_results._STEPS, _add_note_column))
+    monkeypatch.setattr(store_results, "STORE_VERSION", 2)
 
     assert store.list() == sorted(results, key=lambda r: r.created_at, reverse=True)
     conn = sqlite3.connect(store.path)
