@@ -302,8 +302,14 @@ def test_used_means_open_to_used_cards_not_only_used_ones() -> None:
         "rtx-4060-ti-16gb": new_4060.usd,
     }
     assert not ranking.excluded
+    # buying is open to used cards unless told otherwise; --new (used=False) keeps to new
     plain = wg.recommend("resnet50", gpu_only=True, gpus=gpus)
-    assert {c.gpu: c.purchase_usd for c in plain.ranking}["rtx-4090"] == new_4090
+    assert {c.gpu: c.purchase_usd for c in plain.ranking}["rtx-4090"] == used_4090
+    new_only = wg.recommend("resnet50", used=False, gpu_only=True, gpus=gpus)
+    assert {c.gpu: c.purchase_usd for c in new_only.ranking}["rtx-4090"] == new_4090
+    cli = run_cli("recommend", "resnet50", "--gpu-only", "--new", "--gpu", "4090", "--json")
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["ranking"][0]["purchase_usd"] == new_4090
 
 
 def test_renting_n_gpus_uses_only_rates_for_n_in_one_machine() -> None:

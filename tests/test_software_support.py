@@ -126,17 +126,17 @@ def test_over_budget_says_when_a_used_price_would_fit() -> None:
     new = catalog.prices("rtx-4090", "new")[0].usd
     used = catalog.prices("rtx-4090", "used")[0].usd
     budget = (new + used) / 2  # between the two: only the used card fits
-    ranking = wg.recommend("resnet50", gpu_only=True, budget_usd=budget, gpus=["rtx-4090"])
-    (left,) = ranking.excluded
-    assert left.kind == "budget" and "which fits: add --used" in left.reason
-    assert "--used" in ranking.answer
-    with_used = wg.recommend(
-        "resnet50", gpu_only=True, budget_usd=budget, used=True, gpus=["rtx-4090"]
+    ranking = wg.recommend(
+        "resnet50", gpu_only=True, budget_usd=budget, used=False, gpus=["rtx-4090"]
     )
+    (left,) = ranking.excluded
+    assert left.kind == "budget" and "which fits: drop --new" in left.reason
+    assert "used prices (drop --new)" in ranking.answer
+    with_used = wg.recommend("resnet50", gpu_only=True, budget_usd=budget, gpus=["rtx-4090"])
     assert [c.gpu for c in with_used.ranking] == ["rtx-4090"]
     # within budget, a cheaper used price is named with how to rank with it
-    roomy = wg.recommend("resnet50", gpu_only=True, gpus=["rtx-4090"])
-    assert any("--used ranks with it" in r for r in roomy.ranking[0].reasons)
+    roomy = wg.recommend("resnet50", gpu_only=True, used=False, gpus=["rtx-4090"])
+    assert any("without --new it ranks with it" in r for r in roomy.ranking[0].reasons)
 
 
 def _copy_data(tmp_path: Path) -> Path:

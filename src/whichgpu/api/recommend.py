@@ -60,7 +60,7 @@ def recommend(
     acquire: str | None = None,
     budget_usd: float | None = None,
     within_hours: float | None = None,
-    used: bool = False,
+    used: bool | None = None,
     gpu_only: bool = False,
     provider: str | None = None,
     gpu_count: int | str | None = None,
@@ -85,8 +85,9 @@ def recommend(
 ) -> Ranking:
     """Which GPU? Every catalog GPU (or ``gpus``) that fits, ranked for the question, with why.
 
-    ``acquire``: ``"buy"`` (purchase + electricity; ``used=True`` for used prices;
-    ``gpu_only=True`` when the computer is already there) or ``"rent"``
+    ``acquire``: ``"buy"`` (purchase + electricity, at a GPU's used price where the catalog
+    has one below its new price, ``used=False`` for new prices only; ``gpu_only=True`` when
+    the computer is already there) or ``"rent"``
     (cloud rate; ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
     ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
     per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).

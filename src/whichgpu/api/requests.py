@@ -163,8 +163,9 @@ class RecommendRequest:
     """Buy: the machine's price at most; rent: the job's rental at most (with a job size)."""
     within_hours: float | None = None
     """A deadline for a job given in work (``samples``, ``tokens``, ``epochs``)."""
-    used: bool = False
-    """Buy used cards."""
+    used: bool | None = None
+    """Buying: True or None (not said) ranks a GPU at its used price where that is lower than
+    its new one; False at new prices only."""
     gpu_only: bool = False
     """Buy the GPUs alone (the computer is already there)."""
     provider: str | None = None

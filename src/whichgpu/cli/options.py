@@ -398,10 +398,14 @@ PresetOption = Annotated[
     ),
 ]
 UsedOption = Annotated[
-    bool,
+    Optional[bool],  # noqa: UP045
     typer.Option(
-        "--used",
-        help="Open to used cards: a GPU's used price where it is lower than new.",
+        "--used/--new",
+        help=(
+            "Buying: rank a GPU at its used price where the catalog has one below its new "
+            "price (the default), or at new prices only (--new)."
+        ),
+        show_default=False,
         rich_help_panel=QUESTION_PANEL,
     ),
 ]

@@ -27,7 +27,7 @@ def recommend(
     preset: o.PresetOption = None,
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
-    used: o.UsedOption = False,
+    used: o.UsedOption = None,
     gpu_only: o.GpuOnlyOption = False,
     budget: o.BudgetOption = None,
     provider: o.ProviderOption = None,
@@ -112,7 +112,7 @@ def recommend(
 
       whichgpu recommend --for kaggle
 
-      whichgpu recommend --for kaggle --budget 800 --used --gpu-only   # $800 for the GPU alone
+      whichgpu recommend --for kaggle --budget 800 --gpu-only   # $800 for the GPU alone, used or new
     """
     from whichgpu.api import answer_recommend
 

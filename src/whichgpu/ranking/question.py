@@ -3,7 +3,7 @@ under which constraints.
 
 ``ask`` turns what the caller gave (keywords, and a preset whose values fill what was not
 given) into a ``Question`` and the run options to size, applying every rule on how the
-options combine: one job size, ``--within`` only with a job in work, ``--used`` and
+options combine: one job size, ``--within`` only with a job in work, ``--used``/``--new`` and
 ``--gpu-only`` only to buy, a renter's ``--budget`` only with a job. Where a preset's value
 cannot apply it is dropped with a note rather than refused; where the user's can not, it is
 a ``UsageError``. ``gpu_counts``, ``keep_vendor`` and ``check_provider`` check the options that
@@ -35,6 +35,7 @@ class Question:
     within_hours: float | None = None
     region: str | None = None
     used: bool = False
+    """Buying: rank each GPU at its used price where that is lower than its new one."""
     gpu_only: bool = False
     provider: str | None = None
     min_batch: int | None = None
@@ -75,7 +76,7 @@ def ask(
     acquire: str | None = None,
     budget_usd: float | None = None,
     within_hours: float | None = None,
-    used: bool = False,
+    used: bool | None = None,
     gpu_only: bool = False,
     provider: str | None = None,
     gpu_count: int | str | None = None,
@@ -92,7 +93,9 @@ def ask(
 ) -> Asked:
     """The question asked, checked. ``named``: the caller names its own model (a ``config``
     file or a ``model`` function), so the preset's workload does not replace it; explicit
-    arguments win over the preset's values."""
+    arguments win over the preset's values. ``used``: True (``--used``) or None (not said)
+    ranks a GPU to buy at its used price where that is lower than its new one; False
+    (``--new``) at new prices only."""
     from whichgpu.ranking.presets import get_preset
 
     chosen = get_preset(preset) if preset is not None else None
@@ -125,6 +128,7 @@ def ask(
         if hours is None and samples is None and tokens is None and epochs is None:
             hours, samples, tokens = asked.get("hours"), asked.get("samples"), asked.get("tokens")
     mode = _acquire(acquire or "buy", used=used, gpu_only=gpu_only)
+    open_to_used = mode == "buy" and used is not False
     require_positive("budget_usd", budget_usd, "dollars")
     require_positive("within_hours", within_hours, "hours")
     require_positive("min_batch", min_batch, "samples")
@@ -156,7 +160,7 @@ def ask(
         job=job,
         budget_usd=budget_usd,
         within_hours=within_hours,
-        used=used,
+        used=open_to_used,
         gpu_only=gpu_only,
         provider=provider,
         min_batch=min_batch,
@@ -183,12 +187,13 @@ def serving_engine(serving: str | None, mode: str | None) -> ServingEngine | Non
     return get_serving_engine(serving)
 
 
-def _acquire(acquire: str, *, used: bool, gpu_only: bool) -> AcquireMode:
+def _acquire(acquire: str, *, used: bool | None, gpu_only: bool) -> AcquireMode:
     """``buy`` or ``rent``, checked against the options that only buying takes."""
     if acquire not in ("buy", "rent"):
         raise UsageError(f"Choose --buy or --rent, not '{acquire}'.")
-    if used and acquire == "rent":
-        raise UsageError("--used prices cards to buy; drop it to rent (or use --buy).")
+    if used is not None and acquire == "rent":
+        said = "--used" if used else "--new"
+        raise UsageError(f"{said} prices cards to buy; drop it to rent (or use --buy).")
     if gpu_only and acquire == "rent":
         raise UsageError(
             "--gpu-only prices bought cards without a computer around them; drop it to rent "

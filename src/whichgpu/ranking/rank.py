@@ -295,14 +295,14 @@ def rank(
                     saving = (price.usd - cheaper.usd) * option.count
                     fits = purchase - saving <= q.budget_usd
                     reason += f"; used it is ${cheaper.usd:,.0f} a GPU ({cheaper.as_of}), " + (
-                        "which fits: add --used" if fits else "still over"
+                        "which fits: drop --new" if fits else "still over"
                     )
                 exclude(option, "budget", reason)
                 continue
             if cheaper is not None:
                 extra.append(
                     f"a used one is ${cheaper.usd:,.0f} ({cheaper.as_of}, {cheaper.source}), "
-                    f"${price.usd - cheaper.usd:,.0f} below the price ranked: --used ranks with it"
+                    f"${price.usd - cheaper.usd:,.0f} below the price ranked: without --new it ranks with it"
                 )
         else:
             try:
@@ -482,8 +482,8 @@ def _software_reasons(verdicts: Sequence[SupportVerdict]) -> tuple[list[str], in
 
 
 def _used_instead(catalog: Catalog, gpu_id: str, price: Price, used: bool) -> Price | None:
-    """Without ``--used``: the newest used price of the GPU where it is below ``price`` (what
-    ``--used`` would rank with); None otherwise."""
+    """With ``--new``: the newest used price of the GPU where it is below ``price`` (what
+    ranking without ``--new`` would use); None otherwise."""
     if used or price.kind == "used":
         return None
     second_hand = purchase_price(catalog, gpu_id, "used")
@@ -770,7 +770,7 @@ def _next_steps(
         if not q.gpu_only:
             steps.append("--gpu-only if you have the computer")
         if not q.used:
-            steps.append("--used")
+            steps.append("used prices (drop --new)")
     if counts.get("price") and not counts.get("budget"):
         steps.append("--prices FILE with your own prices")
     if counts.get("batch") and q.min_batch is not None:
@@ -813,8 +813,8 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "data, sourced and dated), other machines the class's whole-build figure (cost data)"
         )
         notes.append(
-            "buy: GPU price (newest new, else used, else launch; --used: the used price where it "
-            f"is lower) x count {base}; a "
+            "buy: GPU price (newest new, else used, else launch; the used price where it is "
+            f"lower, unless --new) x count {base}; a "
             "job adds its electricity at the region's price (board power + the class's CPU "
             "figure, for the job's hours); resale is not counted (see whichgpu cost breakeven)"
         )
@@ -828,8 +828,13 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         notes.append(SOFTWARE_TIER_NOTE)
     if q.mode == "buy" and not q.used:
         notes.append(
-            "prices: a GPU with no new price is ranked at its used price; --used also ranks at "
-            "a used price where one is lower than the new one"
+            "prices: new prices (--new); a GPU with no new price is ranked at its used price"
+        )
+    elif q.mode == "buy":
+        notes.append(
+            "prices: a GPU is ranked at its used price where the catalog has one below its new "
+            "price (marked 'used'; a second-hand card, usually without the maker's warranty); "
+            "--new ranks at new prices"
         )
     if q.serving is not None:
         notes.append(
