@@ -71,20 +71,24 @@ def report(
     prices: Sequence[Path | str] | None = None,
     progress: Callable[[str], None] | None = None,
     preset: str | None = None,
-    used: bool = False,
+    used: bool | None = None,
     gpu_only: bool = False,
     provider: str | None = None,
     within_hours: float | None = None,
     min_batch: int | None = None,
     sort: str | None = None,
     vendor: str | None = None,
+    serving: str | None = None,
+    quantization: str | None = None,
     **run_options: Any,
 ) -> ReportData:
     """Everything ``whichgpu report`` shows, computed once and returned as ``ReportData``.
 
     The recommendation (``recommend`` with the same question: ``preset``, ``used``,
     ``gpu_only``, ``provider``, ``within_hours``, ``min_batch``, ``sort`` and ``vendor`` are
-    its), then for its candidates (or
+    its, and so are ``serving`` and ``quantization``: with an engine, every GPU's speed also
+    carries the engine's TTFT, TPOT, output tokens/s and cost per million tokens,
+    ``ThroughputEstimate.serving_speed``), then for its candidates (or
     ``gpus``): throughput per GPU normalised to ``reference`` (default: the leading candidate;
     a stored ``bench`` result of the same run replaces the prediction and is marked measured),
     memory and the largest batch (``fit``), performance per dollar of the GPU alone, of 1, 2,
@@ -120,6 +124,8 @@ def report(
             region=region,
             top=top,
             sort=sort,
+            serving=serving,
+            quantization=quantization,
             stack=stack,
             store=store,
             prices=prices,
@@ -144,7 +150,7 @@ def answer_report(
     catalog = load_catalog(asked.prices)
     notes: list[str] = []
     shown, ref_id = _shown(ranking, asked.gpus, request.reference, catalog, chosen)
-    speeds_predicted, memory = _predicted(target, ranking, shown, asked.stack)
+    speeds_predicted, memory = _predicted(target, ranking, shown, asked)
     # the measurements the ranking used (its assumptions carry the notes of those left out)
     one_gpu = prepare(chosen, ranking.run.model_copy(update={"gpus": 1}), target.config, None)
     measured, _ = measurements(chosen, one_gpu, asked.store, get_stack(asked.stack), [])
@@ -159,7 +165,7 @@ def answer_report(
         catalog,
         shown=[p.gpu for p in speeds],
         memory_method=memory[0].method if memory else "",
-        described=_described(chosen, ranking, target.config, target.model, asked.stack),
+        described=_described(chosen, ranking, target.config, target.model, asked),
         store_text=store_text,
     )
     keep_replays()
@@ -185,12 +191,23 @@ def answer_report(
 
 
 def _predicted(
-    target: Target, ranking: Ranking, shown: Sequence[str], stack: str | None
+    target: Target, ranking: Ranking, shown: Sequence[str], asked: RecommendRequest
 ) -> tuple[ResultList[ThroughputEstimate], ResultList[MemoryEstimate]]:
     """The predicted speeds and the memory of the ``shown`` GPUs, for the run the ranking
-    answered (a preset's options included), on one GPU each."""
+    answered (a preset's options included), on one GPU each; with the question's serving
+    engine, each speed carries the engine's (``serving_speed``)."""
     run = run_config(**ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"}))
-    speeds = answer_predict(PredictRequest(target, run, gpus=shown, stack=stack))
+    stack = asked.stack
+    speeds = answer_predict(
+        PredictRequest(
+            target,
+            run,
+            gpus=shown,
+            stack=stack,
+            serving=asked.serving,
+            quantization=asked.quantization,
+        )
+    )
     memory = answer_fit(FitRequest(target, run, gpus=shown, stack=stack))
     return speeds, memory
 
@@ -397,10 +414,11 @@ def _described(
     ranking: Ranking,
     config: Path | str | None,
     model: str | None,
-    stack: str | None,
+    asked: RecommendRequest,
 ) -> dict[str, str]:
     """The run and the question in words, for the provenance."""
     run = ranking.run
+    stack = asked.stack
     return {
         "workload": chosen.info.name,
         **({"config": str(config)} if config else {}),
@@ -412,4 +430,6 @@ def _described(
         **({"job": ranking.job.describe()} if ranking.job else {}),
         **({"budget": f"${ranking.budget_usd:,.0f}"} if ranking.budget_usd else {}),
         **({"stack": stack} if stack else {}),
+        **({"serving": asked.serving} if asked.serving else {}),
+        **({"quantization": asked.quantization} if asked.quantization else {}),
     }

@@ -112,7 +112,7 @@ def recommend(
 
       whichgpu recommend --for kaggle
 
-      whichgpu recommend --for kaggle --budget 800 --gpu-only   # $800 for the GPU alone, used or new
+      whichgpu recommend --for kaggle --budget 800 --gpu-only   # $800 for the GPU alone
     """
     from whichgpu.api import answer_recommend
 

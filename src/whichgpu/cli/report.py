@@ -49,7 +49,7 @@ def report(
     preset: o.PresetOption = None,
     buy: o.BuyOption = False,
     rent: o.RentOption = False,
-    used: o.UsedOption = False,
+    used: o.UsedOption = None,
     gpu_only: o.GpuOnlyOption = False,
     budget: o.BudgetOption = None,
     provider: o.ProviderOption = None,
@@ -112,8 +112,9 @@ def report(
         Optional[str],  # noqa: UP045
         typer.Option(
             "--chart",
-            help="With --format svg/png: throughput (default), batch, memory, value, rent or "
-            "breakeven.",
+            help="With --format svg/png: throughput (default), batch, memory, value, rent, "
+            "breakeven, or with --serving serving-latency (TPOT, or TTFT of prefill-only "
+            "requests, against concurrency) or serving-cost ($ per million tokens).",
             rich_help_panel=_OUT,
         ),
     ] = None,
@@ -139,7 +140,19 @@ def report(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,
+    serving: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--serving",
+            help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm): a "
+            "GPU fits when the engine's KV cache holds --concurrency sequences of --context + "
+            "--new-tokens, and ranks by its output tokens/s and $ per million output tokens. "
+            "Default: plain PyTorch generation.",
+            show_default=False,
+        ),
+    ] = None,
     prices: o.PricesOption = None,
+    quantization: o.QuantizationOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Write one HTML report: the answer, speed, memory, value per dollar and provenance.
@@ -154,6 +167,9 @@ def report(
     breakdown against capacity; performance per dollar of the GPU alone, of 1-8 GPU machines
     and rented, and the cloud-against-own curve; your stored benchmark results (--results);
     and where every number comes from. --format svg writes one chart (--chart) instead.
+    With --serving (an engine, as `whichgpu recommend --serving`), the speed section adds the
+    engine's TTFT, TPOT, output tokens/s and $ per million output tokens per GPU, with TPOT
+    against concurrency and the cost per million tokens as charts.
 
     Examples:
 
@@ -162,9 +178,11 @@ def report(
       whichgpu report llama-3.1-8b --method qlora --checkpointing --budget 1500 --results
 
       whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
+
+      whichgpu report llama-3.1-8b --mode inference --concurrency 32 --serving vllm --rent
     """
     from whichgpu.api import ReportRequest, answer_report
-    from whichgpu.report.charts import CHARTS, chart_svg
+    from whichgpu.report.charts import CHARTS, SERVING_CHARTS, chart_svg
     from whichgpu.report.html import render_html, report_doc
 
     if buy and rent:
@@ -176,8 +194,9 @@ def report(
             "--chart picks the one chart of --format svg or png; the HTML report has them all."
         )
     chart = chart or "throughput"
-    if chart not in CHARTS:
-        raise UsageError(f"--chart: '{chart}' is not one of {', '.join(CHARTS)}.")
+    if chart not in CHARTS + SERVING_CHARTS:
+        names = ", ".join(CHARTS + SERVING_CHARTS)
+        raise UsageError(f"--chart: '{chart}' is not one of {names}.")
     default_name = "report.html" if fmt == "html" else f"{chart}.{fmt}"
     target = out or Path(default_name)
     if not json:  # never over a folder, the results store or another SQLite database

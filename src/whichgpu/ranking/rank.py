@@ -302,7 +302,8 @@ def rank(
             if cheaper is not None:
                 extra.append(
                     f"a used one is ${cheaper.usd:,.0f} ({cheaper.as_of}, {cheaper.source}), "
-                    f"${price.usd - cheaper.usd:,.0f} below the price ranked: without --new it ranks with it"
+                    f"${price.usd - cheaper.usd:,.0f} below the price ranked: without --new "
+                    "it ranks with it"
                 )
         else:
             try:

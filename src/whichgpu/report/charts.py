@@ -18,6 +18,8 @@ from whichgpu.store import ResultPivot
 
 CHARTS = ("throughput", "batch", "memory", "value", "rent", "breakeven")
 """Names of the single charts ``whichgpu report --format svg --chart NAME`` writes."""
+SERVING_CHARTS = ("serving-latency", "serving-cost")
+"""The single charts of a report with a serving engine (``--serving``) only."""
 
 WIDTH = 760
 """Width of every chart, in SVG units (it scales to the page)."""
@@ -145,6 +147,9 @@ class Bar:
     note: str = ""
     text: str | None = None
     """The value as written beside the bar (default: ``num(value)``)."""
+    drawn: bool = True
+    """False: no bar, only its label and ``text`` (a value that is not known, such as a GPU
+    without a price, is listed rather than drawn as 0)."""
 
 
 def _svg_open(height: float, title: str, name: str) -> str:
@@ -237,7 +242,7 @@ def bar_chart(
     texts = [f"{b.text if b.text is not None else num(b.value)}{b.note}" for b in bars]
     right = max([text_width(t) for t in texts] + [20.0]) + 4 + SIDE
     plot_w = WIDTH - label_w - right
-    highest = max([b.high or b.value for b in bars] + [marker or 0.0, 1e-12])
+    highest = max([b.high or b.value for b in bars if b.drawn] + [marker or 0.0, 1e-12])
     ticks = _ticks(highest)
     scale_top = max(ticks[-1], highest)
 
@@ -259,6 +264,14 @@ def bar_chart(
             f'<g class="datum"><title>{esc(b.tooltip)}</title>'
             f'<text x="{label_w - 6:.0f}" y="{y + ROW * 0.65:.1f}" text-anchor="end">'
             f"{_label(b.label, label_w)}</text>"
+        )
+        if not b.drawn:
+            out.append(
+                f'<text class="missing" x="{label_w + 4:.1f}" y="{y + ROW * 0.65:.1f}" '
+                f'fill="#555">{esc(text)}</text></g>'
+            )
+            continue
+        out.append(
             f'<rect class="bar" x="{label_w:.0f}" y="{y + 3}" '
             f'width="{max(x(b.value) - label_w, 0.5):.1f}"'
             f' height="{ROW - 6}" fill="{b.color}" data-value="{b.value!r}"/>'
@@ -553,6 +566,10 @@ def chart_svg(data: ReportData, name: str) -> str:
             if table.price_kind.startswith("cloud") == cloud and (cloud or table.count is None):
                 return value_chart(table, name)
         raise LookupError(f"The report has no {'rented' if cloud else 'purchase'} prices.")
+    if name in SERVING_CHARTS:
+        from whichgpu.report.serving_charts import serving_chart
+
+        return serving_chart(data, name)
     if name == "breakeven":
         if data.breakeven is None:
             why = next((n for n in data.notes if n.startswith("Cloud against own for")), None)
@@ -562,7 +579,9 @@ def chart_svg(data: ReportData, name: str) -> str:
                 why = why.rstrip(".") + " (options of whichgpu cost breakeven)"
             raise LookupError(f"The report has no break-even curve: {why}.")
         return breakeven_chart(data.breakeven, lead_label(data))
-    raise LookupError(f"No chart named '{name}'; choose one of {', '.join(CHARTS)}.")
+    raise LookupError(
+        f"No chart named '{name}'; choose one of {', '.join(CHARTS + SERVING_CHARTS)}."
+    )
 
 
 def lead_label(data: ReportData) -> str:

@@ -27,8 +27,17 @@ from whichgpu.report.charts import (
     usd,
     value_chart,
 )
+from whichgpu.report.serving import NO_TPOT
+from whichgpu.report.serving_charts import (
+    LATENCY_GPUS,
+    NO_PRICE,
+    cost_chart,
+    has_price,
+    latency_chart,
+    served,
+)
 from whichgpu.report_data import ReportData
-from whichgpu.schema import SCHEMA_VERSION, ThroughputEstimate
+from whichgpu.schema import SCHEMA_VERSION, ServingSpeed, ThroughputEstimate
 
 
 def report_doc(data: ReportData) -> dict[str, Any]:
@@ -201,8 +210,121 @@ def _speed(data: ReportData) -> str:
         + html_table(columns, rows, "Throughput per GPU", "speeds")
         + _assumptions(
             ThroughputEstimate.merged_assumptions(data.throughput), "What the predictions assume"
-        ),
+        )
+        + _serving(data),
     )
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else num(seconds * 1000)
+
+
+def _serving(data: ReportData) -> str:
+    """With a serving engine (``--serving``): its figures per GPU, TPOT (TTFT of prefill-only
+    requests) against the concurrency, and its dollars per million tokens; else nothing."""
+    pairs = served(data)
+    if not pairs:
+        return ""
+    first = pairs[0][1]
+    prefill = first.new_tokens == 0
+    targets = first.max_concurrency_within_targets is not None
+    tokens = "prompt" if prefill else "output"
+    columns = [
+        Column("GPU", label=True),
+        Column("GPUs", True),
+        Column("concurrency", True),
+        Column("TTFT ms (latency)" if prefill else "TTFT ms", True),
+        Column("TPOT ms", True),
+        *(
+            [Column("requests/s", True), Column("prompt tokens/s", True)]
+            if prefill
+            else [Column("output tokens/s", True)]
+        ),
+        Column("step bound" if prefill else "decode bound"),
+        Column("max concurrency", True),
+        *([Column("within targets", True)] if targets else []),
+        Column(f"$ / M {tokens} tokens", True),
+        *([Column("$ / 1k requests", True)] if prefill else []),
+        Column("price"),
+    ]
+    rows = [_serving_row(e, s, prefill, targets) for e, s in pairs]
+    what = (
+        f"{first.context} prompt tokens per request, prefill only"
+        if prefill
+        else f"{first.context} prompt + {first.new_tokens} new tokens per request"
+    )
+    intro = (
+        f"<p>Served by {esc(first.engine_label)}: {esc(what)}. The ranking above rates the "
+        f"GPUs by the engine's {tokens} tokens/s; the throughput chart above is plain "
+        "PyTorch generation. "
+        + (
+            f"Prefill-only requests (--new-tokens 0) generate no token: TPOT is {NO_TPOT}, TTFT "
+            "is the request's whole latency, and the cost is per million prompt tokens. "
+            if prefill
+            else ""
+        )
+        + f"Costs rent the GPU at the catalog's cheapest on-demand rate and keep the engine "
+        f"busy; a GPU without a rent says {esc(NO_PRICE)}.</p>"
+    )
+    curves = [e.gpu_name for e, s in pairs[:LATENCY_GPUS] if s.by_concurrency]
+    figures = _figure(latency_chart(data)) if curves else ""
+    if has_price(data):
+        figures += _figure(cost_chart(data))
+    assumptions: list[str] = []
+    for _, s in pairs:
+        assumptions.extend(a for a in s.assumptions if a not in assumptions)
+    return (
+        f'<div id="serving"><h3>Served by {esc(first.engine_label)}</h3>'
+        + intro
+        + figures
+        + html_table(columns, rows, f"{first.engine_label} per GPU", "serving-table")
+        + _assumptions(assumptions, "What the engine's figures assume")
+        + "</div>"
+    )
+
+
+def _serving_row(
+    e: ThroughputEstimate, s: ServingSpeed, prefill: bool, targets: bool
+) -> list[Cell]:
+    cost = s.usd_per_million_prompt_tokens if prefill else s.usd_per_million_output_tokens
+    return [
+        Cell(e.gpu_name),
+        Cell(str(s.gpus), s.gpus),
+        Cell(str(s.concurrency), s.concurrency),
+        Cell(_ms(s.ttft_s), s.ttft_s),
+        Cell(NO_TPOT, None) if prefill else Cell(_ms(s.tpot_s), s.tpot_s),
+        *(
+            [
+                Cell(num(s.requests_per_s), s.requests_per_s),
+                Cell(num(s.prompt_tokens_per_s), s.prompt_tokens_per_s),
+            ]
+            if prefill
+            else [Cell(num(s.output_tokens_per_s), s.output_tokens_per_s)]
+        ),
+        Cell((s.step_bound if prefill else s.decode_bound) or "-"),
+        Cell("-" if s.max_concurrency is None else str(s.max_concurrency), s.max_concurrency),
+        *(
+            [
+                Cell(
+                    str(s.max_concurrency_within_targets),
+                    s.max_concurrency_within_targets,
+                )
+            ]
+            if targets
+            else []
+        ),
+        Cell(NO_PRICE if cost is None else f"${num(cost)}", cost),
+        *(
+            [Cell(_usd_or_none(s.usd_per_thousand_requests), s.usd_per_thousand_requests)]
+            if prefill
+            else []
+        ),
+        Cell(s.price_source or "-"),
+    ]
+
+
+def _usd_or_none(value: float | None) -> str:
+    return NO_PRICE if value is None else f"${num(value)}"
 
 
 def _memory(data: ReportData) -> str:
@@ -562,6 +684,8 @@ def render_html(data: ReportData) -> str:
         summary += f", budget {usd(data.ranking.budget_usd)}"
     sections = [_answer(data), _speed(data), _memory(data), _value(data)]
     links = [("answer", "Answer"), ("speed", "Speed"), ("memory", "Memory"), ("value", "Value")]
+    if served(data):
+        links.insert(2, ("serving", "Serving"))
     if data.results is not None or data.provenance.store is not None:
         sections.append(_results(data))
         links.append(("results", "Your results"))
