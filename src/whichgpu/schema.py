@@ -944,11 +944,13 @@ class ServingSpeedPoint(_Frozen):
     """Time to first token of one request's prompt, prefilled in chunks beside the other
     sequences' decodes, s. Prefill-only requests (``new_tokens`` 0): the request's latency."""
     tpot_s: float | None
-    """Time per output token: one decode step of every running sequence, s. None for
-    prefill-only requests, which generate no token."""
+    """Time per output token: a step of the steady state, every running sequence's decode
+    token with the arriving requests' prompts beside them, s. None for prefill-only requests,
+    which generate no token."""
     output_tokens_per_s: float
-    """``concurrency / tpot_s``: output tokens per second over all sequences; 0 for
-    prefill-only requests, which generate none (see ``requests_per_s``)."""
+    """``concurrency / tpot_s`` (less where the step budget holds the prompts back): output
+    tokens per second over all sequences; 0 for prefill-only requests, which generate none
+    (see ``requests_per_s``)."""
     requests_per_s: float | None = None
     """Requests completed per second (``decode_requests_per_s``); of prefill-only requests,
     prompt tokens per second / prompt tokens. None in answers from before it."""
@@ -989,10 +991,11 @@ class ServingSpeed(_Frozen):
     latency, ``concurrency / requests_per_s`` (Little's law; queueing for the engine's token
     budget included)."""
     tpot_s: float | None
-    """Time per output token at ``concurrency`` (one decode step), s; None for prefill-only
-    requests."""
+    """Time per output token at ``concurrency`` (a step of the steady state: the decodes and
+    the arriving prompts beside them), s; None for prefill-only requests."""
     output_tokens_per_s: float
-    """``concurrency / tpot_s``, over all GPUs serving the model; 0 for prefill-only
+    """``concurrency / tpot_s`` (less where the step budget holds the prompts back), over all
+    GPUs serving the model; 0 for prefill-only
     requests, which generate none (their rate is ``requests_per_s``, ``prompt_tokens_per_s``)."""
     decode_bound: Literal["memory", "compute"] | None
     """What limits the decode step: the bytes it reads or its FLOPs; None for prefill-only
@@ -1239,10 +1242,11 @@ class MeasuredMemoryCase(_Frozen):
     """What the comparison assumes or why part of it is missing."""
 
 
-ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry"]
+ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry", "serving"]
 """A reference ``validate`` compares with: Lambda's 2020 table, whichgpu's own bench results
 (``validate/data/measured/*.json``), the measurements on an NVIDIA H200 of 2026-11-26 (an
-independent training loop), or MosaicML llm-foundry's published MPT training benchmarks."""
+independent training loop), MosaicML llm-foundry's published MPT training benchmarks, or
+published serving measurements of vLLM and TensorRT-LLM (``validate/data/serving``)."""
 
 
 class SourceSummary(_Frozen):
@@ -1345,14 +1349,15 @@ class ReferenceThroughputCase(_Frozen):
     run: RunConfig
     """The run predicted."""
     quantity: str
-    """What ``measured`` and ``predicted`` count: ``s/step`` or ``tokens/s per GPU``."""
+    """What ``measured`` and ``predicted`` count: ``s/step``, ``tokens/s per GPU``, or a
+    serving engine's ``output tokens/s``, ``TPOT ms`` or ``TTFT ms``."""
     measured: float
     """Measured value."""
     predicted: float | None
     """Predicted value (None: no prediction, see ``note``)."""
     error: float | None = None
-    """Speed error: ``predicted speed / measured speed - 1`` (for step times, ``measured /
-    predicted - 1``); positive means predicted faster."""
+    """Speed error: ``predicted speed / measured speed - 1`` (for times: step, TPOT, TTFT,
+    ``measured / predicted - 1``); positive means predicted faster."""
     measured_mfu: float | None = None
     """Model FLOPs utilisation the reference states or implies."""
     predicted_mfu: float | None = None

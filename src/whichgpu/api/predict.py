@@ -611,8 +611,12 @@ def _decoding_assumptions(
         *moe,
         f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
         "step budget less the other sequences' decode tokens (steady state, no queueing)",
-        "TPOT is a decode step without prefill chunks beside it: measured mean TPOTs, "
-        "which include the other requests' prefills, are higher",
+        "TPOT: a step of the steady state, every sequence's decode token and beside them "
+        "the prompts of the requests that replace the finished ones (each prompt prefilled "
+        f"once over its {new} decode steps: concurrency x {context} / {new} prompt tokens a "
+        f"step, within the {engine.prefill_chunk_tokens}-token budget), as a measured mean "
+        "TPOT includes them; output tokens/s = concurrency / TPOT, or the prompts' pace "
+        "where the budget holds them back",
         *rate_notes,
         "cost per million output tokens: the cheapest catalog on-demand rate for this "
         "machine size x GPUs / output tokens per hour at this concurrency, kept busy",

@@ -425,7 +425,7 @@ class EngineSpeed:
         self.chunk_tokens = chunk_tokens
         self._reduce_s = reduce_s
 
-    def _step(self, tokens: int, attended_tokens: float, kv_read_tokens: float) -> StepCost:
+    def _step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
         """A step running ``tokens`` tokens that attend over ``attended_tokens`` in all
         (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache."""
         shape, rates, n = self.shape, self.rates, self.rates.gpus
@@ -453,6 +453,22 @@ class EngineSpeed:
         length ``context + new_tokens / 2``."""
         length = context + new_tokens / 2
         return self._step(concurrency, concurrency * length, concurrency * length)
+
+    def steady_step(
+        self, concurrency: int, context: int, new_tokens: int
+    ) -> tuple[StepCost, float]:
+        """A step of the steady state and the prompt tokens it runs: every running sequence's
+        decode token and, beside them, the prompts of the requests that take the finished
+        ones' places. A request's prompt is prefilled once over its ``new_tokens`` steps, so
+        ``concurrency x context / new_tokens`` prompt tokens a step on average, as far as the
+        engine's token budget leaves room (the decode tokens go first); the prompt tokens
+        attend over half their prompt on average and write their keys and values."""
+        length = context + new_tokens / 2
+        wanted = concurrency * context / new_tokens
+        prompt = min(wanted, max(self.chunk_tokens - concurrency, 0))
+        attended = concurrency * length + prompt * context / 2
+        kv_read = concurrency * length + prompt
+        return self._step(concurrency + prompt, attended, kv_read), prompt
 
     def bandwidth_bound_s(self, concurrency: int, context: int, new_tokens: int) -> float:
         """The decode step's bytes at the full DRAM bandwidth (no compute, no exchange)."""
@@ -486,18 +502,28 @@ class EngineSpeed:
         return self._step(others + size, attended, kv_read)
 
     def point(self, concurrency: int, context: int, new_tokens: int) -> ServingSpeedPoint:
-        """TTFT, TPOT and output tokens/s at ``concurrency`` (of prefill-only requests,
-        ``new_tokens`` 0: ``prefill_point``)."""
+        """TTFT, TPOT and output tokens/s at ``concurrency`` in the steady state (of
+        prefill-only requests, ``new_tokens`` 0: ``prefill_point``). TPOT is the steady
+        state's step (``steady_step``: the decodes and the arriving prompts beside them), so
+        the GPU's time per output token counts the prompts' work too; where the token budget
+        leaves the prompts less room than the finished requests free, the prompts set the
+        pace: requests/s = prompt tokens per step / (context x step time)."""
         if new_tokens == 0:
             return self.prefill_point(concurrency, context)
-        tpot = self.decode(concurrency, context, new_tokens).seconds
+        step, prompt = self.steady_step(concurrency, context, new_tokens)
+        tpot = step.seconds
         ttft = self.ttft(concurrency, context, new_tokens)
-        requests_per_s = decode_requests_per_s(concurrency, ttft, tpot, new_tokens)
+        if prompt < concurrency * context / new_tokens:  # the budget holds the prompts back
+            requests_per_s = prompt / (context * tpot)
+            output = requests_per_s * new_tokens
+        else:
+            requests_per_s = decode_requests_per_s(concurrency, ttft, tpot, new_tokens)
+            output = concurrency / tpot
         return ServingSpeedPoint(
             concurrency=concurrency,
             ttft_s=ttft,
             tpot_s=tpot,
-            output_tokens_per_s=concurrency / tpot,
+            output_tokens_per_s=output,
             requests_per_s=requests_per_s,
             prompt_tokens_per_s=requests_per_s * context,
         )

@@ -146,14 +146,17 @@ def reference_throughput_view(cases: Sequence[ReferenceThroughputCase]) -> Rende
     """Speeds measured or published outside whichgpu's harness against ``predict``, a table
     per reference."""
     parts: list[RenderableType] = []
-    for source in dict.fromkeys(c.source for c in cases):
-        mine = [c for c in cases if c.source == source]
+    groups = dict.fromkeys((c.source, c.quantity) for c in cases)
+    for source, quantity in groups:
+        mine = [c for c in cases if c.source == source and c.quantity == quantity]
+        several = sum(s == source for s, _ in groups) > 1
         table = Table(
             header_style="bold",
-            title=f"Speed: {SOURCE_TITLES[source]}, against predict",
+            title=f"Speed: {SOURCE_TITLES[source]}"
+            + (f", {quantity}" if several else "")
+            + ", against predict",
             title_justify="left",
         )
-        quantity = mine[0].quantity
         for column in ("case", "GPU", f"measured {quantity}", "predicted", "error", "MFU"):
             table.add_column(column, justify="left" if column in ("case", "GPU") else "right")
         table.add_column("note")
@@ -172,12 +175,13 @@ def reference_throughput_view(cases: Sequence[ReferenceThroughputCase]) -> Rende
                 else (f"- / {c.predicted_mfu:.0%}" if c.predicted_mfu is not None else "-"),
                 c.note,
             )
-        parts.extend((table, _settings(source)))
+        last = [q for s, q in groups if s == source][-1] == quantity
+        parts.extend((table, _settings(source)) if last else (table,))
     if parts:
         parts.append(
             Text(
-                "error: predicted speed / measured - 1 (for step times, measured / predicted - "
-                "1): positive means predicted faster; MFU: stated / predicted.",
+                "error: predicted speed / measured - 1 (for times: step, TPOT, TTFT, measured / "
+                "predicted - 1): positive means predicted faster; MFU: stated / predicted.",
                 style="dim",
             )
         )

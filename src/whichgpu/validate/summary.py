@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from whichgpu.errors import UsageError
 from whichgpu.schema import ReferenceSource, SourceSummary
 
-SOURCES: tuple[ReferenceSource, ...] = ("lambda2020", "own", "h200-2026-11", "llm-foundry")
+SOURCES: tuple[ReferenceSource, ...] = (
+    "lambda2020",
+    "own",
+    "h200-2026-11",
+    "llm-foundry",
+    "serving",
+)
 """Every reference, in the order the commands print them."""
 
 SOURCE_TITLES: dict[ReferenceSource, str] = {
@@ -18,6 +24,7 @@ SOURCE_TITLES: dict[ReferenceSource, str] = {
     "own": "whichgpu's own measurements",
     "h200-2026-11": "NVIDIA H200, 2026-11-26 and -27 (independent training loop)",
     "llm-foundry": "MosaicML llm-foundry MPT benchmarks (8x A100/H100 80GB, FSDP)",
+    "serving": "published serving measurements (vLLM, TensorRT-LLM)",
 }
 """How the views name each reference."""
 
@@ -44,6 +51,13 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "attention, FlashAttention in Triton's pre-MLIR backend (Ampere's instructions), as "
         "the stack llm-foundry-2023 (--stack): on the H100s at half the rate of today's "
         "Hopper kernels, on the A100s at the GPU's own rate"
+    ),
+    "serving": (
+        "each row as its publication ran it (engine and version, GPU, model, prompt and output "
+        "tokens, concurrency; validate/data/serving/README.md), asked of predict --serving "
+        "with the engine's defaults as whichgpu models them (the version whichgpu models, not "
+        "the row's); whichgpu's TTFT and TPOT are those of the steady state at the "
+        "concurrency, a benchmark's means include its first requests' queueing"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

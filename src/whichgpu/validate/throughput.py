@@ -522,6 +522,7 @@ def validate_throughput(
     from whichgpu.validate.h200 import h200_throughput
     from whichgpu.validate.llm_foundry import foundry_throughput, stale_profiles_note
     from whichgpu.validate.measured import compare_throughputs, shipped_measurements
+    from whichgpu.validate.serving import QUANTITIES, serving_throughput
 
     own = (
         compare_throughputs(
@@ -534,6 +535,7 @@ def validate_throughput(
     references = [
         *(h200_throughput(progress=progress) if "h200-2026-11" in sources else ()),
         *(foundry_throughput(progress=progress) if "llm-foundry" in sources else ()),
+        *(serving_throughput(progress=progress) if "serving" in sources else ()),
     ]
     lambda_part = _lambda_throughput(params, progress) if "lambda2020" in sources else _NO_LAMBDA
     by_source: list[SourceSummary] = []
@@ -567,6 +569,12 @@ def validate_throughput(
             notes.append(stale_profiles_note())
         note = "; ".join(n for n in notes if n)
         by_source.append(error_summary(source, quantity, errors, note))  # type: ignore[arg-type]
+    if "serving" in sources:
+        for quantity in QUANTITIES.values():
+            mine = [c for c in references if c.source == "serving" and c.quantity == quantity]
+            if mine:
+                errors = [c.error for c in mine if c.error is not None]
+                by_source.append(error_summary("serving", quantity, errors))
     return lambda_part.model_copy(
         update={
             "measured": tuple(own),

@@ -22,7 +22,7 @@ from whichgpu.estimate.serving import serving_estimate
 from whichgpu.estimate.throughput import gpu_rates, load_inference_parameters
 from whichgpu.units import GB
 
-REFERENCE = Path(__file__).parent / "data" / "serving_reference.json"
+REFERENCE = Path(__file__).parents[1] / "data" / "serving_reference.json"
 
 
 def _shape(weights_gb: float = 16.0) -> ModelShape:
@@ -67,7 +67,26 @@ def test_batch_one_decode_is_the_weights_over_the_bandwidth() -> None:
     weights_s = 16.0 * GB / 2.0e12
     assert step.memory_bound
     assert weights_s < step.seconds < 1.02 * weights_s  # KV and activations: ~1 %
-    assert speed.point(1, 1024, 128).output_tokens_per_s == pytest.approx(1 / step.seconds)
+    # the steady state's step also prefills the next request's prompt: 1024 / 128 tokens
+    steady, prompt = speed.steady_step(1, 1024, 128)
+    assert prompt == 8 and step.seconds < steady.seconds < 1.01 * step.seconds
+    assert speed.point(1, 1024, 128).output_tokens_per_s == pytest.approx(1 / steady.seconds)
+
+
+def test_the_steady_state_counts_the_prompts_work_and_never_beats_the_tensor_rate() -> None:
+    rates = _rates(tensor=50e12)
+    speed = EngineSpeed(_shape(), rates, chunk_tokens=8192)
+    for concurrency in (64, 1024, 4000, 6000):
+        p = speed.point(concurrency, 128, 128)
+        assert p.requests_per_s is not None
+        tokens_per_s = p.output_tokens_per_s + p.requests_per_s * 128  # generated + prompt
+        flops_per_token = 2.0 * speed.shape.active_matmul_params()
+        assert tokens_per_s * flops_per_token <= rates.tensor_flops_per_s * 1.0001
+    # past the budget the prompts set the pace: 8192 - 6000 prompt tokens a step, not 6000
+    step, prompt = speed.steady_step(6000, 128, 128)
+    assert prompt == 8192 - 6000
+    p = speed.point(6000, 128, 128)
+    assert p.output_tokens_per_s == pytest.approx(prompt / (128 * step.seconds) * 128)
 
 
 def test_decode_grows_with_concurrency_and_turns_compute_bound() -> None:
@@ -87,7 +106,7 @@ def test_ttft_is_chunked_prefill_beside_the_decodes() -> None:
 
 def test_largest_concurrency_within_targets() -> None:
     speed = EngineSpeed(_shape(), _rates(), chunk_tokens=8192)
-    target = speed.decode(32, 1024, 128).seconds
+    target = speed.steady_step(32, 1024, 128)[0].seconds
     best = speed.largest_within(1000, 1024, 128, tpot_s=target, ttft_s=None)
     assert best == 32
     assert speed.largest_within(1000, 1024, 128, tpot_s=1e-6, ttft_s=None) == 0

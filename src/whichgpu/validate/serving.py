@@ -1,0 +1,209 @@
+"""Published serving measurements against ``predict --serving``: each row of
+``data/serving/published.csv`` (an engine and its version, a GPU, a model, prompt and output
+lengths, a concurrency, and what was measured: output tokens/s, TPOT or TTFT) is asked of
+``predict`` with the same settings, and the error is computed as for the training references
+(positive: predicted faster). The data's sources and what each row assumes are in the folder's
+README.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, cast
+
+from whichgpu.errors import WhichGpuError
+from whichgpu.schema import ReferenceThroughputCase, RunConfig, ThroughputEstimate
+from whichgpu.workloads import run_config
+
+SOURCE = "serving"
+"""The reference's id in ``validate`` results."""
+
+DATA_DIR = "serving"
+"""Folder of the table, under ``validate/data``."""
+
+TABLE_FILE = "published.csv"
+"""The transcribed measurements."""
+
+QUANTITIES = {
+    "output_tokens_per_s": "output tokens/s",
+    "tpot_ms": "TPOT ms",
+    "ttft_ms": "TTFT ms",
+}
+"""The quantities a row may give, and how the views name them."""
+
+
+@dataclass(frozen=True)
+class ServingRow:
+    """One published measurement (a row of ``published.csv``)."""
+
+    source_id: str
+    """Short name of the publication (the README lists each with its URL and date)."""
+    engine: str
+    """Serving engine, as ``predict --serving`` names it (``vllm``, ``tensorrt-llm``)."""
+    engine_version: str
+    """The engine's version the publication states."""
+    gpu: str
+    """Catalog id of the GPU."""
+    gpus: int
+    """GPUs serving the model (tensor parallel)."""
+    workload: str
+    """The whichgpu workload that stands for the model."""
+    precision: str
+    """Serving dtype (``bf16``, ``fp16``)."""
+    quantization: str | None
+    """How the weights are stored where not 16-bit (``fp8``, ``int4``), else None."""
+    input_tokens: int
+    """Prompt tokens per request."""
+    output_tokens: int
+    """Generated tokens per request."""
+    concurrency: int | None
+    """Requests in flight at once (None: fed at an unbounded rate, so as many as the engine's
+    KV cache holds: ``predict`` is asked at the largest concurrency ``fit --serving`` finds)."""
+    quantity: str
+    """``output_tokens_per_s``, ``tpot_ms`` or ``ttft_ms``."""
+    statistic: str
+    """``mean`` or ``median`` over the requests (throughputs: ``total``)."""
+    value: float
+    """The published value, in the quantity's unit."""
+    note: str
+    """What else the publication states about the run."""
+
+    @property
+    def case(self) -> str:
+        """How the views name the row."""
+        tp = f" x{self.gpus}" if self.gpus > 1 else ""
+        quant = f" {self.quantization}" if self.quantization else ""
+        load = "max" if self.concurrency is None else str(self.concurrency)
+        return (
+            f"{self.workload}{quant} {self.engine} {self.engine_version}{tp} "
+            f"{self.input_tokens}/{self.output_tokens} c{load}"
+        )
+
+    def run(self, concurrency: int | None = None) -> RunConfig:
+        """The inference run ``predict`` is asked about (at ``concurrency`` where the row's is
+        unbounded)."""
+        return run_config(
+            mode="inference",
+            precision=self.precision,
+            concurrency=self.concurrency or concurrency,
+            context=self.input_tokens,
+            new_tokens=self.output_tokens,
+            gpus=self.gpus,
+        )
+
+
+def _options(run: RunConfig) -> dict[str, Any]:
+    """``api.predict`` keywords of an inference run."""
+    options = run.model_dump(exclude_defaults=True)
+    options["gpu_count"] = options.pop("gpus", 1)
+    return options
+
+
+def _int(text: str) -> int:
+    return int(text.replace("_", ""))
+
+
+def serving_rows() -> list[ServingRow]:
+    """Every row of the shipped table."""
+    ref = resources.files("whichgpu.validate").joinpath("data").joinpath(DATA_DIR)
+    ref = ref.joinpath(TABLE_FILE)
+    with ref.open(encoding="utf-8") as fh:
+        lines = [line for line in fh if not line.startswith("#")]
+    return [
+        ServingRow(
+            source_id=r["source_id"],
+            engine=r["engine"],
+            engine_version=r["engine_version"],
+            gpu=r["gpu"],
+            gpus=_int(r["gpus"]),
+            workload=r["workload"],
+            precision=r["precision"],
+            quantization=r["quantization"] or None,
+            input_tokens=_int(r["input_tokens"]),
+            output_tokens=_int(r["output_tokens"]),
+            concurrency=None if r["concurrency"] == "max" else _int(r["concurrency"]),
+            quantity=r["quantity"],
+            statistic=r["statistic"],
+            value=float(r["value"]),
+            note=r["note"],
+        )
+        for r in csv.DictReader(lines)
+    ]
+
+
+def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
+    """``predict --serving``'s answer for ``row`` at ``concurrency``."""
+    from whichgpu.api import predict
+
+    (estimate,) = predict(
+        row.workload,
+        gpus=[row.gpu],
+        serving=row.engine,
+        quantization=cast(Any, row.quantization),
+        **_options(row.run(concurrency)),
+    )
+    return estimate
+
+
+def _predicted(row: ServingRow, speed: Any) -> float | None:
+    """The prediction of the row's quantity from a ``ServingSpeed``."""
+    if row.quantity == "output_tokens_per_s":
+        return float(speed.output_tokens_per_s)
+    seconds = speed.tpot_s if row.quantity == "tpot_ms" else speed.ttft_s
+    return None if seconds is None else float(seconds) * 1000
+
+
+def _error(row: ServingRow, predicted: float) -> float:
+    """Positive: predicted faster (a throughput above, a time below the measured one)."""
+    if row.quantity == "output_tokens_per_s":
+        return predicted / row.value - 1
+    return row.value / predicted - 1
+
+
+def serving_throughput(
+    rows: list[ServingRow] | None = None, progress: Callable[[str], None] | None = None
+) -> list[ReferenceThroughputCase]:
+    """``predict --serving``'s answer for every published row (default: the shipped table)."""
+    out = []
+    for row in serving_rows() if rows is None else rows:
+        if progress is not None:
+            progress(row.case)
+        base: dict[str, Any] = {
+            "source": SOURCE,
+            "case": row.case,
+            "workload": row.workload,
+            "gpu": row.gpu,
+            "run": row.run(1),
+            "quantity": QUANTITIES[row.quantity],
+            "measured": row.value,
+        }
+        try:
+            estimate = _asked(row, row.concurrency or 1)
+            if row.concurrency is None:  # unbounded: as many as the KV cache holds
+                speed = estimate.serving_speed
+                held = speed.max_concurrency if speed is not None else None
+                if held:
+                    estimate = _asked(row, held)
+                    base["run"] = row.run(held)
+        except WhichGpuError as exc:
+            out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
+            continue
+        speed = estimate.serving_speed
+        predicted = None if speed is None else _predicted(row, speed)
+        if predicted is None:
+            why = estimate.speed_unknown or "no serving speed for this run"
+            out.append(ReferenceThroughputCase(**base, predicted=None, note=why))
+            continue
+        out.append(
+            ReferenceThroughputCase(
+                **base,
+                predicted=predicted,
+                error=_error(row, predicted),
+                fits=estimate.fits,
+                note=f"{row.statistic}; {row.note}" if row.note else row.statistic,
+            )
+        )
+    return out

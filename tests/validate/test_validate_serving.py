@@ -1,0 +1,58 @@
+"""Published serving measurements against ``predict --serving`` (``whichgpu.validate.serving``)."""
+
+from __future__ import annotations
+
+import pytest
+
+import whichgpu.api as wg
+from whichgpu.validate.serving import QUANTITIES, serving_rows, serving_throughput
+from whichgpu.validate.summary import SOURCES
+
+
+def test_every_row_names_a_catalog_gpu_a_workload_and_a_known_quantity() -> None:
+    rows = serving_rows()
+    assert len(rows) >= 10
+    catalog = wg.load_catalog()
+    for row in rows:
+        assert catalog.resolve(row.gpu) is not None
+        assert row.quantity in QUANTITIES and row.value > 0
+        assert row.engine in ("vllm", "tensorrt-llm")
+    assert "serving" in SOURCES
+
+
+def test_a_tpot_row_is_predict_serving_of_the_same_run_with_a_time_error() -> None:
+    (row,) = [r for r in serving_rows() if r.source_id == "musgrave-vllm-a100"]
+    (case,) = serving_throughput([row])
+    (estimate,) = wg.predict(
+        "llama-3.1-8b",
+        gpus=["a100-40gb"],
+        serving="vllm",
+        mode="inference",
+        concurrency=1,
+        context=1024,
+        new_tokens=128,
+    )
+    assert estimate.serving_speed is not None and estimate.serving_speed.tpot_s is not None
+    assert case.quantity == "TPOT ms"
+    assert case.predicted == pytest.approx(estimate.serving_speed.tpot_s * 1000)
+    assert case.error == pytest.approx(row.value / case.predicted - 1)  # positive: faster
+
+
+def test_an_unbounded_row_is_predicted_at_the_most_the_kv_cache_holds() -> None:
+    row = next(r for r in serving_rows() if r.concurrency is None and r.workload == "llama-3.1-8b")
+    (case,) = serving_throughput([row])
+    (estimate,) = wg.predict(
+        row.workload,
+        gpus=[row.gpu],
+        serving=row.engine,
+        quantization="fp8",
+        mode="inference",
+        concurrency=1,
+        context=row.input_tokens,
+        new_tokens=row.output_tokens,
+    )
+    assert estimate.serving_speed is not None
+    assert case.run.batch_size == estimate.serving_speed.max_concurrency
+    assert case.predicted is not None and case.error == pytest.approx(
+        case.predicted / row.value - 1
+    )
