@@ -85,31 +85,21 @@ def recommend(
 ) -> Ranking:
     """Which GPU? Every catalog GPU (or ``gpus``) that fits, ranked for the question, with why.
 
-    ``acquire``: ``"buy"`` (purchase + electricity, at a GPU's used price where the catalog
-    has one below its new price, ``used=False`` for new prices only; ``gpu_only=True`` when
-    the computer is already there) or ``"rent"``
-    (cloud rate; ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
+    ``acquire``: ``"buy"`` (purchase + electricity, at a GPU's used price where lower unless
+    ``used=False``; ``gpu_only=True`` without the computer) or ``"rent"`` (cloud rate;
+    ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
     ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
     per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
     ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
     ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
     ``within_hours`` leaves out what would not finish the job in time.
-    ``preset`` is one of the guides' personas (``whichgpu.ranking.presets``); explicit
-    arguments win over its values. Speeds come from a stored ``whichgpu bench`` result of the
-    same run when ``store`` (default: the user's results store) has one, else from ``predict``,
-    corrected by the newest such result on one GPU (as ``predict --calibrate`` does).
-    ``prices``: CSV files of the user's own prices laid over the catalog's (default: the
-    user's price file, when there is one; see ``whichgpu.catalog.load_catalog``).
-    ``serving="vllm"`` (or ``"tensorrt-llm"``; ``mode="inference"`` of a language model): a
-    candidate fits when the engine's KV cache holds the asked ``concurrency`` at ``context +
-    new_tokens`` tokens (``fit --serving``'s max concurrency), and its speed and cost are the
-    engine's (``predict --serving``): output tokens/s, and dollars per million output tokens
-    in its reasons; stored measurements (plain PyTorch) neither rank nor correct it.
-    ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``): the engine serves
-    quantized weights (``api.predict.engine_quantization``); a GPU it cannot run them on is
-    left out with why.
+    ``preset`` is one of the guides' personas; explicit arguments win over its values.
+    Speeds come from a stored ``whichgpu bench`` result of the same run when ``store`` has
+    one, else from ``predict``, corrected by the newest such result on one GPU.
+    ``serving="vllm"`` (``mode="inference"``) ranks by a serving engine's KV cache and speed.
 
-    The keywords become a ``RecommendRequest``, answered by ``answer_recommend``.
+    The keywords become a ``RecommendRequest`` (its fields say what each means), answered by
+    ``answer_recommend``.
     """
     request = RecommendRequest(
         Target(workload, config, task, model),

@@ -84,19 +84,13 @@ def report(
 ) -> ReportData:
     """Everything ``whichgpu report`` shows, computed once and returned as ``ReportData``.
 
-    The recommendation (``recommend`` with the same question: ``preset``, ``used``,
-    ``gpu_only``, ``provider``, ``within_hours``, ``min_batch``, ``sort`` and ``vendor`` are
-    its, and so are ``serving`` and ``quantization``: with an engine, every GPU's speed also
-    carries the engine's TTFT, TPOT, output tokens/s and cost per million tokens,
-    ``ThroughputEstimate.serving_speed``), then for its candidates (or
-    ``gpus``): throughput per GPU normalised to ``reference`` (default: the leading candidate;
-    a stored ``bench`` result of the same run replaces the prediction and is marked measured),
-    memory and the largest batch (``fit``), performance per dollar of the GPU alone, of 1, 2,
-    4 and 8-GPU machines and rented (``cost.value`` with the predicted speeds), and renting
-    against owning the leading candidate (``cost.breakeven``). ``results=True`` adds the
-    stored benchmark results as Lambda's tables (``store.pivot_results``). Provenance —
-    catalog version, price dates, the speed model's validation error, the run configuration,
-    the tool version — comes with it.
+    The recommendation (``recommend``'s question, its keywords), then for its candidates (or
+    ``gpus``): throughput per GPU normalised to ``reference`` (default: the leader; a stored
+    ``bench`` result replaces a prediction, marked measured; with ``serving``, the engine's
+    speeds too), memory and the largest batch, performance per dollar (GPU alone, 1-8 GPU
+    machines, rented), renting against owning the leader; ``results=True`` adds the stored
+    results as Lambda's tables. Provenance (catalog version, price dates, the speed model's
+    error, the run, the tool version) comes with it.
 
     The keywords become a ``ReportRequest`` (the question a ``RecommendRequest``), answered by
     ``answer_report``.

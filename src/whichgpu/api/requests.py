@@ -158,7 +158,7 @@ class RecommendRequest:
     preset: str | None = None
     """One of the guides' personas (``ranking.presets``); given values win over its own."""
     acquire: str | None = None
-    """``buy`` (the default) or ``rent``."""
+    """``buy`` (the default: purchase and electricity) or ``rent`` (cloud rates)."""
     budget_usd: float | None = None
     """Buy: the machine's price at most; rent: the job's rental at most (with a job size)."""
     within_hours: float | None = None
@@ -196,13 +196,18 @@ class RecommendRequest:
     sort: str | None = None
     """What ranks them: ``cost``, ``perf-per-dollar``, ``time`` or ``throughput``."""
     serving: str | None = None
-    """Rank as served by an engine (inference of a language model)."""
+    """Rank as served by an engine (``vllm``, ``tensorrt-llm``; inference of a language
+    model): a candidate fits when the engine's KV cache holds the asked concurrency at
+    context + new tokens (``fit --serving``), and its speed and cost are the engine's
+    (``predict --serving``); stored measurements (plain PyTorch) neither rank nor correct it."""
     quantization: str | None = None
-    """With ``serving``: how the engine stores the weights."""
+    """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``); a GPU
+    it cannot run them on is left out with why."""
     stack: str | None = None
     """The software stack (None: the default)."""
     store: Path | str | None = None
-    """The results store whose measurements of the run are used (None: the user's)."""
+    """The results store whose ``bench`` results of the run replace predictions, and correct
+    them on other GPUs as ``predict --calibrate`` does (None: the user's)."""
     prices: Sequence[Path | str] | None = None
     """CSV files of the user's own prices laid over the catalog's (None: the user's price
     file, when there is one)."""
