@@ -86,7 +86,7 @@ lock-upgrade: install
 # The oldest supported transformers (docs/compatibility.md): the locked set with transformers
 # (and what it pulls) held at that release, and the tests that build a model's step with it.
 # `make lock-oldest` recompiles requirements/oldest.txt from the lock and requirements/oldest.in.
-OLDEST_TESTS := tests/test_inference_trace.py tests/test_trace.py tests/test_bench_flops.py
+OLDEST_TESTS := tests/trace/test_inference_trace.py tests/trace/test_trace.py tests/bench/test_bench_flops.py
 
 lock-oldest: install
 	cp $(LOCK) requirements/oldest.txt
