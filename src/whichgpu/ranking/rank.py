@@ -10,10 +10,10 @@ constraints, orders the survivors by the metric the question calls for and write
   machine + electricity; rent: the rental), since the cost of a fixed time does not depend on
   speed and would favour the slowest cheap card; else performance per dollar (buy: throughput
   per $1,000 of machine; rent: units per dollar of rental).
-- Buy: the GPUs' price (new, else used, else launch; ``used``: the used price where it is
-  lower, for a buyer open to used cards) times the
-  count, plus the base system of the smallest build class that holds them; the job adds its
-  electricity at the region's price (board power of the GPUs plus the class's CPU figure).
+- Buy: the GPUs' price (new, else used, else launch; the used price where it is lower,
+  unless the question keeps to new prices, ``--new``) times the count, plus the base system
+  of the smallest build class that holds them; the job adds its electricity at the region's
+  price (board power of the GPUs plus the class's CPU figure).
 - Rent: the cheapest on-demand rate per GPU-hour (or the provider's) offered for that many GPUs
   in one machine (``Price.instance_gpus``), times the count.
 - Uncertainty: a predicted throughput carries its band; when the runner-up's best case beats
