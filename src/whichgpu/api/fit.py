@@ -8,6 +8,7 @@ The traced path sizes the prepared step (``api.step``) with the memory model
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ def fit(
     stack: str | None = None,
     serving: str | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str | None = None,
     progress: Callable[[str], None] | None = None,
     fast: bool = False,
     **run_options: Any,
@@ -58,7 +60,8 @@ def fit(
     memory figures plain PyTorch generation's, for comparison. ``quantization="int4"``
     (``"int8"``, ``"fp8"``; with ``serving``) sizes the engine's KV budget for quantized
     weights (``api.predict.engine_quantization``); a GPU the engine cannot run them on is left
-    out, with why in the list's ``notes``.
+    out, with why in the list's ``notes``. ``kv_cache_dtype="fp8"`` (with ``serving``) keeps the
+    engine's KV cache in fp8, one byte per element: twice the tokens in the same budget.
 
     ``fast=True`` answers from the closed form (``whichgpu.estimate.fast``): from the shipped
     config of a named workload or the ``config`` file, without torch and without a trace, for
@@ -74,6 +77,7 @@ def fit(
         stack=stack,
         serving=serving,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
         fast=fast,
     )
     return answer_fit(request, progress=progress)
@@ -84,7 +88,11 @@ def answer_fit(
 ) -> ResultList[MemoryEstimate]:
     """``fit``'s answer to a typed request (see ``fit`` for what it means); ``progress``
     hears each GPU, and each size while a step is traced."""
-    from whichgpu.api.predict import checked_quantization, engine_quantization
+    from whichgpu.api.predict import (
+        checked_kv_cache_dtype,
+        checked_quantization,
+        engine_quantization,
+    )
     from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.fp8 import check_gpu, fp8_refusal
     from whichgpu.estimate.memory import estimate_on_gpu
@@ -97,9 +105,11 @@ def answer_fit(
             raise UsageError(
                 f"{option('fast')} covers training; drop {option('serving')} (or {option('fast')})."
             )
+        checked_kv_cache_dtype(request.kv_cache_dtype, None, run)  # fp8: a serving engine's
         return _fit_fast(chosen, request, progress)
     engine = _engine(request.serving, run)
     checked = checked_quantization(request.quantization, engine, run)
+    kv_cache_dtype = checked_kv_cache_dtype(request.kv_cache_dtype, engine, run)
     asked = ask(
         chosen,
         run,
@@ -108,7 +118,7 @@ def answer_fit(
         config=request.target.config,
         progress=progress,
     )
-    step = asked.step
+    step = replace(asked.step, kv_cache_dtype=kv_cache_dtype)
     if engine is not None and step.kv_per_token is None:
         raise UsageError(
             f"{option('serving')} applies to language models that generate; "
@@ -138,7 +148,7 @@ def answer_fit(
             kv_head_count=step.kv_heads,
             serving=engine,
         )
-        if engine is not None and checked is not None:
+        if engine is not None:
             try:
                 estimate, _ = engine_quantization(
                     step, engine, gpu, estimate, asked.software, checked

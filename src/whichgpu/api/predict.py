@@ -9,6 +9,7 @@ whole-catalog question leaves out is said in the result list's ``notes``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,13 @@ from whichgpu.workloads.base import Workload
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
-    from whichgpu.estimate.engine_speed import EngineSpeed, ModelShape, Quantization, QuantizedPath
+    from whichgpu.estimate.engine_speed import (
+        EngineSpeed,
+        KvCacheDtype,
+        ModelShape,
+        Quantization,
+        QuantizedPath,
+    )
     from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.throughput import GpuRates
 
@@ -54,6 +61,7 @@ def predict(
     tpot_ms: float | None = None,
     ttft_ms: float | None = None,
     quantization: Quantization | None = None,
+    kv_cache_dtype: str | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ResultList[ThroughputEstimate]:
@@ -87,6 +95,9 @@ def predict(
     left out when the engine's KV cache cannot hold the sequences (``fit --serving``).
     ``quantization="int4"`` (``"int8"``, ``"fp8"``; with ``serving``) serves quantized weights
     (``engine_quantization``); a GPU the engine cannot run them on is left out with why.
+    ``kv_cache_dtype="fp8"`` (with ``serving``) keeps the engine's KV cache in fp8: twice the
+    tokens in the same memory, half the KV bytes a decode step reads (``checked_kv_cache_dtype``);
+    a GPU the engine has no fp8 KV cache on is left out with why.
 
     The keywords become a ``PredictRequest``, answered by ``answer_predict``.
     """
@@ -101,6 +112,7 @@ def predict(
         tpot_ms=tpot_ms,
         ttft_ms=ttft_ms,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
     )
     return answer_predict(request, progress=progress)
 
@@ -114,6 +126,7 @@ def answer_predict(
     run = request.run
     engine = _engine(request.serving, run.mode, request.tpot_ms, request.ttft_ms)
     quantization = checked_quantization(request.quantization, engine, run)
+    kv_cache_dtype = checked_kv_cache_dtype(request.kv_cache_dtype, engine, run)
     asked = ask(
         chosen,
         run,
@@ -123,6 +136,7 @@ def answer_predict(
         progress=progress,
         one_node=True,
     )
+    asked = replace(asked, step=replace(asked.step, kv_cache_dtype=kv_cache_dtype))
     calibrate = request.calibrate
     measured = _calibration_source(calibrate, request.store) if calibrate is not None else None
     if measured is not None and asked.step.run.mode != "train":
@@ -212,6 +226,51 @@ def checked_quantization(
     )
 
 
+def checked_kv_cache_dtype(
+    kv_cache_dtype: str | None, engine: ServingEngine | None, run: RunConfig
+) -> KvCacheDtype:
+    """``kv_cache_dtype`` checked: one of ``engine_speed.KV_CACHE_DTYPES`` (None: ``auto``,
+    the serving dtype); ``fp8`` only in inference, with a serving engine (plain PyTorch
+    generation keeps its cache in the serving dtype)."""
+    from whichgpu.estimate.engine_speed import KV_CACHE_DTYPES
+
+    if kv_cache_dtype is None or kv_cache_dtype == "auto":
+        return "auto"
+    if kv_cache_dtype != "fp8":
+        raise UsageError(
+            f"{option('kv_cache_dtype')} {kv_cache_dtype!r} is not modelled: use "
+            f"{' or '.join(KV_CACHE_DTYPES)}."
+        )
+    if run.mode != "inference":
+        raise UsageError(
+            f"{option('kv_cache_dtype')} is how a serving engine stores its KV cache; "
+            f"training keeps none: add {option('mode')} inference and {option('serving')} vllm."
+        )
+    if engine is None:
+        raise UsageError(
+            f"an fp8 KV cache is a serving engine's; add {option('serving')} vllm (or "
+            "tensorrt-llm): plain PyTorch generation keeps its cache in the serving dtype."
+        )
+    return "fp8"
+
+
+def kv_cache_note(step: Step, source: str) -> str:
+    """What the answer assumes of the engine's fp8 KV cache, in words (``source``: where the
+    engine's path on the GPU is documented)."""
+    assert step.kv_per_token is not None
+    fp8 = step.engine_kv_per_token() or 0
+    return (
+        f"KV cache in fp8 (e4m3): 1 byte per key and value element, {fp8:,} B per token "
+        f"against {step.kv_per_token:,} B in {step.run.precision}: the cache holds "
+        f"{step.kv_per_token / fp8:g}x the tokens and a decode step reads "
+        f"{fp8 / step.kv_per_token:.0%} of the KV bytes; attention FLOPs unchanged; the "
+        "per-tensor (or per-head) fp32 "
+        "scales, a few bytes per layer, are left out, and so is the conversion in the "
+        "attention kernel; accuracy (scales calibrated or 1.0) is the user's to check; the "
+        f"engine keeps it on this GPU per {source}"
+    )
+
+
 def engine_quantization(
     step: Step,
     engine: ServingEngine,
@@ -221,27 +280,43 @@ def engine_quantization(
     quantization: Quantization | None,
 ) -> tuple[MemoryEstimate, QuantizedPath | None]:
     """``estimate`` with its engine's KV budget sized for the weights stored as
-    ``quantization`` says, and how the engine runs them on ``gpu`` (None: unquantized);
-    ``QuantizationRefused`` where the engine cannot run them on ``gpu``."""
-    if quantization is None:
+    ``quantization`` says and for the KV cache ``step.kv_cache_dtype`` says, and how the
+    engine runs the weights on ``gpu`` (None: unquantized); ``QuantizationRefused`` where the
+    engine cannot run them on ``gpu`` (``KvCacheRefused``: it has no fp8 KV cache there)."""
+    fp8_kv = step.kv_cache_dtype == "fp8"
+    if quantization is None and not fp8_kv:
         return estimate, None
-    from whichgpu.estimate.engine_speed import model_shape, quantized_path
+    from whichgpu.estimate.engine_speed import kv_cache_fp8_source, model_shape, quantized_path
     from whichgpu.estimate.memory import weights_bytes
-    from whichgpu.estimate.serving import serving_dtype_bytes, with_engine_weights
+    from whichgpu.estimate.serving import kv_on_one_gpu, serving_dtype_bytes, with_engine_storage
 
     assert step.model_config is not None and step.kv_per_token is not None
-    path = quantized_path(engine.id, engine.label, quantization, gpu)
+    kv_note = kv_per_token = None
+    if fp8_kv:
+        kv_note = kv_cache_note(step, kv_cache_fp8_source(engine.id, engine.label, gpu))
+        kv_per_token = kv_on_one_gpu(
+            step.engine_kv_per_token() or 0, step.kv_heads or 1, step.run.gpus
+        )
+    path = (
+        None if quantization is None else quantized_path(engine.id, engine.label, quantization, gpu)
+    )
     shape = model_shape(
         step.model_config,
         weights_bytes(step.profile),
         step.kv_per_token,
         serving_dtype_bytes(step.run.precision),
-        path.format,
+        None if path is None else path.format,
     )
-    quantized = with_engine_weights(
-        estimate, engine, software, weights_bytes=shape.weights_bytes, label=path.format.label
+    stored = with_engine_storage(
+        estimate,
+        engine,
+        software,
+        weights_bytes=shape.weights_bytes,
+        label=None if path is None else path.format.label,
+        kv_per_token_bytes=kv_per_token,
+        kv_note=kv_note,
     )
-    return quantized, path
+    return stored, path
 
 
 def _speeds(
@@ -419,6 +494,11 @@ def serving_speed_on_gpu(
     hourly, source = _rental(catalog, gpu, n)
     quantized = _quantized_notes(speed.shape, path)
     label = engine.label if path is None else f"{engine.label}, {path.format.label}"
+    if step.kv_cache_dtype == "fp8":
+        from whichgpu.estimate.engine_speed import kv_cache_fp8_source
+
+        quantized += (kv_cache_note(step, kv_cache_fp8_source(engine.id, engine.label, gpu)),)
+        label += ", fp8 KV cache"
     if new == 0:  # prefill-only requests: no decode step
         return prefill_only_speed(
             speed,
@@ -459,11 +539,12 @@ def _engine_speed(
     from whichgpu.estimate.serving import serving_dtype_bytes
 
     run = step.run
-    assert step.model_config is not None and step.kv_per_token is not None
+    kv_per_token = step.engine_kv_per_token()  # the engine's cache: fp8 where asked
+    assert step.model_config is not None and kv_per_token is not None
     shape = model_shape(
         step.model_config,
         weights_bytes(step.profile),
-        step.kv_per_token,
+        kv_per_token,
         serving_dtype_bytes(run.precision),
         None if path is None else path.format,
     )

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from whichgpu.api.catalog import resolve_gpus
 from whichgpu.api.predict import (
     calibration_of,
+    checked_kv_cache_dtype,
     checked_quantization,
     engine_quantization,
     serving_speed_on_gpu,
@@ -45,7 +46,7 @@ from whichgpu.workloads.base import Workload
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.calibration import Calibration
-    from whichgpu.estimate.engine_speed import Quantization
+    from whichgpu.estimate.engine_speed import KvCacheDtype, Quantization
     from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.ranking.rank import Option
 
@@ -77,6 +78,7 @@ def recommend(
     sort: str | None = None,
     serving: str | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str | None = None,
     stack: str | None = None,
     store: Path | str | None = None,
     prices: Sequence[Path | str] | None = None,
@@ -96,7 +98,8 @@ def recommend(
     ``preset`` is one of the guides' personas; explicit arguments win over its values.
     Speeds come from a stored ``whichgpu bench`` result of the same run when ``store`` has
     one, else from ``predict``, corrected by the newest such result on one GPU.
-    ``serving="vllm"`` (``mode="inference"``) ranks by a serving engine's KV cache and speed.
+    ``serving="vllm"`` (``mode="inference"``) ranks by a serving engine's KV cache and speed;
+    ``quantization`` and ``kv_cache_dtype="fp8"`` store its weights and KV cache smaller.
 
     The keywords become a ``RecommendRequest`` (its fields say what each means), answered by
     ``answer_recommend``.
@@ -125,6 +128,7 @@ def recommend(
         sort=sort,
         serving=serving,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
         stack=stack,
         store=store,
         prices=prices,
@@ -162,6 +166,7 @@ def answer_recommend(
         progress,
         engine,
         checked_quantization(request.quantization, engine, run_config(**asked.run_options)),
+        checked_kv_cache_dtype(request.kv_cache_dtype, engine, run_config(**asked.run_options)),
     )
     question = replace(
         asked.question,
@@ -242,11 +247,13 @@ def _sized(
     progress: Callable[[str], None] | None,
     engine: ServingEngine | None = None,
     quantization: Quantization | None = None,
+    kv_cache_dtype: KvCacheDtype = "auto",
 ) -> _Sized:
     """The step on ``targets`` at each count: fit, predicted speed (corrected by the newest
     measurement on one GPU) and any stored measurement; a count the model cannot be split
     over is left out with a note, unless it is the only one asked. With ``engine``, fit and
-    speed are the engine's, and measurements (of plain PyTorch) are not used."""
+    speed are the engine's (its KV cache in ``kv_cache_dtype``), and measurements (of plain
+    PyTorch) are not used."""
     out = _Sized([], run_config(**run_options), 1)
     measured: dict[tuple[str, int], BenchResult] = {}
     calibration: tuple[Calibration, float] | None = None
@@ -262,6 +269,7 @@ def _sized(
             out.notes.append(f"no machines of {count} GPUs: {exc}")
             continue
         loaded = (step.profile, step.method)
+        step = replace(step, kv_cache_dtype=kv_cache_dtype)
         if engine is not None and (step.kv_per_token is None or step.model_config is None):
             raise UsageError(
                 f"{option('serving')} applies to language models that generate; "

@@ -80,6 +80,7 @@ def report(
     vendor: str | None = None,
     serving: str | None = None,
     quantization: str | None = None,
+    kv_cache_dtype: str | None = None,
     **run_options: Any,
 ) -> ReportData:
     """Everything ``whichgpu report`` shows, computed once and returned as ``ReportData``.
@@ -120,6 +121,7 @@ def report(
             sort=sort,
             serving=serving,
             quantization=quantization,
+            kv_cache_dtype=kv_cache_dtype,
             stack=stack,
             store=store,
             prices=prices,
@@ -200,6 +202,7 @@ def _predicted(
             stack=stack,
             serving=asked.serving,
             quantization=asked.quantization,
+            kv_cache_dtype=asked.kv_cache_dtype,
         )
     )
     memory = answer_fit(FitRequest(target, run, gpus=shown, stack=stack))
@@ -426,4 +429,9 @@ def _described(
         **({"stack": stack} if stack else {}),
         **({"serving": asked.serving} if asked.serving else {}),
         **({"quantization": asked.quantization} if asked.quantization else {}),
+        **(
+            {"kv cache dtype": asked.kv_cache_dtype}
+            if asked.kv_cache_dtype not in (None, "auto")
+            else {}
+        ),
     }

@@ -115,6 +115,9 @@ class FitRequest:
     (inference of a language model); None: plain PyTorch generation."""
     quantization: str | None = None
     """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``)."""
+    kv_cache_dtype: str | None = None
+    """With ``serving``: how the engine stores its KV cache (``auto``: the serving dtype, the
+    default; ``fp8``: one byte per element)."""
     fast: bool = False
     """Answer from the closed form (no torch, no trace); see ``api.fit.fit``."""
 
@@ -144,6 +147,9 @@ class PredictRequest:
     """With ``serving``: a target time to first token, in milliseconds."""
     quantization: str | None = None
     """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``)."""
+    kv_cache_dtype: str | None = None
+    """With ``serving``: how the engine stores its KV cache (``auto``: the serving dtype, the
+    default; ``fp8``: one byte per element)."""
 
 
 @dataclass(frozen=True)
@@ -203,6 +209,9 @@ class RecommendRequest:
     quantization: str | None = None
     """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``); a GPU
     it cannot run them on is left out with why."""
+    kv_cache_dtype: str | None = None
+    """With ``serving``: how the engine stores its KV cache (``auto``, the default, or
+    ``fp8``); a GPU it has no fp8 KV cache on is left out with why."""
     stack: str | None = None
     """The software stack (None: the default)."""
     store: Path | str | None = None

@@ -140,6 +140,20 @@ class Step:
     """The model's key/value heads (inference of a language model), else None."""
     model_config: dict[str, Any] | None = None
     """The model's ``config.json`` (inference of a language model), else None."""
+    kv_cache_dtype: str = "auto"
+    """How a serving engine stores the KV cache (``--kv-cache-dtype``): ``auto`` in the serving
+    dtype (``kv_per_token``), ``fp8`` one byte per element. Plain PyTorch generation keeps its
+    cache in the serving dtype whatever this says."""
+
+    def engine_kv_per_token(self) -> int | None:
+        """KV-cache bytes per token in a serving engine's cache (``kv_cache_dtype``): of an
+        fp8 cache, one byte per key and value element; else ``kv_per_token``."""
+        if self.kv_cache_dtype != "fp8" or self.model_config is None:
+            return self.kv_per_token
+        from whichgpu.estimate.engine_speed import KV_FP8_BYTES
+        from whichgpu.estimate.serving import kv_bytes_per_token
+
+        return kv_bytes_per_token(self.model_config, KV_FP8_BYTES)
 
 
 @dataclass(frozen=True)

@@ -64,6 +64,7 @@ def fit(
         ),
     ] = False,
     quantization: o.QuantizationOption = None,
+    kv_cache_dtype: o.KvCacheDtypeOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Will a training step fit on a GPU, and what is the largest batch that does?
@@ -115,6 +116,7 @@ def fit(
         stack=stack,
         serving=serving,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
         fast=fast,
     )
     note = (

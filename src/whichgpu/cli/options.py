@@ -304,6 +304,19 @@ QuantizationOption = Annotated[
         show_default=False,
     ),
 ]
+KvCacheDtypeOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--kv-cache-dtype",
+        help="With --serving: how the engine stores its KV cache, auto (the serving dtype, "
+        "the default) or fp8 (e4m3, 1 byte per element: twice the tokens in the same memory, "
+        "half the KV bytes a decode step reads; vLLM's --kv-cache-dtype fp8, TensorRT-LLM's "
+        "KvCacheConfig(dtype='fp8')). A GPU the engine has no fp8 KV cache on is refused, with "
+        "why.",
+        rich_help_panel=_RUN,
+        show_default=False,
+    ),
+]
 ConfigOption = Annotated[
     Optional[Path],  # noqa: UP045
     typer.Option(

@@ -88,6 +88,7 @@ def predict(
         ),
     ] = None,
     quantization: o.QuantizationOption = None,
+    kv_cache_dtype: o.KvCacheDtypeOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
@@ -155,6 +156,7 @@ def predict(
         tpot_ms=tpot_ms,
         ttft_ms=ttft_ms,
         quantization=quantization,
+        kv_cache_dtype=kv_cache_dtype,
     )
     with progress_note("Predicting step times (tracing the step if it is not stored)") as now:
         estimates = answer_predict(request, progress=now)

@@ -86,6 +86,7 @@ def recommend(
     ] = None,
     prices: o.PricesOption = None,
     quantization: o.QuantizationOption = None,
+    kv_cache_dtype: o.KvCacheDtypeOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Which GPU should you buy or rent for this model? Ranked, priced and explained.

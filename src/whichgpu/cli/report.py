@@ -153,6 +153,7 @@ def report(
     ] = None,
     prices: o.PricesOption = None,
     quantization: o.QuantizationOption = None,
+    kv_cache_dtype: o.KvCacheDtypeOption = None,
     json: o.JsonOption = False,
 ) -> None:
     """Write one HTML report: the answer, speed, memory, value per dollar and provenance.

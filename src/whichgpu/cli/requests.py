@@ -53,8 +53,8 @@ def run_options(ctx: typer.Context) -> RunOptions:
 def recommend_request(ctx: typer.Context) -> RecommendRequest:
     """The question of ``recommend`` and ``report`` (which asks it too), from their shared
     flags: ``--buy``/``--rent``, ``--budget``, ``--within``, ``--gpus`` (GPUs per machine),
-    ``--gpu`` (candidates) and the job's size …; ``--serving`` and ``--quantization`` where the
-    command has them."""
+    ``--gpu`` (candidates) and the job's size …; ``--serving``, ``--quantization`` and
+    ``--kv-cache-dtype`` where the command has them."""
     from whichgpu.api.requests import RecommendRequest
 
     given = parameters(ctx)
@@ -82,6 +82,7 @@ def recommend_request(ctx: typer.Context) -> RecommendRequest:
         sort=given["sort"],
         serving=given.get("serving"),
         quantization=given.get("quantization"),
+        kv_cache_dtype=given.get("kv_cache_dtype"),
         stack=given["stack"],
         store=given["store"],
         prices=given["prices"],

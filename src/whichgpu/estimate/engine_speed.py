@@ -19,6 +19,9 @@ the engine has that path on the GPU (``quantized_path``, which refuses a GPU or 
 one, with the reason). A mixture-of-experts model's decode step reads the experts its tokens
 are routed to: ``E x (1 - (1 - k/E) ** tokens)`` of the ``E`` experts of a layer when each token
 picks ``k`` uniformly (``ModelShape.distinct_experts``); its FLOPs are of the active parameters.
+An fp8 KV cache (``--kv-cache-dtype fp8``) is modelled from its bytes too: one byte per key and
+value element, so the decode step reads half the 16-bit cache's bytes; attention's FLOPs stay
+(``kv_cache_fp8_source`` says where the engine has the path, and refuses where it has none).
 """
 
 from __future__ import annotations
@@ -371,6 +374,78 @@ def quantized_path(
     raise QuantizationRefused(
         f"{name} cannot run {fmt.label} on {gpu.name} ({what}): it needs "
         f"{' or '.join(needs)} ({rule.source})."
+    )
+
+
+KvCacheDtype = Literal["auto", "fp8"]
+"""How a serving engine stores its KV cache (``--kv-cache-dtype``): ``auto`` in the serving
+dtype, ``fp8`` in fp8 e4m3, one byte per element."""
+
+KV_CACHE_DTYPES: tuple[KvCacheDtype, ...] = ("auto", "fp8")
+
+KV_FP8_BYTES = 1
+"""Bytes of one fp8 KV-cache element. The engines keep one fp32 scale per tensor (vLLM also
+per KV head) per layer beside the cache, a few bytes per layer, not per token: left out."""
+
+
+@dataclass(frozen=True)
+class _KvFp8Support:
+    """On which GPUs an engine keeps its KV cache in fp8 (its documentation)."""
+
+    nvidia_capability: tuple[int, int]
+    """Lowest NVIDIA compute capability."""
+    amd: bool
+    """Whether AMD GPUs (ROCm) have the path."""
+    source: str
+    """Where it is documented, and what could not be confirmed."""
+
+
+_KV_FP8_SUPPORT: dict[str, _KvFp8Support] = {
+    "vllm": _KvFp8Support(
+        (7, 0),
+        True,
+        "vLLM 'Quantized KV Cache' page (docs.vllm.ai/en/latest/features/quantization/"
+        "quantized_kvcache/): kv_cache_dtype fp8_e4m3 'supported on CUDA 11.8+ and ROCm (AMD "
+        "GPUs)', no compute capability named; the 7.0 floor is vLLM's own for CUDA, and vLLM PR "
+        "#2279 (fp8 KV cache) was tested on Volta and Ampere, converting with bit operations "
+        "before Hopper",
+    ),
+    "tensorrt-llm": _KvFp8Support(
+        (8, 9),
+        False,
+        "TensorRT-LLM quantization page (nvidia.github.io/TensorRT-LLM/features/"
+        "quantization.html: KvCacheConfig(dtype='fp8')) and its 0.18 support matrix (FP8 on "
+        "Hopper SM90 and Ada SM89 only, none on Ampere); no separate fp8-KV hardware table found",
+    ),
+}
+
+
+class KvCacheRefused(QuantizationRefused):
+    """An engine cannot keep its KV cache in fp8 on a GPU; the message says why."""
+
+
+def kv_cache_fp8_source(engine_id: str, engine_label: str, gpu: GpuSpec) -> str:
+    """Where ``engine_id``'s fp8 KV cache on ``gpu`` is documented; ``KvCacheRefused`` (with
+    the reason) where the engine has no such path on ``gpu``."""
+    name = engine_label.split(",")[0]
+    rule = _KV_FP8_SUPPORT.get(engine_id)
+    if rule is None:
+        raise KvCacheRefused(f"{name}: an fp8 KV cache is not modelled for this engine.")
+    found = _capability(gpu.compute_capability)
+    if gpu.vendor == Vendor.NVIDIA and found is not None and found >= rule.nvidia_capability:
+        return rule.source
+    if gpu.vendor == Vendor.AMD and rule.amd:
+        return rule.source
+    what = (
+        f"compute capability {gpu.compute_capability}"
+        if gpu.vendor == Vendor.NVIDIA
+        else f"a {gpu.vendor.value} GPU"
+    )
+    needs = "an NVIDIA GPU of compute capability " + ".".join(map(str, rule.nvidia_capability))
+    needs += "+" + (" or an AMD GPU (ROCm)" if rule.amd else "")
+    raise KvCacheRefused(
+        f"{name} cannot keep its KV cache in fp8 on {gpu.name} ({what}): it needs {needs} "
+        f"({rule.source})."
     )
 
 

@@ -222,19 +222,23 @@ def serving_estimate(
     )
 
 
-def with_engine_weights(
+def with_engine_storage(
     estimate: MemoryEstimate,
     engine: ServingEngine,
     stack: SoftwareStack,
     *,
     weights_bytes: int,
-    label: str,
+    label: str | None = None,
+    kv_per_token_bytes: int | None = None,
+    kv_note: str | None = None,
 ) -> MemoryEstimate:
     """``estimate`` with its engine's answer (``estimate.serving``) sized again for weights of
-    ``weights_bytes`` (the whole model, stored as ``label`` says: quantized weights), each of
-    the tensor-parallel GPUs holding ``1/gpus`` of them; the profiling pass, the non-torch
-    memory and the KV cache per token stay as they were. Unchanged without an engine answer.
-    The plain-PyTorch figures of ``estimate`` stay those of the unquantized model."""
+    ``weights_bytes`` (the whole model, stored as ``label`` says: quantized weights; None:
+    unquantized), each of the tensor-parallel GPUs holding ``1/gpus`` of them, and for a KV
+    cache of ``kv_per_token_bytes`` per token on one GPU (None: as it was; an fp8 cache, as
+    ``kv_note`` says); the profiling pass and the non-torch memory stay as they were.
+    Unchanged without an engine answer. The plain-PyTorch figures of ``estimate`` stay those
+    of the unquantized model and its 16-bit cache."""
     served = estimate.serving
     if served is None:
         return estimate
@@ -246,21 +250,25 @@ def with_engine_weights(
         weights_bytes=-(-weights_bytes // gpus),
         # serving_estimate splits the pass over the GPUs again; it was split already
         activation_peak_bytes=served.activation_peak_bytes * gpus,
-        kv_per_token_bytes=served.kv_bytes_per_token,
+        kv_per_token_bytes=kv_per_token_bytes or served.kv_bytes_per_token,
         tokens_per_sequence=served.tokens_per_sequence,
         gpus=gpus,
     )
+    labels = [served.engine_label]
+    notes = list(again.assumptions)
+    if label is not None:
+        labels.append(label)
+        notes.append(
+            f"weights: {label}, {weights_bytes / 2**30:.2f} GiB in all (linear layers "
+            "quantized with their scales; embeddings, head, norms and routers in the "
+            "serving dtype); the activations of the profiling pass stay in the serving dtype"
+            + ("" if kv_note else ", and so does the KV cache")
+        )
+    if kv_note is not None:
+        labels.append("fp8 KV cache")
+        notes.append(kv_note)
     again = again.model_copy(
-        update={
-            "engine_label": f"{served.engine_label}, {label}",
-            "assumptions": (
-                *again.assumptions,
-                f"weights: {label}, {weights_bytes / 2**30:.2f} GiB in all (linear layers "
-                "quantized with their scales; embeddings, head, norms and routers in the "
-                "serving dtype); the activations of the profiling pass and the KV cache stay "
-                "in the serving dtype",
-            ),
-        }
+        update={"engine_label": ", ".join(labels), "assumptions": tuple(notes)}
     )
     return estimate.model_copy(update={"serving": again})
 
