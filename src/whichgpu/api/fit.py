@@ -59,7 +59,7 @@ def fit(
     the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``), the
     memory figures plain PyTorch generation's, for comparison. ``quantization="int4"``
     (``"int8"``, ``"fp8"``; with ``serving``) sizes the engine's KV budget for quantized
-    weights (``api.predict.engine_quantization``); a GPU the engine cannot run them on is left
+    weights (``api.serving.engine_quantization``); a GPU the engine cannot run them on is left
     out, with why in the list's ``notes``. ``kv_cache_dtype="fp8"`` (with ``serving``) keeps the
     engine's KV cache in fp8, one byte per element: twice the tokens in the same budget.
 
@@ -88,7 +88,7 @@ def answer_fit(
 ) -> ResultList[MemoryEstimate]:
     """``fit``'s answer to a typed request (see ``fit`` for what it means); ``progress``
     hears each GPU, and each size while a step is traced."""
-    from whichgpu.api.predict import (
+    from whichgpu.api.serving import (
         checked_kv_cache_dtype,
         checked_quantization,
         engine_quantization,

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.catalog import resolve_gpus
-from whichgpu.api.predict import (
-    calibration_of,
+from whichgpu.api.predict import calibration_of
+from whichgpu.api.requests import RecommendRequest, RunOptions, Target
+from whichgpu.api.serving import (
     checked_kv_cache_dtype,
     checked_quantization,
     engine_quantization,
     serving_speed_on_gpu,
 )
-from whichgpu.api.requests import RecommendRequest, RunOptions, Target
 from whichgpu.api.step import Step, keep_replays, predictor, prepare, select
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
