@@ -1,5 +1,9 @@
 """Frozen, documented value types shared by every layer of whichgpu.
 
+Over 600 lines because it is the one vocabulary every layer shares, and the exported JSON shapes
+it defines are versioned together (``SCHEMA_VERSION``): a layer imports its answer's types from
+here whatever their domain (catalog, runs, estimates, serving, bench results, validation).
+
 These are the nouns of the tool. The catalog produces ``GpuSpec``, ``Source`` and ``Price``;
 later layers add workload profiles, estimates and benchmark results. Every type is immutable and
 validated (pydantic, ``frozen=True``, unknown fields rejected), and every field is documented,

@@ -1,5 +1,9 @@
 """Closed-form memory of a transformer training step, from a Hugging Face config (no torch).
 
+Over 600 lines because every buffer of a transformer step is written out term by term for each
+precision class and model family, and each term answers to the tracer's record of the same
+buffer (the cross-check).
+
 The fast path beside the traced one (``whichgpu.estimate.memory``): instant answers for
 decoder-only language models (Llama, Mistral, Qwen2, GPT-2) and BERT encoders, and a
 cross-check of the stored traces. Every term is a formula in the config's sizes, written

@@ -1,5 +1,9 @@
 """How fast a serving engine runs a language model: the speed model of ``predict --serving``.
 
+Over 600 lines because the step model, the stored formats of quantized weights and of an fp8
+KV cache with the engines' support for them, and the answers for decoding and prefill-only
+requests all rest on the one step model.
+
 Eager PyTorch generation (``estimate.prediction``) pays a host dispatch per operator, which a
 batch-1 decode step of a 7B model spends most of its time on. Serving engines (vLLM,
 TensorRT-LLM) replay a captured CUDA graph per decode step, so the step runs near the GPU's

@@ -1,5 +1,8 @@
 """Peak GPU memory of a step, and the largest batch (or sequence) that fits, for any GPU.
 
+Over 600 lines because the four steps of the method below and the largest-batch search share
+the replay's memo and the stack's additions.
+
 The method, in order:
 
 1. The step's allocations and frees come from a ``ScalableProfile`` (stored for named

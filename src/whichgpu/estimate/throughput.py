@@ -1,5 +1,8 @@
 """Step time and throughput of a profiled step on any catalog GPU: a calibrated roofline.
 
+Over 600 lines because the operator table, the engines of its operators and the step time are
+one model, which ``scripts/fit_throughput.py`` fits and ``predict`` evaluates with the same code.
+
 Each operator of the step (``ScalableProfile.ops`` at the batch and sequence length asked
 about) takes
 

@@ -1,5 +1,8 @@
 """Join fit, speed and prices into a ranking with reasons (``whichgpu recommend``).
 
+Over 600 lines because pricing, filtering, ordering and the reasons of one ranking read the
+same options and write one ``Ranking``; its helpers are private to that flow.
+
 The caller (``whichgpu.api.recommend``) sizes the step on every candidate GPU and count
 (``estimate.memory``), predicts its speed (``estimate.prediction``) and finds any stored
 measurement of it; this module prices each option (``whichgpu.cost``), applies the user's

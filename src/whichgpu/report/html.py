@@ -1,6 +1,9 @@
 """``whichgpu report``: one self-contained HTML page (``render_html``) and its JSON
 (``report_doc``).
 
+Over 600 lines because the page's sections are laid out in order, each with its tables; the
+charts are apart (``report.charts``, ``report.serving_charts``).
+
 Everything shown was computed by ``whichgpu.api.report`` (a ``ReportData``); this module only
 lays it out. The page needs nothing from the network: the style sheet and the one small script
 (table sorting) are inline, the charts are inline SVG (``report.charts``), and the fonts are
