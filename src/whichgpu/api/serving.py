@@ -324,15 +324,9 @@ def _decoding_speed(
     decode = speed.decode(concurrency, context, new)
     at = speed.point(concurrency, context, new)
     tpot_ms, ttft_ms = targets_ms
-    within = None
-    if tpot_ms is not None or ttft_ms is not None:
-        within = speed.largest_within(
-            limit if limit is not None else concurrency,
-            context,
-            new,
-            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
-            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
-        )
+    within = speed.within_targets(
+        limit if limit is not None else concurrency, context, new, targets_ms
+    )
     per_million = None
     if hourly is not None:
         per_million = hourly * n / (at.output_tokens_per_s * 3600) * 1e6

@@ -410,6 +410,17 @@ PresetOption = Annotated[
         rich_help_panel=QUESTION_PANEL,
     ),
 ]
+RankServingOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--serving",
+        help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm): a "
+        "GPU fits when the engine's KV cache holds --concurrency sequences of --context + "
+        "--new-tokens, and ranks by its output tokens/s and $ per million output tokens. "
+        "Default: plain PyTorch generation.",
+        show_default=False,
+    ),
+]
 UsedOption = Annotated[
     Optional[bool],  # noqa: UP045
     typer.Option(

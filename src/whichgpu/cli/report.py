@@ -140,17 +140,7 @@ def report(
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,
-    serving: Annotated[
-        Optional[str],  # noqa: UP045
-        typer.Option(
-            "--serving",
-            help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm): a "
-            "GPU fits when the engine's KV cache holds --concurrency sequences of --context + "
-            "--new-tokens, and ranks by its output tokens/s and $ per million output tokens. "
-            "Default: plain PyTorch generation.",
-            show_default=False,
-        ),
-    ] = None,
+    serving: o.RankServingOption = None,
     prices: o.PricesOption = None,
     quantization: o.QuantizationOption = None,
     kv_cache_dtype: o.KvCacheDtypeOption = None,

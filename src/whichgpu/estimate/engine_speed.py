@@ -640,6 +640,26 @@ class EngineSpeed:
             prompt_tokens_per_s=requests_per_s * context,
         )
 
+    def within_targets(
+        self,
+        limit: int,
+        context: int,
+        new_tokens: int,
+        targets_ms: tuple[float | None, float | None],
+    ) -> int | None:
+        """``largest_within`` for targets in milliseconds (TPOT, TTFT); None when neither is
+        asked."""
+        tpot_ms, ttft_ms = targets_ms
+        if tpot_ms is None and ttft_ms is None:
+            return None
+        return self.largest_within(
+            limit,
+            context,
+            new_tokens,
+            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
+            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
+        )
+
     def largest_within(
         self,
         limit: int,
@@ -702,16 +722,9 @@ def prefill_only_speed(
     requests, kept busy. ``notes`` (the rates' and the weights' notes) go into the
     assumptions."""
     n = speed.rates.gpus
-    tpot_ms, ttft_ms = targets_ms
-    within = None
-    if tpot_ms is not None or ttft_ms is not None:
-        within = speed.largest_within(
-            max_concurrency if max_concurrency is not None else concurrency,
-            context,
-            0,
-            tpot_s=None if tpot_ms is None else tpot_ms / 1000,
-            ttft_s=None if ttft_ms is None else ttft_ms / 1000,
-        )
+    _, ttft_ms = targets_ms
+    limit = max_concurrency if max_concurrency is not None else concurrency
+    within = speed.within_targets(limit, context, 0, targets_ms)
     at = speed.prefill_point(concurrency, context)
     step = speed.prefill_step(concurrency, context)
     tokens = speed.prefill_tokens_per_step(concurrency, context)
