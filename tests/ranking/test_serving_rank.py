@@ -69,3 +69,32 @@ def test_cli_recommend_serving_json() -> None:
     assert "TensorRT-LLM" in doc["answer"]
     wrong = run_cli("recommend", "gpt2", "--serving", "vllm", "--gpu", "l4", "--rent")
     assert wrong.returncode != 0 and "--mode inference" in wrong.stderr
+
+
+def test_a_bought_serving_machine_says_what_a_million_tokens_cost_owned() -> None:
+    from whichgpu.catalog.cost_data import shipped_cost_data
+    from whichgpu.cost import job_energy, machine_power_w
+
+    ranking = wg.recommend(
+        "llama-3.1-8b", mode="inference", concurrency=32, serving="vllm", gpus=["l40s"]
+    )
+    (best,) = ranking.ranking
+    (owned,) = [r for r in best.reasons if r.startswith("owned: ")]
+    assert best.purchase_usd is not None
+    years = shipped_cost_data().rules.default_years
+    power = machine_power_w(wg.gpu("l40s"), 1)
+    hour = job_energy(power, 1.0).electricity_usd
+    assert hour is not None
+    hourly = best.purchase_usd / (years * 365 * 24) + hour
+    expected = hourly / (best.throughput * 3600) * 1e6
+    assert f"${expected:,.3f} per million output tokens" in owned
+    # renting has its rental's figure only
+    rented = wg.recommend(
+        "llama-3.1-8b",
+        mode="inference",
+        concurrency=32,
+        serving="vllm",
+        acquire="rent",
+        gpus=["l40s"],
+    )
+    assert not any(r.startswith("owned: ") for r in rented.ranking[0].reasons)

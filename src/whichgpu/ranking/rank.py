@@ -56,7 +56,7 @@ from whichgpu.schema import (
     ThroughputEstimate,
     Vendor,
 )
-from whichgpu.units import GIB, SECONDS_PER_HOUR
+from whichgpu.units import DAYS_PER_YEAR, GIB, HOURS_PER_DAY, SECONDS_PER_HOUR
 
 _BETTER_HIGH = {"cost": False, "time": False, "throughput": True, "perf-per-dollar": True}
 
@@ -121,6 +121,9 @@ class _Priced:
     """Error of its throughput against another GPU's (0: measured)."""
     price: Price | None = None
     """The price it was ranked with (its date and age go into the answer)."""
+    owned_hourly_usd: float | None = None
+    """Buying a serving machine: its price over the cost data's ``default_years`` of use plus
+    an hour's electricity at full load, USD per hour (None: renting, or no power figure)."""
     tier: int = 0
     """0: its stack runs everything the run needs; 1: some of it only with limits, so it ranks
     after every tier-0 option (``SOFTWARE_TIER_NOTE``)."""
@@ -383,6 +386,14 @@ def rank(
             extra += [
                 f"build: {c.name} {c.status}: {c.reason}" for c in report.checks if c.status != "ok"
             ]
+        owned_hourly = None
+        if q.mode == "buy" and q.serving is not None and option.gpu.tdp_w is not None:
+            assert purchase is not None
+            power = machine_power_w(option.gpu, option.count, catalog=catalog)
+            years = shipped_cost_data().rules.default_years
+            hour = job_energy(power, 1.0, region=region).electricity_usd
+            if hour is not None:
+                owned_hourly = purchase / (years * DAYS_PER_YEAR * HOURS_PER_DAY) + hour
         priced.append(
             _Priced(
                 option,
@@ -403,6 +414,7 @@ def rank(
                 extra,
                 ranking_band,
                 price,
+                owned_hourly,
                 tier,
             )
         )
@@ -614,10 +626,18 @@ def _candidate(
                 else f"{served.requests_per_s or 0:,.1f} requests/s (prefill only, no TPOT)"
             )
         )
+        which = "output" if served.tpot_s is not None else "prompt"
         if p.hourly_usd is not None and p.throughput > 0:
             per_million = p.hourly_usd / (p.throughput * SECONDS_PER_HOUR) * 1e6
-            which = "output" if served.tpot_s is not None else "prompt"
             reasons.append(f"${per_million:,.2f} per million {which} tokens, kept busy")
+        if p.owned_hourly_usd is not None and p.throughput > 0:
+            per_million = p.owned_hourly_usd / (p.throughput * SECONDS_PER_HOUR) * 1e6
+            years = shipped_cost_data().rules.default_years
+            reasons.append(
+                f"owned: ${per_million:,.3f} per million {which} tokens, kept busy: the machine's "
+                f"${p.purchase_usd or 0:,.0f} over {years:g} years of use (the cost data's "
+                "default) and its electricity at full load at the region's price; no resale"
+            )
     else:
         reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
         if o.speed is not None and o.speed.calibrated_on:
