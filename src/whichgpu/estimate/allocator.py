@@ -1,34 +1,12 @@
 """A model of PyTorch's CUDA caching allocator, to replay a traced step's allocations.
 
-PyTorch never hands tensor memory back to the driver between steps: it rounds every request,
-carves it out of cached *segments* (``cudaMalloc`` calls) and keeps freed blocks for reuse. What
-a GPU must hold is therefore the peak of *reserved* segment bytes, not the peak of tensor bytes.
-This module replays an ordered stream of allocations and frees through the rules of
-``c10/cuda/CUDACachingAllocator.cpp`` (pytorch/pytorch, read at commit
-001074d25084fdb87a799823e395a50f5ec044d3; the constants below are named as there):
+PyTorch never hands tensor memory back to the driver between steps, so what a GPU must hold is
+the peak of *reserved* segment bytes, not the peak of tensor bytes. This module replays an
+ordered stream of allocations and frees through the rules of
+``c10/cuda/CUDACachingAllocator.cpp`` (the constants below are named as there), with or
+without ``expandable_segments``, and reads off the allocator's counters (``AllocatorStats``).
 
-- every request is rounded up to a multiple of 512 B (``kMinBlockSize``);
-- requests up to 1 MiB (``kSmallSize``) come from the small pool, whose segments are 2 MiB
-  (``kSmallBuffer``); larger requests come from the large pool;
-- a large-pool request below 10 MiB (``kMinLargeAlloc``) that finds no cached block allocates a
-  20 MiB segment (``kLargeBuffer``); from 10 MiB up, a segment of the request rounded up to
-  2 MiB (``kRoundLarge``);
-- a cached block is chosen best-fit (smallest size, then lowest address) among the free blocks of
-  the pool; it is split when the remainder is at least 512 B (small pool) or more than 1 MiB
-  (large pool) — otherwise the whole block is handed out, and the unsplit tail is counted as
-  allocated (PyTorch's ``allocated_bytes`` counts block sizes);
-- a freed block merges with free neighbours of the same segment;
-- when a new segment would not fit on the device, the allocator frees every cached segment that
-  has no allocated block in it (``release_cached_blocks``) and retries; only then is it an OOM.
-
-With ``expandable_segments`` (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``) each pool
-is one virtual segment that grows by mapping pages (2 MiB in the small pool, 20 MiB in the
-large): a request that fits no free block extends the segment's tail, and freed pages at the
-tail can be unmapped under memory pressure. That mode is modelled at page granularity.
-
-One stream is modelled (training and inference on the default stream); the allocator's
-``max_split_size_mb``, ``roundup_power2_divisions`` and garbage-collection options are left at
-their defaults, under which they do nothing.
+The rules, the commit they were read at, what is left out: docs/memory.md, "The caching allocator".
 """
 
 from __future__ import annotations

@@ -2,51 +2,12 @@
 
 The tracer runs SDPA on the CPU, where it is always the fused CPU flash kernel, and records the
 shape of every call (``OpRecord.attention``). On a GPU, ``F.scaled_dot_product_attention``
-picks one of four backends by the GPU's compute capability, the dtype, the head size and the
-call (mask, causal, training), and the choice changes memory: the fused kernels (flash,
-memory-efficient, cuDNN) never materialise the q_len x kv_len score matrix and save only a
-logsumexp for backward, as the traced CPU kernel does; the math fallback materialises the
-scores and probabilities in fp32 and, in training, keeps the probabilities until backward.
+picks one of four backends (flash, memory-efficient, cuDNN, math) by the GPU's compute
+capability, the dtype, the head size and the call; this module applies PyTorch's own rules,
+restated here (not copied), and counts the extra bytes of the math fallback or a fused
+kernel's padding. Pure Python: no torch import.
 
-Pure Python: no torch import. The rules are PyTorch's own, restated here (not copied):
-
-- ``aten/src/ATen/native/transformers/cuda/sdp_utils.cpp`` (pytorch/pytorch, main at commit
-  001f694a): ``select_sdp_backend`` tries backends in ``priority_order`` (the default in
-  ``Context.h`` of torch 2.13: flash, efficient, math, cuDNN; ``check_prefer_cudnn_attention``
-  puts cuDNN first on sm90/sm10x when the runtime cuDNN is newer than 9.15.0) and takes the
-  first whose filters all pass. Flash (``can_use_flash_attention``): no ``attn_mask``
-  (``check_for_attn_mask``), head_dim <= 256 (``check_head_dim_size_flash``), sm80..sm121
-  (``check_flash_attention_hardware_support`` via ``check_sm_version``), no training with
-  head_dim in (192, 224], or in (224, 256] with dropout, on sm86..sm89 and sm120..sm121
-  (``check_requires_grad_and_head_dim_gt192_constraints_on_sm86_89_or_120``), no ``is_causal``
-  with q_len != kv_len (``check_flash_causal_non_square_seqlens``), fp16/bf16
-  (``check_dtypes_flash_attention``). Memory-efficient (``can_use_mem_efficient_attention``):
-  sm50..sm121 (``check_mem_efficient_hardware_support``), head_dim a multiple of
-  ``minimum_gemm_alignment`` (8 for fp16/bf16 on tensor cores, 4 for fp32 on sm80+, else 1;
-  ``check_head_dim_size_mem_efficient``) and no upper bound, fp16/fp32 below sm80 and
-  fp16/fp32/bf16 from sm80. cuDNN (``can_use_cudnn_attention``): sm80..sm121, fp16/bf16,
-  head_dim <= 128 and a multiple of 8 (``check_cudnn_tensor_shapes``; 256 needs cuDNN > 9.22,
-  not assumed), kv_len != 1. Math needs nothing. Grouped-query attention passes on CUDA for all
-  three fused kernels (``check_batch_size_and_num_heads_dense`` with ``supports_gqa``).
-- ``aten/src/ATen/native/transformers/sdp_utils_cpp.h`` (the torch 2.13 header): the shared
-  filters named above (``check_for_attn_mask``, ``input_requires_grad``).
-- ``aten/src/ATen/native/transformers/attention.cpp`` (pytorch/pytorch): the math path
-  ``_scaled_dot_product_attention_math`` upcasts fp16/bf16 q, k, v to fp32 (unless
-  ``allow_fp16_bf16_reduction_math_sdp``, off by default), scales q and k^T, builds a float
-  causal mask, expands k and v for GQA, computes scores, adds the mask in place, takes
-  ``_safe_softmax`` and returns ``(probs @ v).to(dtype), probs.to(dtype)``; the flash path
-  pads head_dim to a multiple of 8 on CUDA; the efficient path copies an ``attn_mask`` whose
-  strides are not multiples of 8 into one whose last dimension is padded to a multiple of 8,
-  and only then expands it over the heads (``preprocess_mask``; the alignment of 8 is also
-  stated in torch 2.13's ``torch/_inductor/lowering.py``). Older PyTorch (attention.cpp at
-  commit 008887dc) expanded the mask to (B, H, q_len, kv_len) first and padded it to 16,
-  which copied it once per head.
-
-Things the rules also check that are assumed to pass: PyTorch built with the kernels, backends
-left enabled, dense 4-d inputs with a contiguous last dimension, aligned storage offsets,
-non-zero lengths, no nested tensors, deterministic mode off. Per-GPU facts (the compute
-capability) come from the catalog (``GpuSpec.compute_capability``); only GPUs that have one
-(NVIDIA) are modelled.
+The rules and their sources: docs/memory.md, "PyTorch's SDPA backend rules".
 """
 
 from __future__ import annotations

@@ -6,46 +6,12 @@ buffer (the cross-check).
 
 The fast path beside the traced one (``whichgpu.estimate.memory``): instant answers for
 decoder-only language models (Llama, Mistral, Qwen2, GPT-2) and BERT encoders, and a
-cross-check of the stored traces. Every term is a formula in the config's sizes, written
-from what the ``transformers`` implementation (SDPA, fused: GPT-2 and BERT train with
-attention dropout, which CUDA's flash and memory-efficient kernels apply inside, and the
-tracer traces them so; the Lambda 2020 stand-ins ``bert-base`` and ``bert-squad`` keep the
-materialised scores of the code they stand for, ``MATERIALISED_ATTENTION_KEY``) allocates
-and saves for backward, as the tracer records it. The notation:
+cross-check of the stored traces. Parameters, model states, saved activations and the peak
+of allocated bytes over four phases of the second step are formulas in the config's sizes;
+``reserved_bytes`` turns the peak into reserved bytes with one fitted factor. Pure Python; no
+torch, no numpy.
 
-- ``T = b·L`` tokens per step; ``h`` hidden size; ``H`` query heads; ``q = H·d`` and
-  ``kv = H_kv·d`` the query and key/value widths (``d`` head dim); ``I`` the MLP width;
-  ``V`` the vocabulary; ``n`` layers; ``P`` parameters (``P_t`` trainable).
-- Precision classes: ``amp`` (fp16/bf16 autocast: fp32 weights, half GEMMs), ``fp32``
-  (fp32 and tf32: the same bytes) and ``pure`` (``bf16-pure``: everything in bf16).
-
-Model states (bytes): weights ``P·w`` (``w`` = 2 for ``pure``, else 4); gradients ``P_t·w``;
-optimizer state per ``optimizer_state_bytes``.
-
-Activations saved for backward, ``A = n·T·a_layer + T·a_tail + L·a_pos + b·a_sample +
-n·T·L·a_scores + c_weights`` (the per-family terms are in ``_activation_terms``; AMP keeps a
-half copy of every linear weight, ``c_weights = 2·P_linear``, as autocast caches the casts).
-
-The step's peak of allocated bytes is the largest of four named phases of the second step
-(the first has no optimizer state during forward and backward, and its optimizer step
-creates the state that the second step's forward already carries):
-
-- ``forward_end``: ``W + S + A`` + the logits' fp32 copy ``4·T·V`` (AMP and ``pure``) + the
-  model's output ``O``, which the training loop holds until the step ends: the logits (half
-  ``2·T·V`` under AMP and ``pure``, ``4·T·V`` in fp32) and the key/value cache a ``use_cache``
-  model returns (the Llama family's in fp32 under AMP, GPT-2's in half);
-- ``backward_start``: ``W + S + A + O`` + two fp32 ``T x V`` tensors (the gradients of the
-  cross-entropy and of the log-softmax);
-- ``backward_end``: ``W + S + G + O`` + two fp32 copies of a tied embedding's gradient while
-  its two halves are summed;
-- ``optimizer``: ``W + S + G + O`` + the optimizer's temporaries
-  (``optimizer_temporary_bytes``).
-
-This is allocated bytes, as ``StepMemory.replay(...).peak_allocated_bytes`` reports them
-without workspaces: no allocator rounding, no CUDA context. ``reserved_bytes`` turns it into
-the allocator's peak reserved bytes with one fitted factor (``Coefficients.reserved_factor``);
-``whichgpu.estimate.fast`` adds the workspaces and the CUDA context for ``fit --fast``. Pure
-Python; no torch, no numpy.
+The notation, formulas and calibration: docs/memory.md, "Closed-form path" (its formulas).
 """
 
 from __future__ import annotations

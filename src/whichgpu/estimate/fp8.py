@@ -1,33 +1,12 @@
 """fp8 training (``--precision fp8``), derived from the bf16 AMP step rather than traced.
 
 The recipe modelled is torchao's ``Float8Linear`` with its default tensorwise dynamic scaling
-(``convert_to_float8_training``; Transformer Engine's ``Linear`` does the same work): the
-three matrix products of every converted linear layer run on the fp8 tensor cores, the
-forward's ``input @ weight.t()`` in e4m3, backward's grad-input ``grad_out @ weight`` and
-grad-weight ``grad_out.t() @ input`` with the gradient in e5m2; everything else — master
-weights, gradients, optimizer state, attention, norms, activations, the loss — is the bf16
-AMP step unchanged. Which linear layers: the matrix products of the traced step with a
-parameter operand (two of the GEMM's M, N, K fixed, their product a parameter's size), whose
-dimensions are multiples of 16 (``torch._scaled_mm``'s requirement), less the model's last
-linear layer (a language model's output projection), as the filter of torchao's README leaves
-them. What changes, per converted linear (torchao ``torchao/float8/float8_linear.py``,
-``Float8Linear.forward`` and ``matmul_with_hp_or_float8_args``): the weight is cast to fp8 once
-in the forward and that fp8 copy is what backward uses, so autocast's 16-bit copy of the weight
-(``parameter_cast``: 2 bytes a weight, held to its backward) becomes a 1-byte one held as long;
-the input is saved for backward in bf16 as before and cast to fp8 around each product (the fp8
-copy freed after it); backward casts the output gradient once for each of its two products and
-the input once more. Each cast of a tensor of n elements is a max-abs reduction (reads it) and
-a scaled cast (reads it, writes n bytes): the kernels ``torch.compile`` makes of
-``hp_tensor_to_float8_dynamic``. A tensorwise scale is one fp32 number per cast (not counted).
-The fp8 products run at the catalog's fp8 tensor rate with the fitted tensor efficiency of the
-16-bit products. So against the bf16 AMP step, memory is lower by one byte per converted weight
-while the forward's weights are held, higher by the fp8 copies alive around one product; time
-is the linear GEMMs at (about) half their bf16 time plus the casts' traffic.
+(``convert_to_float8_training``). This module finds the linear layers it converts in a bf16
+AMP profile, writes the step with their fp8 weight copies and casts in place of autocast's
+16-bit ones (``fp8_profile``, ``fp8_linears``), and says which GPUs cannot run it
+(``fp8_refusal``); everything else is the bf16 AMP step unchanged.
 
-Not modelled: rowwise scaling (per-row scales, slower products), delayed scaling, fp8
-all-gather under FSDP (the all-gather stays 16-bit), fp8 attention, the MXFP8/NVFP4 recipes of
-Blackwell, and ``force_recompute_fp8_weight_in_bwd`` (which frees the fp8 weight after the
-forward).
+The method: docs/memory.md, "fp8 training" (memory); docs/throughput.md, "fp8 training" (time).
 """
 
 from __future__ import annotations

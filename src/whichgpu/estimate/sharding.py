@@ -1,87 +1,14 @@
 """Data-parallel training on N GPUs: one step's allocations as one GPU (rank) of N sees them.
 
 A stored or traced profile is the step of a single process. Training on ``N`` GPUs of a node
-runs that step on every GPU with its own batch, and the strategy decides what each GPU holds
-besides: this module rewrites the event stream (handle, bytes, alloc/free, category, in order)
-into the stream of one rank, which ``whichgpu.estimate.memory`` replays through the allocator
-model like any other. ``N = 1`` leaves the stream unchanged for every strategy (FSDP itself
-falls back to ``NO_SHARD`` at world size 1).
+runs that step on every GPU with its own batch, and the strategy (``ddp``, ``zero2``,
+``zero3``/``fsdp``) decides what each GPU holds besides: this module rewrites the event stream
+into the stream of one rank — gradient buckets, ``1/N`` shards, gathered units, and under AMP
+ZeRO's and FSDP's 16-bit working parameters in place of autocast's casts — which
+``whichgpu.estimate.memory`` replays through the allocator model like any other. ``N = 1``
+leaves the stream unchanged. Pure Python; never imports torch.
 
-What each strategy changes (Ψ = parameters; in our AMP traces, ``bf16``/``fp16``, the
-parameters are fp32 and autocast casts them per operator, so the fp32 parameter *is* the master
-copy and gradients are fp32: 4 + 4 + 8 bytes per parameter with AdamW; ``bf16-pure`` keeps
-everything in bf16):
-
-``ddp``
-    PyTorch ``DistributedDataParallel`` with its defaults: ``bucket_cap_mb=25``, a first bucket
-    of 1 MiB (``dist._DEFAULT_FIRST_BUCKET_BYTES``), ``gradient_as_bucket_view=False``. The
-    buckets are a flat copy of every gradient, allocated when the model is wrapped and kept;
-    gradients join buckets in the order they become ready (DDP rebuilds its buckets in that
-    order after the first step), a bucket closing once it reaches the cap. Nothing else
-    changes.
-
-``zero2`` (DeepSpeed ZeRO stage 2; FSDP ``SHARD_GRAD_OP``)
-    Gradients and optimizer state (and the optimizer's temporaries) are split ``1/N``.
-    ZeRO shards the fp32 master copy with the optimizer state but keeps a working copy of the
-    weights on every GPU; here the traced parameters stay whole (the working copy, fp32 in
-    AMP runs — more than DeepSpeed's 16-bit one) *and* a ``1/N`` shard of the trainable
-    parameters is added (DeepSpeed's fp32 partition, FSDP's sharded flat parameter). During
-    backward each full gradient is produced, copied into the reduce bucket and freed; the
-    bucket (``reduce_bucket_size``, 5e8 elements by default, with ``contiguous_gradients``
-    on) is held for the whole run, at the traced gradient element size and at most the size
-    of all gradients.
-
-``zero3`` / ``fsdp`` (DeepSpeed ZeRO stage 3; FSDP ``FULL_SHARD``)
-    Parameters, gradients and optimizer state are split ``1/N``. During each forward and
-    backward the gathered parameters of the unit running and of the prefetched next one are
-    live, and gradients of a unit stay unsharded until its reduce-scatter. A profile does not
-    say which parameter belongs to which layer, so the wrapped unit is sized from the
-    parameter sizes in model order: the longest run of repeating sizes is the stack of
-    blocks (transformer layers), each block one unit; every other parameter (embeddings,
-    heads, final norms) is one root unit. The root stays gathered through forward and
-    backward (FSDP1 does not reshard the root after forward), so gathered parameters are
-    root + 2 blocks from the start of each forward to the end of its backward, and the
-    unsharded gradients are the root's plus one block's throughout backward. With no
-    repeated block found every parameter counts as root: nothing is saved while computing.
-
-Mixed precision under ZeRO and FSDP. In an AMP trace the parameters are fp32 and autocast makes
-a 16-bit copy of each weight per forward (``parameter_cast`` events), kept until the forward
-ends and until backward has used it: 2 bytes per parameter on top of the fp32 ones, which DDP
-pays. ZeRO and FSDP are not run that way: DeepSpeed's ``bf16``/``fp16`` modes train 16-bit
-working parameters against an fp32 master partition, and FSDP's
-``MixedPrecision(param_dtype=torch.bfloat16)`` gathers 16-bit parameters (autocast then has
-nothing to cast). So where every parameter of the trace is fp32 and autocast cast them
-(``make_plan``'s ``sixteen_bit_working``), the rank's stream has no casts; ZeRO-2 keeps the whole
-parameters at 2 bytes (plus the fp32 master partition) and produces 16-bit full gradients into
-a 16-bit bucket; ZeRO-3/FSDP gather 16-bit units and hold 16-bit unsharded gradients, with the
-fp32 sharded parameter as master. Sharded gradients and optimizer state stay as traced (fp32),
-the ZeRO paper's 16 bytes per parameter over ``N``.
-
-Shards are rounded up: each tensor is split into whole 8-byte granules and every rank gets
-``ceil(granules / N)`` of them, which is never less than FSDP's or DeepSpeed's padding of a
-flat buffer to a multiple of ``N`` elements (of 1, 2, 4 or 8 bytes). The batch is per GPU;
-activations and inputs are untouched.
-
-Sources:
-
-- PyTorch ``DistributedDataParallel`` defaults (``bucket_cap_mb=25``,
-  ``gradient_as_bucket_view=False``):
-  https://pytorch.org/docs/stable/generated/torch.nn.parallel.DistributedDataParallel.html;
-  first bucket ``kDefaultFirstBucketBytes = 1024 * 1024`` in ``c10d/reducer.hpp`` (quoted in
-  pytorch/pytorch issue #61353).
-- FSDP (``backward_prefetch=BACKWARD_PRE``, ``limit_all_gathers=True``; ``NO_SHARD`` at world
-  size 1, ``torch/distributed/fsdp/_init_utils.py``):
-  https://pytorch.org/docs/stable/fsdp.html and https://pytorch.org/docs/stable/notes/fsdp.html.
-- Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter Models",
-  arXiv:1910.02054 (model states 2Ψ + 2Ψ + 12Ψ; stage 2: 2Ψ + 14Ψ/N; stage 3: 16Ψ/N).
-- DeepSpeed ZeRO configuration (``reduce_bucket_size`` 5e8 elements, ``contiguous_gradients``
-  true; ``deepspeed/runtime/zero/config.py``; ``bf16``/``fp16`` modes):
-  https://www.deepspeed.ai/docs/config-json/.
-- FSDP ``MixedPrecision`` (``param_dtype``: the dtype of the gathered parameters used in
-  forward and backward; ``reduce_dtype`` defaults to it; the sharded parameter stays in its
-  original dtype): https://pytorch.org/docs/stable/fsdp.html#torch.distributed.fsdp.MixedPrecision.
-
-Pure Python; never imports torch.
+The method and its sources: docs/memory.md, "Training on N GPUs" and its "Sharding".
 """
 
 from __future__ import annotations
@@ -123,7 +50,7 @@ class Parallel:
     gpus: int = 1
     """GPUs of one node, data parallel."""
     sharding: Sharding = "ddp"
-    """Strategy (see the module docstring)."""
+    """Strategy (see docs/memory.md, "Training on N GPUs")."""
 
 
 SINGLE_GPU = Parallel()

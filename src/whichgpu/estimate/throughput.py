@@ -3,41 +3,13 @@
 Over 600 lines because the operator table, the engines of its operators and the step time are
 one model, which ``scripts/fit_throughput.py`` fits and ``predict`` evaluates with the same code.
 
-Each operator of the step (``ScalableProfile.ops`` at the batch and sequence length asked
-about) takes
-
-    time = max(compute, memory, launch)
-    compute = FLOPs / (efficiency(engine) x ramp(work per SM) x peak(engine))   (matrix ops)
-    memory  = bytes read and written / (memory efficiency x DRAM bandwidth)
-    launch  = the host's time to dispatch one eager operator (the floor of any operator)
-
-and the step takes the sum. The *engine* of a matrix operator (GEMM, convolution, attention)
-follows its dtype, the run's precision and what the GPU has: FP16/BF16 tensor cores (FP32
-accumulate, the rate AMP gets), TF32 tensor cores for ``--precision tf32``, otherwise the FP32
-vector units. ``ramp(x) = x / (x + x_half)`` is the small-problem penalty: a GEMM whose work
-cannot fill the SMs runs below the peak. Every other operator (elementwise, norms,
-reductions, optimizer, copies) is bounded by bandwidth.
-
-The peaks, bandwidths and SM counts come from the catalog. The five constants of the model
-(``PerfParameters``) are fitted once on measured throughputs — the Lambda 2020 table, read
-with the settings of ``whichgpu.validate.throughput`` — by ``scripts/fit_throughput.py`` and
-stored with their provenance and their validation error in ``data/throughput.json``; the
-error is the width of each prediction's band.
-
-Beside them, each measured workload has a *speed factor*: how much faster its code ran than
-the operator model says, on every GPU alike (its framework's kernels and fusions), and a *host
-share*: the time per unit its measured runs spent outside the GPU (reading and decoding real
-datasets, the framework's host work), which does not shrink on a faster GPU, as a share of its
-modelled GPU time on a reference GPU (``host_time`` in ``data/throughput.json``). The fit
-models a measured throughput as ``factor / (GPU time + share x reference GPU time)`` per unit;
-predictions are of the GPU step on synthetic data and leave the host time out.
-The fit is hierarchical: the factors (and shares) of one workload type (``vision``,
-``language``) shrink towards the type's, which shrinks towards 1 (0), and the five constants
-towards the physical values of ``fit_priors`` in ``data/throughput.json`` (each with its source). A
-workload that was measured uses its own factor and the band of a new GPU (leave one GPU out);
-any other uses its type's factor and the band of a new workload (leave one model out).
-
+Each operator of the step takes the largest of its compute time (FLOPs over its engine's
+fitted share of the peak, with a small-problem ramp), its memory time (bytes over the fitted
+share of DRAM bandwidth) and a launch floor, and the step takes the sum; the peaks come from
+the catalog, the fitted constants, speed factors and host shares from ``data/throughput.json``.
 Pure Python + numpy: no torch.
+
+The formulas, speed factors and fit: docs/throughput.md, "The roofline" and the sections after.
 """
 
 from __future__ import annotations

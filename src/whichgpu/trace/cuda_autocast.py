@@ -3,37 +3,10 @@
 ``torch.autocast`` keeps a table of operators per device, and the CPU's and CUDA's tables
 differ. A trace runs ``torch.autocast("cpu")``, but every GPU estimate needs the tensors CUDA
 autocast makes, so while ``cuda_autocast_rules()`` is active the CPU's autocast dispatch key
-(``AutocastCPU``) runs CUDA's table instead:
+(``AutocastCPU``) runs CUDA's table instead, as PyTorch 2.13 declares it in
+``aten/src/ATen/autocast_mode.h``.
 
-- CUDA runs in 32-bit, whatever its inputs, operators that the CPU leaves in the input's dtype:
-  ``pow``, ``exp``, ``log``, ``rsqrt``, ``layer_norm``, ``group_norm``, ``softmax``,
-  ``log_softmax``, ``sum``, ``cumsum``, the upsampling operators … (``AT_FORALL_FP32``,
-  ``AT_FORALL_FP32_SET_OPT_DTYPE``, ``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE``). GPT-2's
-  ``gelu_new`` (``0.5 * x * (1 + tanh(c * (x + 0.044715 * pow(x, 3))))``) is the case that
-  matters most: on CUDA the ``pow`` makes the whole chain 32-bit, and each of its saved tensors
-  is twice the CPU's size (about 6 bytes per MLP element per token more; measured on an H200:
-  GPT-2, batch 8 x 1024 tokens, 1.8 GB more allocated than the CPU rules predict).
-- CUDA promotes to the widest input type a few operators the CPU does not touch
-  (``AT_FORALL_PROMOTE``: ``addcmul``, ``index_put``, ``scatter_add`` …), and casts to 16-bit
-  a few the CPU does not (``AT_FORALL_LOWER_PRECISION_FP``: ``einsum``, ``addmv``, ``mv``,
-  the RNN cells …).
-- Operators only the CPU's table lists (``cat``, ``stack``, the padding, pooling and linear
-  algebra operators it runs in 32-bit, ``cross_entropy_loss`` …) pass through untouched, as on
-  CUDA (their parts are then cast where CUDA's table lists them).
-
-The table is CUDA's as PyTorch 2.13 declares it in ``aten/src/ATen/autocast_mode.h`` (the macros
-``AT_FORALL_LOWER_PRECISION_FP``, ``AT_FORALL_FP32``, ``AT_FORALL_FP32_SET_OPT_DTYPE``,
-``AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE`` and ``AT_FORALL_PROMOTE``; the same lists in
-2.11, whose CUDA runs were measured), with the cast rules of ``cached_cast``, ``promote_type``
-and ``set_opt_dtype`` there: floating tensors other than float64 are cast; 16-bit casts of
-leaf tensors that require grad (the parameters) are kept for the autocast region, as PyTorch's
-cast cache keeps them. Operators CUDA casts to 16-bit and the CPU's table casts as well
-(``linear``, ``matmul``, the convolutions …) keep the CPU's own kernel and its cast cache.
-``binary_cross_entropy``, which CUDA refuses under autocast, keeps the CPU's rule.
-
-The CPU's table (``AutocastCPU``) is read from the dispatcher, so operators a newer PyTorch
-adds to it pass through as well; rules registered from Python (whichgpu's bf16 rule for the
-mixture-of-experts ``_grouped_mm``, ``workloads.hf.grouped_experts_precision``) are kept.
+What differs, the cast rules and their sources: docs/memory.md, "CUDA's autocast table".
 """
 
 from __future__ import annotations
@@ -306,8 +279,8 @@ def _exists(name: str) -> bool:
 
 @contextlib.contextmanager
 def cuda_autocast_rules() -> Iterator[None]:
-    """While active, ``torch.autocast("cpu")`` follows CUDA's autocast table (see the module's
-    docstring); the CPU's own rules are back when it exits."""
+    """While active, ``torch.autocast("cpu")`` follows CUDA's autocast table (see
+    docs/memory.md, "CUDA's autocast table"); the CPU's own rules are back when it exits."""
     cpu = cpu_table()
     cuda: dict[str, str] = {}
     for name in LOWER_PRECISION_FP:

@@ -1,40 +1,12 @@
 """Trace a deep model with a few of its layers and extend its step to the full depth.
 
-A transformer is an embedding, a stack of N alike layers and a head, and its traced step
-repeats itself: the forward pass runs the same operators and allocations for every layer, the
-backward pass again in reverse, the optimizer's ``_foreach`` operators the same work for every
-layer's parameters. Tracing all N layers (80 in a 70B Llama) at each grid size takes minutes
-under fake tensors, and the repeats tell nothing new.
+A transformer whose N layers are alike repeats itself in its traced step, so tracing all N
+layers at each grid size takes minutes and tells nothing new. This module traces such a
+model with 4, 5 and 6 of its layers (``DEPTHS``), lines up the 4- and 5-layer traces, writes
+the step for N layers and checks the rule exactly against the 6-layer trace; anything else
+raises ``DepthNotExtendable`` and the caller traces the model whole.
 
-So a model whose layers are alike is traced with 4, 5 and 6 of them (``DEPTHS``), and its step
-is written for N:
-
-1. **Line up** the 4- and 5-layer traces (operators and allocation events separately). The
-   5-layer trace is the 4-layer one with one block inserted at a few places — one more layer's
-   forward, its backward, its parameters' outputs in each ``_foreach`` operator — each a copy
-   of the block next to it. A copy must continue the two blocks beside it as an arithmetic
-   progression (alike entries, numbers advancing by the same step), so it never copies the
-   first or last layer, which can differ from the middle ones (the last layer's backward
-   follows the head's). Entries match on labels, sizes and numbers; an entry whose numbers
-   change with depth (how far back the storage a free releases was made, a ``_foreach``
-   operator's FLOPs over all parameters) lines up on its labels and size alone.
-2. **Extend**: every lined-up number becomes its 4-layer value plus ``N - 4`` times its
-   change from 4 to 5 layers; every inserted block is written ``N - 4`` times, its numbers
-   advancing by the same step each copy. Kernel choices that count layers (LoRA's adapted
-   modules, the KV cache) are extended the same way.
-3. **Check** the rule against the 6-layer trace: written for 6 layers, operators, events,
-   parameter counts and choices must equal the traced ones exactly; and for full training the
-   parameter count written for N must equal the full model's (built on the meta device, which
-   holds no memory). Anything else raises ``DepthNotExtendable`` and the caller traces the
-   model whole.
-
-A pattern longer than the check can see would be missed (sliding-window attention in five of
-six layers, dense layers before the experts), so only models whose N layers are alike are
-extended: at full depth every layer must have the same modules, parameter shapes and plain
-settings, its index aside, and the config must not mix ``layer_types``.
-
-Storages are numbered in allocation order, so an extended trace names them as a full trace
-would: it is the same trace, got in a fraction of the time.
+The method and its limits: docs/workloads.md, "Deep models: traced with a few layers".
 """
 
 from __future__ import annotations

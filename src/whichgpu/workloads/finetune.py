@@ -3,69 +3,9 @@
 Neither ``peft`` nor ``bitsandbytes`` is used: the wrappers here are written in plain PyTorch
 after those libraries' code, keeping their memory layout (which tensors exist, their dtypes and
 shapes, what autograd saves) and their math, so that a traced step allocates what a real one
-does. The facts they follow, with where they were read:
+does. This module imports torch: import it only where a model is built (the tracer).
 
-- LoRA layer (huggingface/peft, ``src/peft/tuners/lora/layer.py``, ``Linear.forward``):
-  ``result = base_layer(x)``; ``x`` is cast to the adapter dtype; ``result = result +
-  lora_B(lora_A(dropout(x))) * scaling``; ``result.to(result_dtype)``. ``lora_A`` is
-  ``Linear(in, r, bias=False)`` (Kaiming-uniform init), ``lora_B`` is ``Linear(r, out,
-  bias=False)`` initialised to zero, ``scaling = lora_alpha / r``. ``LoraConfig``
-  (``src/peft/tuners/lora/config.py``) defaults to ``lora_alpha=8`` and ``lora_dropout=0.0``,
-  and peft then uses ``nn.Identity`` for the dropout; both defaults are used here
-  (``LORA_ALPHA``), so dropout allocates nothing. The alpha changes no memory and no FLOPs.
-- Target matching (peft ``check_target_module_exists``): a target names a module by its
-  qualified name or a dot-separated suffix of it (``q_proj`` matches
-  ``model.layers.0.self_attn.q_proj``). ``all-linear`` (peft ``_maybe_include_all_linear_
-  layers``, after the QLoRA repository) means every ``nn.Linear`` and ``Conv1D`` but the output
-  layer. Targets come from ``--lora-targets``, else the workload's defaults, else
-  ``all-linear``.
-- QLoRA base layers (transformers ``integrations/bitsandbytes.py`` ``replace_with_bnb_linear``,
-  ``quantizers/base.py`` ``get_keys_to_not_convert``): every ``nn.Linear`` and GPT-2 style
-  ``Conv1D`` (weight transposed first) becomes a 4-bit layer, except the output embedding
-  (``lm_head``), tied weights and the module of the model's last parameter (a classifier
-  head), which stay in the frozen half dtype. The same layers are what ``all-linear`` leaves
-  out. transformers 5 quantises no fused mixture-of-experts weights (3-D expert tensors), and
-  neither does this module: they stay in the half dtype.
-- NF4 storage (bitsandbytes-foundation/bitsandbytes, ``bitsandbytes/functional.py``
-  ``quantize_4bit``/``get_4bit_type``, ``bitsandbytes/nn/modules.py`` ``Linear4bit``,
-  ``Params4bit``): the weight is flattened, cut into blocks of 64 with one fp32 absmax each,
-  every value divided by its block's absmax is replaced by the index of the nearest of the 16
-  NF4 levels, and two indices are packed per byte, the first in the high nibble, into a
-  ``((n + 1) // 2, 1)`` uint8 parameter. Double quantisation (``compress_statistics=True``,
-  ``bnb_4bit_use_double_quant`` in QLoRA recipes): ``offset = absmax.mean()``, and
-  ``absmax - offset`` is quantised blockwise in blocks of 256 to 8-bit indices into the signed
-  dynamic map (``create_dynamic_map``), with one fp32 scale per block. Per layer the quant
-  state also holds its own NF4 code (16 fp32) and a copy of the dynamic map (256 fp32).
-- 4-bit matmul (``bitsandbytes/autograd/_functions.py`` ``MatMul4Bit``, ``Linear4bit.forward``):
-  ``x`` is cast to the compute dtype, the weight is dequantised to a temporary in that dtype,
-  ``linear`` runs, the temporary is freed; autograd keeps only the packed weight, and the
-  backward pass dequantises again for ``grad_x = grad_out @ W``. No weight gradient exists.
-  Dequantisation first rebuilds the fp32 absmax from the double quantisation.
-- QLoRA adapter (peft ``src/peft/tuners/lora/bnb.py``, ``Linear4bit.forward``): the 4-bit base
-  output is cloned ("defensively", as the comment there says), ``x`` is cast to the adapter
-  dtype only when autocast is off, and the adapter output is added out of place.
-
-Precision convention. The frozen base weights of ``lora``/``qlora`` are stored in the half
-dtype for ``fp16``, ``bf16`` and ``bf16-pure`` (as people load them, ``torch_dtype=bfloat16``),
-and in fp32 for ``fp32``/``tf32``; the 4-bit layers dequantise to, and compute in, that same
-dtype (``bnb_4bit_compute_dtype``). The adapters of a training run are fp32 whatever the
-precision: ``get_peft_model``'s default ``autocast_adapter_dtype=True`` upcasts fp16/bf16
-adapters to fp32, also on a model loaded in bf16 (``bf16-pure``), and each adapter's input is
-then cast to fp32 (``adapter_dtype``). Measured on an H200 with peft 0.21 (Llama 3.2 3B in bf16,
-LoRA r 32 on ``q_proj``/``v_proj``): 21.95 GB peak allocated, which bf16 adapters would have
-put 1.5 GB lower. Inference keeps ``hf.weight_dtype``'s. Buffers
-keep their dtype. peft's ``prepare_model_for_kbit_training`` (which upcasts norms and
-embeddings to fp32) is not applied.
-
-Dequantisation runs as real torch operators (unpack the nibbles, look the codes up in the NF4
-table, scale by the block absmax), written into one output of the weight's size and processed
-in chunks of ``DEQUANT_CHUNK_ELEMENTS``: the output and the rebuilt fp32 absmax are the
-temporaries bitsandbytes' CUDA path allocates; the chunk-sized intermediates (9 bytes per weight
-of a chunk, 36 MiB at the default 4 Mi, measured on a trace) stand for the kernel's registers.
-Smaller chunks cost trace time: 8 recorded operators per chunk; a trace runs the first chunk
-only and writes the rest with one copy that allocates nothing (``Nf4Linear.dequantize``).
-
-This module imports torch: import it only where a model is built (the tracer).
+The facts followed and their sources: docs/workloads.md, "Fine-tuning methods: LoRA and QLoRA".
 """
 
 from __future__ import annotations
@@ -156,7 +96,7 @@ def nearest_code(values: torch.Tensor, code: torch.Tensor) -> torch.Tensor:
 
 def adapter_dtype(run: RunConfig) -> torch.dtype:
     """The LoRA adapters' dtype: fp32 in training (peft's ``autocast_adapter_dtype=True``
-    default upcasts half-precision adapters, see the module docstring), else the weights'."""
+    default upcasts half-precision adapters, see docs/workloads.md), else the weights'."""
     return torch.float32 if run.mode == "train" else weight_dtype(run)
 
 
