@@ -453,7 +453,7 @@ class Comparison(_Tabular):
 
 Mode = Literal["train", "inference"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
-Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd"]
+Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd", "paged-adamw-8bit"]
 OptimizerImpl = Literal["foreach", "for-loop", "fused", "in-backward"]
 """How the optimizer step runs: ``foreach`` (PyTorch's default on CUDA: each operation over all
 parameters at once, with temporaries the size of them all), ``for-loop`` (one parameter at a
@@ -503,7 +503,7 @@ class RunConfig(_Frozen):
     """Optimizer for training."""
     optimizer_impl: OptimizerImpl = "foreach"
     """How the optimizer step runs (see ``OptimizerImpl``); adamw and sgd take all four,
-    adafactor all but fused, adamw-8bit its own kernels only."""
+    adafactor all but fused, adamw-8bit and paged-adamw-8bit their own kernels only."""
     loss_kernel: LossKernel = "torch"
     """A language model's cross-entropy kernel (see ``LossKernel``)."""
     grad_accum: int = 1
@@ -685,11 +685,14 @@ TensorCategory = Literal[
     "activation",
     "temporary",
     "parameter_cast",
+    "paged_optimizer",
 ]
 """What a storage held; the order gives the codes of stored profiles (append new ones).
 ``parameter_cast`` is a parameter cast to another dtype for an operator while the forward or
 backward runs: autocast's 16-bit copy of an fp32 weight (kept until the forward ends, and
-until backward has used it where an operator saved it)."""
+until backward has used it where an operator saved it). ``paged_optimizer`` is optimizer state
+that a paged optimizer (``--optimizer paged-adamw-8bit``) allocates in CUDA unified memory,
+outside PyTorch's caching allocator (``whichgpu.estimate.paged``)."""
 
 
 class OpRecord(_Frozen):
@@ -1160,6 +1163,14 @@ class MemoryEstimate(_Tabular):
     """Inference of a language model: KV-cache bytes per token of one sequence on this GPU."""
     serving: ServingEstimate | None = None
     """``fit --serving``: the serving engine's KV-cache budget and concurrency; None otherwise."""
+    paged_state_bytes: int = 0
+    """Optimizer state in unified memory (``--optimizer paged-adamw-8bit``): resident in the
+    GPU's free memory while there is room, paged to host memory when not; not in
+    ``device_total_bytes`` (nor in ``breakdown``). 0 for other optimizers."""
+    paged_out_bytes: int = 0
+    """The part of ``paged_state_bytes`` that cannot stay resident at this batch:
+    ``max(0, paged_state_bytes - max(headroom_bytes, 0))``; each optimizer step pages it in
+    and out again over PCIe."""
 
 
 # --- Validation ------------------------------------------------------------------------------

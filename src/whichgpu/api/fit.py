@@ -96,6 +96,7 @@ def answer_fit(
     from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.fp8 import check_gpu, fp8_refusal
     from whichgpu.estimate.memory import estimate_on_gpu
+    from whichgpu.estimate.paged import paged_refusal
     from whichgpu.estimate.serving import engine_verdict
 
     chosen = select_target(request.target)
@@ -133,6 +134,11 @@ def answer_fit(
         if step.run.precision == "fp8" and (why := fp8_refusal(gpu)) is not None:
             if len(asked.targets) == 1:
                 check_gpu(gpu)
+            refused.append(f"{gpu.name} is left out: {why}.")
+            continue
+        if (why := paged_refusal(step.run, gpu)) is not None:
+            if len(asked.targets) == 1:
+                raise UsageError(f"{why}.")
             refused.append(f"{gpu.name} is left out: {why}.")
             continue
         estimate = estimate_on_gpu(

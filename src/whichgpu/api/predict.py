@@ -241,10 +241,15 @@ def _speeds(
 
 
 def _fp8_refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
-    """Why ``gpu`` cannot run the step's fp8 at all (None: it can, or the step is not fp8);
-    a GPU asked about ``alone`` raises it."""
+    """Why ``gpu`` cannot run the step's fp8 (or its paged optimizer) at all (None: it can,
+    or the step has neither); a GPU asked about ``alone`` raises it."""
     from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
+    from whichgpu.estimate.paged import paged_refusal
 
+    if (paged := paged_refusal(step.run, gpu)) is not None:
+        if alone:
+            raise UsageError(f"{paged}.")
+        return UsageError(paged)
     if step.run.precision != "fp8" or (why := fp8_refusal(gpu)) is None:
         return None
     if alone:

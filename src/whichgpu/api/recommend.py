@@ -343,6 +343,10 @@ def _option(
         from whichgpu.estimate.fp8 import fp8_refusal
 
         refused = fp8_refusal(gpu)
+    if refused is None:
+        from whichgpu.estimate.paged import paged_refusal
+
+        refused = paged_refusal(step.run, gpu)
     if engine is not None and refused is None:
         try:
             memory, path = engine_quantization(step, engine, gpu, memory, software, quantization)

@@ -343,10 +343,11 @@ def _run_notes(spec: StepSpec) -> list[str]:
             "models: a request batch served with a static KV cache, prefill then one greedy "
             "decode step per new token; throughput counts the generated tokens)"
         )
-    if run.optimizer == "adamw-8bit":
+    if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         notes.append(
-            "adamw-8bit runs whichgpu's plain-PyTorch rebuild of bitsandbytes' AdamW8bit (same "
-            "memory, not its fused kernels): its time is not representative"
+            f"{run.optimizer} runs whichgpu's plain-PyTorch rebuild of bitsandbytes' AdamW8bit "
+            "(same memory, not its fused kernels; paged: its state in ordinary device memory, "
+            "not unified memory): its time is not representative"
         )
     if run.method == "qlora":
         notes.append(

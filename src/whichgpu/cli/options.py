@@ -119,7 +119,9 @@ SeqOption = Annotated[
 OptimizerOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
-        "--optimizer", help="adamw (default), adamw-8bit, adafactor, sgd.", rich_help_panel=_RUN
+        "--optimizer",
+        help="adamw (default), adamw-8bit, paged-adamw-8bit, adafactor, sgd.",
+        rich_help_panel=_RUN,
     ),
 ]
 OptimizerImplOption = Annotated[

@@ -98,6 +98,11 @@ def check_covered(config: Mapping[str, Any], run: RunConfig) -> None:
             )
         if run.gpus != 1:
             raise UnsupportedWorkload("The closed form covers one GPU (--gpus 1) only.")
+        if run.optimizer == "paged-adamw-8bit":
+            raise UnsupportedWorkload(
+                "The closed form does not cover --optimizer paged-adamw-8bit: its state in CUDA "
+                "unified memory (outside the caching allocator) is sized from the traced step."
+            )
         cf.estimate(config, run, 1, 1)
     except UnsupportedWorkload as exc:
         raise UsageError(f"--fast: {exc} Drop --fast to trace the step.") from exc

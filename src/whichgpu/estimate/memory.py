@@ -35,6 +35,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
+from whichgpu.estimate.paged import is_paged, memory_note, paged_out_bytes
 from whichgpu.estimate.serving import kv_heads_on_one_gpu, kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
     SINGLE_GPU,
@@ -44,6 +45,7 @@ from whichgpu.estimate.sharding import (
     event_phases,
     make_plan,
     rank_events,
+    shard_bytes,
 )
 from whichgpu.profiles.scalable import CATEGORIES, ScalableProfile
 from whichgpu.schema import (
@@ -94,7 +96,11 @@ _BREAKDOWN: dict[TensorCategory, MemoryCategory] = {
     "activation": "activations",
     "temporary": "temporaries",
     "parameter_cast": "weights",
+    "paged_optimizer": "optimizer",  # never at the peak: the replay leaves it out
 }
+_PAGED: TensorCategory = "paged_optimizer"
+"""Optimizer state in CUDA unified memory (``estimate.paged``): not the caching allocator's,
+so the replay leaves it out."""
 
 
 @dataclass(frozen=True)
@@ -231,8 +237,9 @@ class StepMemory:
         ]
 
     def state_sizes(self, category: TensorCategory) -> list[int]:
-        """Sizes of the step's ``parameter`` or ``gradient`` tensors, in allocation order (they
-        do not depend on the batch or the length)."""
+        """Sizes of the step's ``parameter``, ``gradient`` or ``paged_optimizer`` tensors
+        allocated in its first step, in allocation order (they do not depend on the batch or
+        the length)."""
         sizes = self.profile.event_sizes(1, 1 if self.profile.is_sequence_model else None)
         first = [i for i, step in enumerate(self.profile.events[:, 4].tolist()) if step == 0]
         return [int(sizes[i]) for i in first if self._allocs[i] and self._categories[i] == category]
@@ -261,6 +268,15 @@ class StepMemory:
             )
             self._plans[parallel] = found
         return found
+
+    def paged_state_bytes(self, parallel: Parallel = SINGLE_GPU) -> int:
+        """Optimizer state a paged optimizer keeps in unified memory on one GPU of
+        ``parallel`` (split like the rest of the optimizer state where the sharding splits
+        it); 0 without a paged optimizer."""
+        sizes = self.state_sizes(_PAGED)
+        if self.plan(parallel).shard_gradients:
+            return sum(shard_bytes(size, parallel.gpus) for size in sizes)
+        return sum(sizes)
 
     def conv_workspace_bytes(self, batch_size: int, seq_len: int | None, percent: int) -> int:
         """The largest cuDNN workspace of the step's convolutions at this size: ``percent`` of
@@ -349,8 +365,8 @@ class StepMemory:
         # live there, by category, is summed afterwards (cheaper than a copy at every new peak)
         malloc, free = allocator.malloc, allocator.free
         peak, peak_index = allocator.allocated_bytes, -1
-        for index, (handle, size, alloc, _) in enumerate(events):
-            if size == 0:
+        for index, (handle, size, alloc, category) in enumerate(events):
+            if size == 0 or category == _PAGED:  # unified memory: not the allocator's
                 continue
             if alloc:
                 malloc(handle, size)
@@ -361,7 +377,7 @@ class StepMemory:
         live: dict[TensorCategory, int] = dict.fromkeys(CATEGORIES, 0)
         for _, size, alloc, category in events[: peak_index + 1]:
             live[category] += size if alloc else -size
-        at_peak = {k: v for k, v in live.items() if v}
+        at_peak = {k: v for k, v in live.items() if v and k != _PAGED}
         result = Replay(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes, at_peak)
         self._cache[key] = result
         return result
@@ -658,6 +674,10 @@ def estimate_on_gpu(
             "fused kernel's padding)",
         )
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
+    # a paged optimizer's state lives in unified memory beside all this (estimate.paged)
+    paged_state = memory.paged_state_bytes(parallel) if is_paged(run) else 0
+    paged_out = paged_out_bytes(paged_state, capacity.bytes - total)
+    paged_note = (memory_note(paged_state, paged_out),) if is_paged(run) else ()
     shorter: int | None = None
     # only where not even one sample (one sequence) fits: when a larger asked batch does not,
     # the answer is the largest batch and the longest length at that batch, not this ladder
@@ -719,6 +739,7 @@ def estimate_on_gpu(
         assumptions=_device_caveat(gpu)
         + _assumptions(stack, memory, parallel)
         + attention_note
+        + paged_note
         + (_tensor_parallel_note(run.gpus, heads),) * tensor,
         method=method,
         kv_cache_bytes=None if kv_bytes is None else kv_here(kv_bytes),
@@ -728,6 +749,8 @@ def estimate_on_gpu(
             else None
         ),
         serving=served,
+        paged_state_bytes=paged_state,
+        paged_out_bytes=paged_out,
     )
 
 

@@ -22,6 +22,7 @@ from whichgpu.estimate.data_parallel import (
     load_links,
 )
 from whichgpu.estimate.memory import split_package_note
+from whichgpu.estimate.paged import paging_seconds, speed_note
 from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     SHARDED_OPTIMIZER,
@@ -413,8 +414,20 @@ class ThroughputPredictor:
             )[0]
             step, micro_s = accumulated(step, update, self.run.grad_accum)
             assumptions += (self._accumulation_note(),)
+        paging_s = 0.0
+        if self.run.mode == "train" and memory.paged_out_bytes > 0:
+            # a paged optimizer's state that does not fit crosses PCIe in and out each step
+            paging = paging_seconds(memory.paged_out_bytes, gpu)
+            assumptions += (speed_note(gpu, memory.paged_out_bytes, paging),)
+            if paging:
+                paging_s = paging
+                phases = dict(step.phase_s)
+                phases["optimizer"] = phases.get("optimizer", 0.0) + paging
+                step = replace(step, step_time_s=step.step_time_s + paging, phase_s=phases)
         seconds = step.step_time_s
         shares = _shares([step], seconds)
+        if paging_s:
+            shares["paging"] = paging_s / seconds
         scaling = None
         if self.run.gpus > 1:
             backward_s = step.phase_s.get("backward", 0.0)

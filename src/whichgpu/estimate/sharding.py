@@ -280,7 +280,7 @@ def rank_events(
             continue
         shard = (
             (category == "parameter" and plan.shard_parameters)
-            or (category in ("gradient", "optimizer") and plan.shard_gradients)
+            or (category in ("gradient", "optimizer", "paged_optimizer") and plan.shard_gradients)
             or (category == "temporary" and now == "optimizer" and plan.shard_gradients)
         )
         if not shard or size == 0:

@@ -52,6 +52,24 @@ IMPLEMENTATION = (
     f"{CHUNK_ELEMENTS} elements)"
 )
 """The profile's ``optimizer_impl`` for ``--optimizer adamw-8bit``."""
+PAGED_MIN_ELEMENTS = 100_000
+"""``--optimizer paged-adamw-8bit`` (bitsandbytes ``PagedAdamW8bit``, ``is_paged=True``): the
+two states (``state1``, ``state2``) of a parameter of at least this many elements are
+allocated in CUDA unified memory (``Optimizer8bit.get_state_buffer``: ``if not self.is_paged
+or p.numel() < 1e5: return torch.zeros_like(...)``, else ``F.get_paged``, which allocates
+with ``cget_managed_ptr``, i.e. ``cudaMallocManaged``); smaller parameters' states and every
+absmax (``torch.zeros(..., device=p.device)`` in ``Optimizer2State.init_state``) stay
+ordinary device tensors. The update is the same as ``AdamW8bit``'s; before it,
+``prefetch_state`` prefetches a paged parameter's states to the GPU (``F.prefetch_tensor``,
+``lib.cprefetch``)."""
+PAGED_IMPLEMENTATION = (
+    f"{IMPLEMENTATION}; paged: the 8-bit states of parameters of {PAGED_MIN_ELEMENTS} "
+    "elements or more in CUDA unified memory, outside PyTorch's caching allocator "
+    "(bitsandbytes PagedAdamW8bit)"
+)
+"""The profile's ``optimizer_impl`` for ``--optimizer paged-adamw-8bit``."""
+PAGED_STATES = ("state1", "state2")
+"""The state entries a paged optimizer allocates in unified memory (``get_state_buffer``)."""
 _TINY = torch.finfo(torch.float32).tiny
 
 

@@ -56,7 +56,7 @@ def _optimizer(run: RunConfig, params: list[torch.nn.Parameter]) -> torch.optim.
     fused = True if impl == "fused" else None
     if run.optimizer == "adamw":
         return torch.optim.AdamW(params, lr=1e-4, foreach=foreach, fused=fused)
-    if run.optimizer == "adamw-8bit":
+    if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):  # paged: same state, other memory
         return AdamW8bit(params, lr=1e-4)
     if run.optimizer == "sgd":
         return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=foreach, fused=fused)

@@ -27,6 +27,7 @@ from whichgpu.recipe.generation import (
     static_cache,
 )
 from whichgpu.recipe.optim8bit import IMPLEMENTATION as ADAMW_8BIT_IMPLEMENTATION
+from whichgpu.recipe.optim8bit import PAGED_IMPLEMENTATION, PAGED_MIN_ELEMENTS, PAGED_STATES
 from whichgpu.recipe.training import (
     AMP_DTYPES,
     Fp16Master,
@@ -146,10 +147,15 @@ def _train_steps(
         if master:
             master.gradients_in()
         optimizer.step()
-        for state in optimizer.state.values():
-            for value in state.values():
+        paged = run.optimizer == "paged-adamw-8bit"
+        for param, state in optimizer.state.items():
+            # bitsandbytes' paged optimizers put a large parameter's two states in unified
+            # memory, outside the caching allocator (recipe.optim8bit.PAGED_MIN_ELEMENTS)
+            in_unified = paged and param.numel() >= PAGED_MIN_ELEMENTS
+            for key, value in state.items():
                 if isinstance(value, torch.Tensor) and value.dim() > 0:
-                    rec.mark(value, "optimizer")
+                    unified = in_unified and key in PAGED_STATES
+                    rec.mark(value, "paged_optimizer" if unified else "optimizer")
         if master:
             master.parameters_out()
         # accumulating: the first step's gradients stay (zeroed), as after an earlier
@@ -339,6 +345,8 @@ def trace_built(
                 if run.mode != "train"
                 else ADAMW_8BIT_IMPLEMENTATION
                 if run.optimizer == "adamw-8bit"
+                else PAGED_IMPLEMENTATION
+                if run.optimizer == "paged-adamw-8bit"
                 else run.optimizer_impl
             ),
             "autocast": (

@@ -156,9 +156,9 @@ def run_config(**options: Any) -> RunConfig:
                 f"disagree: in inference the prompt length is {option('context')} (a model "
                 f"that does not generate takes {option('seq_len')}). Give one of them."
             )
-    if run.optimizer == "adamw-8bit" and run.optimizer_impl != "foreach":
+    if run.optimizer in ("adamw-8bit", "paged-adamw-8bit") and run.optimizer_impl != "foreach":
         raise UsageError(
-            f"{option('optimizer_impl')} applies to PyTorch's optimizers; adamw-8bit runs "
+            f"{option('optimizer_impl')} applies to PyTorch's optimizers; {run.optimizer} runs "
             f"bitsandbytes' own kernels. Drop {option('optimizer_impl')}."
         )
     if run.optimizer == "adafactor" and run.optimizer_impl == "fused":
