@@ -1,32 +1,8 @@
-"""Paged optimizers (``--optimizer paged-adamw-8bit``, bitsandbytes' ``PagedAdamW8bit``): optimizer
-state in CUDA unified memory, outside PyTorch's caching allocator.
-
-What bitsandbytes does (bitsandbytes-foundation/bitsandbytes):
-
-- ``bitsandbytes/optim/optimizer.py``, ``Optimizer8bit.get_state_buffer``: with ``is_paged``
-  a parameter of at least 1e5 elements gets its states from ``F.get_paged`` (smaller ones,
-  and every absmax, are ordinary ``torch.zeros`` on the device); ``prefetch_state`` calls
-  ``F.prefetch_tensor`` on ``state1`` and ``state2`` before each parameter's update.
-- ``bitsandbytes/functional.py``: ``get_paged`` allocates the bytes with
-  ``lib.cget_managed_ptr`` (``cudaMallocManaged``) and wraps them in a tensor marked
-  ``is_paged``; ``prefetch_tensor`` calls ``lib.cprefetch`` (``cudaMemPrefetchAsync``) to the
-  GPU, or to the CPU with ``to_cpu=True``.
-- The "Paged optimizers" section of the bitsandbytes docs
-  (``docs/source/explanations/optimizers.mdx``): paged optimizers "are built on top of the
-  unified memory feature of CUDA"; paging "only becomes active if you run out of GPU memory.
-  When that happens, memory is transferred page-by-page from GPU to CPU"; unified memory is
-  "less efficient than regular asynchronous memory transfers, and you usually won't be able
-  to get full PCIe memory bandwidth utilization. If you do a manual prefetch, transfer speeds
-  can be high but still only about half or worse than the full PCIe memory bandwidth"; "if
-  you evict 1 GB of memory per forward-backward-optimizer loop, then you can expect about 50%
-  of the PCIe bandwidth as time in the best case"; and a paged optimizer "has zero overhead if
-  all the memory fits onto the device".
-
-The model (``estimate.memory``, ``estimate.prediction``): the unified-memory state is left out
-of the allocator's replay, so it never counts in the device total or decides what fits; it is
-resident in whatever the step leaves free (the headroom), and the rest, ``paged_out_bytes``,
-crosses PCIe twice per optimizer step (in for the update, out again when the next forward
-needs the room), timed at the link's peak rate: the fast side of what page migration reaches.
+"""Paged optimizers (``--optimizer paged-adamw-8bit``, bitsandbytes' ``PagedAdamW8bit``): the
+large 8-bit states live in CUDA unified memory, outside PyTorch's caching allocator, so they
+never decide what fits; what does not stay resident beside the step crosses PCIe twice each
+optimizer step, at the share of the link that bitsandbytes' documentation says page migration
+reaches at best. What bitsandbytes does and the model: docs/memory.md, "Paged optimizers".
 """
 
 from __future__ import annotations
@@ -37,6 +13,12 @@ from whichgpu.units import GB, GIB
 
 PAGED_OPTIMIZERS = ("paged-adamw-8bit",)
 """Optimizers whose state bitsandbytes allocates in CUDA unified memory."""
+
+PAGE_MIGRATION_SHARE = 0.5
+"""The share of the PCIe link's rate that paging reaches at best: "you usually won't be able to
+get full PCIe memory bandwidth utilization. If you do a manual prefetch, transfer speeds can be
+high but still only about half or worse than the full PCIe memory bandwidth" (bitsandbytes
+docs, "Paged optimizers", ``docs/source/explanations/optimizers.mdx``)."""
 
 
 def is_paged(run: RunConfig) -> bool:
@@ -73,12 +55,12 @@ def pcie_bytes_per_s(gpu: GpuSpec) -> float | None:
 
 def paging_seconds(paged_out: int, gpu: GpuSpec) -> float | None:
     """Seconds an optimizer step spends moving ``paged_out`` bytes in and out over PCIe
-    (``2 x paged_out / rate``); 0 when nothing is paged out, None when the link's rate is not
-    known."""
+    (``2 x paged_out / (PAGE_MIGRATION_SHARE x rate)``); 0 when nothing is paged out, None when
+    the link's rate is not known."""
     if paged_out <= 0:
         return 0.0
     rate = pcie_bytes_per_s(gpu)
-    return None if rate is None else 2 * paged_out / rate
+    return None if rate is None else 2 * paged_out / (PAGE_MIGRATION_SHARE * rate)
 
 
 def memory_note(paged_state: int, paged_out: int) -> str:
@@ -106,7 +88,7 @@ def speed_note(gpu: GpuSpec, paged_out: int, seconds: float | None) -> str:
     return (
         f"paged optimizer: {paged_out / GIB:.2f} GiB of its state does not fit beside the step "
         f"and crosses PCIe {gpu.pcie_gen}.0{lanes} twice per optimizer step (in, then out): "
-        f"{seconds * 1e3:.0f} ms added at the link's peak {rate / GB:.0f} GB/s per direction; "
-        "page migration reaches about half of it or less (bitsandbytes docs), so this is the "
-        "fast side"
+        f"{seconds * 1e3:.0f} ms added at half the link's peak {rate / GB:.0f} GB/s per "
+        "direction, what page migration reaches at best (bitsandbytes docs: 'about half or "
+        "worse'), so this is the fast side"
     )
