@@ -16,6 +16,7 @@ from typing import Any, cast
 
 from whichgpu.errors import WhichGpuError
 from whichgpu.schema import ReferenceThroughputCase, RunConfig, ThroughputEstimate
+from whichgpu.validate.timing import fit_options
 from whichgpu.workloads import run_config
 
 SOURCE = "serving"
@@ -95,13 +96,6 @@ class ServingRow:
         )
 
 
-def _options(run: RunConfig) -> dict[str, Any]:
-    """``api.predict`` keywords of an inference run."""
-    options = run.model_dump(exclude_defaults=True)
-    options["gpu_count"] = options.pop("gpus", 1)
-    return options
-
-
 def _int(text: str) -> int:
     return int(text.replace("_", ""))
 
@@ -143,7 +137,7 @@ def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
         gpus=[row.gpu],
         serving=row.engine,
         quantization=cast(Any, row.quantization),
-        **_options(row.run(concurrency)),
+        **fit_options(row.run(concurrency)),
     )
     return estimate
 
