@@ -80,7 +80,10 @@ def test_a_policy_turns_checkpointing_on() -> None:
     assert run.checkpointing and run.checkpointing_every_layers() == 2
     assert run_config(checkpointing_policy=" Selective ").checkpointing_policy == "selective"
     assert run_config(checkpointing_policy="every-1").checkpointing_policy == "full"
-    assert run_config(checkpointing_policy="full").checkpointing is False
+    # any policy given alone turns it on, "full" too (it once did not: --checkpointing-policy
+    # full measured and estimated a step without checkpointing); turned off, full stays off
+    assert run_config(checkpointing_policy="full").checkpointing is True
+    assert run_config(checkpointing=False, checkpointing_policy="full").checkpointing is False
     assert run_config(checkpointing=True).checkpointing_every_layers() == 1
     assert run_config().checkpointing_every_layers() is None
     assert "every 2nd layer" in run.describe()
@@ -114,11 +117,11 @@ def test_validate_refuses_an_unknown_policy() -> None:
         RunConfig.model_validate({"checkpointing": True, "checkpointing_policy": "some"})
 
 
-def test_profile_key_changes_only_for_a_policy_other_than_full() -> None:
+def test_profile_key_names_a_policy_other_than_full() -> None:
     base = profile_key("gpt2", run_config())
     full = profile_key("gpt2", run_config(checkpointing=True))
     assert full == base + "_ckpt"
-    assert profile_key("gpt2", run_config(checkpointing_policy="full")) == base
+    assert profile_key("gpt2", run_config(checkpointing_policy="full")) == full
     assert profile_key("gpt2", run_config(checkpointing_policy="every-1")) == full
     assert profile_key("gpt2", run_config(checkpointing_policy="every-2")) == base + "_ckptevery2"
     assert profile_key("gpt2", run_config(checkpointing_policy="selective")) == (

@@ -64,8 +64,7 @@ def _checkpointing_policy(given: dict[str, Any]) -> str:
             f"{option('checkpointing_policy')} {policy} needs {option('checkpointing')}, "
             "which was turned off: turn it on, or drop the policy."
         )
-    if policy != "full":
-        given["checkpointing"] = True
+    given.setdefault("checkpointing", True)
     return "full" if policy == "every-1" else policy
 
 
