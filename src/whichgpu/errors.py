@@ -175,6 +175,11 @@ class BenchError(WhichGpuError):
     """A benchmark could not measure what was asked; the message says what failed and why."""
 
 
+class CudaForkPoisoned(BenchError):
+    """A bench child found CUDA unusable because the process it was forked from had
+    initialised it (the bench then spawns its children instead)."""
+
+
 class BenchTimeout(BenchError):
     """A benchmark probe or run did not finish within its time limit."""
 

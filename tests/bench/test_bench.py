@@ -24,13 +24,22 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import run_cli
-from whichgpu.bench import BenchOptions, CpuDevice, FakeDevice, TimingRule, WorkloadRef, run_bench
+from whichgpu.bench import (
+    BenchOptions,
+    CpuDevice,
+    FakeDevice,
+    TimingRule,
+    WorkloadRef,
+    probe,
+    run_bench,
+)
 from whichgpu.bench.devices import StepOutOfMemory
 from whichgpu.bench.distributed import AGGREGATION_RULES, aggregate
 from whichgpu.bench.environment import capture
 from whichgpu.bench.jobs import MeasureJob, Measurement, PrecisionState, ProbeJob, StepSpec
 from whichgpu.bench.nvml import PowerSummary
 from whichgpu.bench.probe import (
+    NVML_CUDA_CHECK,
     Crashed,
     Failed,
     OutOfMemory,
@@ -38,12 +47,13 @@ from whichgpu.bench.probe import (
     TimedOut,
     prepare,
     run_in_child,
+    start_method,
 )
 from whichgpu.bench.runner import inspect
 from whichgpu.bench.search import Verdict, search_largest
 from whichgpu.bench.timing import Timing, interquartile_range, is_steady, measure
 from whichgpu.bench.worker import measure_task, probe_task
-from whichgpu.errors import UnsupportedWorkload, UsageError
+from whichgpu.errors import CudaForkPoisoned, UnsupportedWorkload, UsageError
 from whichgpu.schema import BenchResult
 from whichgpu.units import GIB, KIB, MIB
 from whichgpu.workloads import run_config, select_workload
@@ -357,6 +367,30 @@ def test_an_error_in_the_child_is_a_typed_failure() -> None:
     assert isinstance(unknown, Failed) and unknown.kind == "workload"
 
 
+def poisoned_in_a_forked_child(job: int, report: object) -> tuple[str, int]:
+    """A task that fails as a child forked from a CUDA-initialised server would: children of
+    the fork server carry its NVML switch, spawned ones do not."""
+    del report
+    if os.environ.get(NVML_CUDA_CHECK) == "1":
+        raise CudaForkPoisoned("simulated: CUDA initialised in the fork server")
+    return ("spawned", job)
+
+
+@pytest.mark.skipif(start_method() != "forkserver", reason="children are spawned here anyway")
+def test_children_are_spawned_once_a_forked_one_finds_cuda_unusable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(probe, "_spawn_only", False)  # restored after the test
+    said: list[str] = []
+    first = run_in_child(poisoned_in_a_forked_child, 1, timeout_s=60, on_progress=said.append)
+    assert isinstance(first, Ran) and first.value == ("spawned", 1)
+    assert [p.message for p in said] == ["simulated: CUDA initialised in the fork server"]
+    assert probe._spawn_only  # and every later child of this process is spawned at once
+    again = run_in_child(poisoned_in_a_forked_child, 2, timeout_s=60)
+    assert isinstance(again, Ran) and again.value == ("spawned", 2)
+    assert NVML_CUDA_CHECK not in os.environ  # the parent's environment is as it was
+
+
 def test_progress_keeps_a_slow_child_alive() -> None:
     """The timeout is silence, not total time: 0.25 s steps under a 1 s timeout finish."""
     device = FakeDevice(step_base_s=0.25, step_per_unit_s=0.0)
@@ -659,6 +693,67 @@ def test_a_real_cpu_bench_serves_a_language_model_as_the_tracer_does() -> None:
     # the same tensors as the traced prefill and decode step, to the byte
     traced = trace_step(config_workload(config), result.run, kernels="cpu")
     assert result.peak_allocated_bytes == live_peak(traced)[0]
+
+
+TINY_LLAMA = Path(__file__).parents[1] / "fixtures" / "tiny-llama.json"
+
+
+def test_a_real_cpu_bench_runs_each_checkpointing_policy_as_the_tracer_does() -> None:
+    from whichgpu.estimate.profile_summary import live_peak
+    from whichgpu.trace import trace_step
+    from whichgpu.workloads.user import config_workload
+
+    peaks: dict[str, int] = {}
+    for policy in ("none", "full", "every-2", "selective"):
+        options = {} if policy == "none" else {"checkpointing_policy": policy}
+        run = run_config(batch_size=2, seq_len=64, precision="fp32", **options)
+        (result,) = run_bench(
+            WorkloadRef.of(config=str(TINY_LLAMA)), run, CpuDevice(), BenchOptions(rule=QUICK)
+        )
+        assert result.run.checkpointing is (policy != "none")
+        assert result.peak_allocated_bytes is not None
+        peaks[policy] = result.peak_allocated_bytes
+        traced = live_peak(trace_step(config_workload(TINY_LLAMA), result.run, kernels="cpu"))[0]
+        assert result.peak_allocated_bytes == pytest.approx(traced, rel=0.03), policy
+    # what each policy keeps: all (none) > a layer's inputs and matmul outputs > every
+    # layer's input only (full); every-2 checkpoints one of the two layers
+    assert peaks["none"] > peaks["every-2"] > peaks["full"]
+    assert peaks["none"] > peaks["selective"] > peaks["full"]
+
+
+def test_a_real_cpu_bench_of_fp8_training_converts_the_linear_layers() -> None:
+    cli = run_cli(
+        *("bench", "--config", str(TINY_LLAMA), "--device", "cpu", "--precision", "fp8"),
+        *("--batch-size", "2", "--seq-len", "32", "--min-seconds", "0.2", "--no-store", "--json"),
+    )
+    assert cli.returncode == 0, cli.stderr
+    (row,) = json.loads(cli.stdout)
+    result = BenchResult.model_validate({k: v for k, v in row.items() if k != "schema_version"})
+    assert result.run.precision == "fp8" and result.environment.amp_dtype == "bfloat16"
+    # two layers x (q, k, v, o, gate, up, down); the output projection stays bf16
+    assert any(
+        n.startswith("fp8: 14 linear layers run torchao's Float8Linear") for n in result.notes
+    )
+    assert any("torchao emulates" in n for n in result.notes)
+    assert any("fp8 without --compile" in n for n in result.notes)
+    assert "torchao" in result.environment.libraries
+    assert "Failed to load" not in cli.stderr and "register_constant" not in cli.stderr
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (("--mode", "inference"), "serving in fp8 is --quantization fp8 in predict"),
+        (("--method", "lora"), "not of --method lora's adapters"),
+    ],
+)
+def test_bench_refuses_fp8_it_cannot_measure(options: tuple[str, ...], message: str) -> None:
+    cli = run_cli(
+        *("bench", "--config", str(TINY_LLAMA), "--device", "cpu", "--precision", "fp8"),
+        *options,
+        "--no-store",
+    )
+    assert cli.returncode == 2 and message in cli.stderr and "Traceback" not in cli.stderr
 
 
 def test_a_real_two_process_cpu_run(tmp_path: Path) -> None:

@@ -283,9 +283,16 @@ def _bench_on_catalog(result: BenchResult) -> BenchResult:
             notes.append(f"no MFU: {exc}")
         else:
             update["mfu"] = result.flops_per_step * result.n_gpus / result.step_time_s / peak
+            against = "bf16" if result.precision == "fp8" else result.precision
             notes.append(
-                f"MFU: model FLOPs per second over {gpu.name}'s dense {result.precision} peak of "
-                f"{peak / TERA:.4g} TFLOP/s per GPU (catalog)"
+                f"MFU: model FLOPs per second over {gpu.name}'s dense {against} peak of "
+                f"{peak / TERA:.4g} TFLOP/s per GPU (catalog"
+                + (
+                    "; fp8 training's MFU is reported against bf16's peak"
+                    if against != result.precision
+                    else ""
+                )
+                + ")"
             )
     update["notes"] = tuple(notes)
     return result.model_copy(update=update)

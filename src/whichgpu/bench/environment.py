@@ -22,7 +22,7 @@ from whichgpu.bench.jobs import Inspection, PrecisionState
 from whichgpu.schema import BenchEnvironment
 from whichgpu.version import __version__
 
-LIBRARIES = ("transformers", "numpy", "triton", "nvidia-ml-py")
+LIBRARIES = ("transformers", "numpy", "triton", "nvidia-ml-py", "torchao")
 """Libraries whose versions are recorded besides torch (those installed)."""
 
 

@@ -18,7 +18,8 @@ The parent adds the outcomes a child cannot send:
 
 Children start from a fork server (Linux) that has imported torch and transformers once (for
 torch devices; ``prepare``), so a child starts in a fraction of a second instead of importing
-them again; the fork server never touches a GPU, so each child initialises CUDA afresh.
+them again; the fork server never touches a GPU, so each child initialises CUDA afresh (the
+server asks NVML, not the driver, whether CUDA is there, when an import asks).
 Elsewhere (macOS, Windows) children are spawned. A child ignores Ctrl-C (the parent stops
 it), and exits if its parent disappears. The parent waits on the pipes and the process
 sentinels; it never polls in a busy loop.
@@ -42,7 +43,13 @@ from typing import Any, Generic, Literal, TypeVar, Union
 
 from whichgpu.bench.devices.protocol import StepOutOfMemory
 from whichgpu.bench.jobs import BenchProgress
-from whichgpu.errors import UsageError, WhichGpuError, WorkloadError
+from whichgpu.errors import (
+    CudaForkPoisoned,
+    NamesOptions,
+    UsageError,
+    WhichGpuError,
+    WorkloadError,
+)
 
 T = TypeVar("T")
 J = TypeVar("J")
@@ -88,7 +95,7 @@ class Crashed:
     """What ended it, in words."""
 
 
-FailureKind = Literal["usage", "workload", "bench", "error"]
+FailureKind = Literal["usage", "workload", "bench", "fork", "error"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,9 @@ class Failed:
 
     kind: FailureKind
     """``usage`` (bad options), ``workload`` (it cannot run as asked), ``bench`` (a harness
-    error with a message for the user) or ``error`` (anything else)."""
+    error with a message for the user), ``fork`` (CUDA unusable in a child forked from a
+    process that had initialised it: the job is run again in a spawned child) or ``error``
+    (anything else)."""
     message: str
     """``Type: message`` for ``error``; the message itself otherwise."""
     traceback: str
@@ -114,6 +123,7 @@ LIGHT_PRELOAD = ("__main__", "whichgpu.bench.worker")
 """What the fork server imports for children of the simulated device."""
 TORCH_PRELOAD = (
     *LIGHT_PRELOAD,
+    "whichgpu.bench.quiet_imports",
     "torch",
     "transformers",
     "transformers.modeling_utils",
@@ -166,6 +176,8 @@ def start_method() -> str:
 def _context() -> Any:  # a SpawnContext or ForkServerContext (typeshed's BaseContext lacks
     # ``Process``, and ForkServerContext does not exist on Windows)
     method = start_method()
+    if _spawn_only:
+        method = "spawn"
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         prepare("cuda")
@@ -182,14 +194,37 @@ def _start_forkserver_deaf_to_ctrl_c() -> None:
     inherit the ignoring, and set it themselves) are stopped by it."""
     from multiprocessing import forkserver
 
-    if threading.current_thread() is not threading.main_thread():
-        forkserver.ensure_running()
+    with _nvml_cuda_check():
+        if threading.current_thread() is not threading.main_thread():
+            forkserver.ensure_running()
+            return
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across the server's exec
+        try:
+            forkserver.ensure_running()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""PyTorch's switch that makes ``torch.cuda.is_available()`` and ``device_count()`` ask NVML
+instead of initialising the CUDA driver."""
+
+
+@contextlib.contextmanager
+def _nvml_cuda_check() -> Iterator[None]:
+    """Start the fork server with ``NVML_CUDA_CHECK`` set (unless the user set it): libraries
+    ask ``torch.cuda.is_available()`` as they are imported (torchao does, and transformers
+    imports torchao where it is installed), and without the switch that call initialises the
+    driver in the server, so that every child forked from it finds CUDA unusable. The parent's
+    own environment is left as it was."""
+    if NVML_CUDA_CHECK in os.environ:
+        yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # kept across the server's exec
+    os.environ[NVML_CUDA_CHECK] = "1"
     try:
-        forkserver.ensure_running()
+        yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        os.environ.pop(NVML_CUDA_CHECK, None)
 
 
 def run_in_child(
@@ -212,7 +247,34 @@ def run_in_children(
 ) -> list[Outcome[T]]:
     """Run ``task`` on each job, each in its own child process, all at once (the ranks of a
     multi-GPU run); their outcomes, in order. When one fails, the others are stopped: they
-    would wait forever for it in a collective."""
+    would wait forever for it in a collective. Children that found CUDA unusable after the
+    fork (``Failed("fork")``: an import in the fork server initialised it) are run again,
+    spawned, and so is every child after them in this process."""
+    global _spawn_only
+    outcomes = _run_in_children(task, jobs, timeout_s=timeout_s, on_progress=on_progress)
+    if _spawn_only or not any(isinstance(o, Failed) and o.kind == "fork" for o in outcomes):
+        return outcomes
+    _spawn_only = True
+    if on_progress is not None:
+        on_progress(BenchProgress("inspect", f"{_fork_failure(outcomes)}"))
+    return _run_in_children(task, jobs, timeout_s=timeout_s, on_progress=on_progress)
+
+
+_spawn_only = False
+"""Whether this process spawns its children (set once a forked one found CUDA unusable)."""
+
+
+def _fork_failure(outcomes: Sequence[Outcome[Any]]) -> str:
+    return next(o.message for o in outcomes if isinstance(o, Failed) and o.kind == "fork")
+
+
+def _run_in_children(
+    task: Callable[[J, Report], T],
+    jobs: Sequence[J],
+    *,
+    timeout_s: float,
+    on_progress: Report | None,
+) -> list[Outcome[T]]:
     context = _context()
     children: list[_Child[T]] = []
     try:
@@ -374,10 +436,14 @@ def _send(sender: Connection, message: tuple[str, Any]) -> None:
 
 def _failure(exc: Exception) -> Failed:
     trace = traceback.format_exc()
+    # an error naming options crosses as its template, so the parent's front end names them
+    message = exc.template if isinstance(exc, NamesOptions) else str(exc)
+    if isinstance(exc, CudaForkPoisoned):
+        return Failed("fork", message, trace)
     if isinstance(exc, UsageError):
-        return Failed("usage", str(exc), trace)
+        return Failed("usage", message, trace)
     if isinstance(exc, WorkloadError):
-        return Failed("workload", str(exc), trace)
+        return Failed("workload", message, trace)
     if isinstance(exc, WhichGpuError):
         return Failed("bench", str(exc), trace)
     return Failed("error", f"{type(exc).__name__}: {exc}".strip(), trace)

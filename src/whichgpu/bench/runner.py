@@ -218,8 +218,16 @@ def _emit(on_result: Callable[[BenchResult], None] | None, result: BenchResult) 
 
 def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: Device) -> None:
     """Options that cannot be benched together, with the reason."""
-    if run.precision == "fp8":
-        raise UnsupportedWorkload("Benchmarking --precision fp8 is not supported yet.")
+    if run.precision == "fp8" and run.mode != "train":
+        raise UnsupportedWorkload(
+            f"{option('precision')} fp8 is fp8 training (torchao Float8Linear); serving in fp8 "
+            f"is {option('quantization')} fp8 in predict, not something bench measures."
+        )
+    if run.precision == "fp8" and run.method != "full":
+        raise UnsupportedWorkload(
+            f"{option('precision')} fp8 is fp8 training of the full model (torchao "
+            f"Float8Linear), not of {option('method')} {run.method}'s adapters."
+        )
     if run.sharding != "ddp":
         raise UsageError(
             f"--sharding {run.sharding}: bench measures data parallel (DDP) runs only for now."

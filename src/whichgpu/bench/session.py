@@ -39,6 +39,8 @@ from whichgpu.bench.devices.torch_device import TorchDevice
 from whichgpu.bench.flops import FlopCount, count_flops, flop_count, traced_flops
 from whichgpu.bench.jobs import BenchProgress, PrecisionState, StepSpec
 from whichgpu.errors import UnsupportedWorkload
+from whichgpu.recipe.fp8 import check_device as fp8_device_refusal
+from whichgpu.recipe.fp8 import convert_to_fp8
 from whichgpu.recipe.generation import (
     ServingSizes,
     generation_arguments,
@@ -46,7 +48,15 @@ from whichgpu.recipe.generation import (
     serving_sizes,
     static_cache,
 )
-from whichgpu.recipe.training import AMP_DTYPES, Kernels, autocast, make_optimizer, step_loss
+from whichgpu.recipe.training import (
+    AMP_DTYPES,
+    Kernels,
+    autocast,
+    checkpoint_contexts,
+    make_optimizer,
+    step_loss,
+)
+from whichgpu.schema import RunConfig
 from whichgpu.workloads.base import enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
 from whichgpu.workloads.hf import quiet_transformers
@@ -69,7 +79,12 @@ class TorchSession:
     def __init__(self, device: TorchDevice, spec: StepSpec, report: Report) -> None:
         run = spec.run
         if run.precision == "fp8":
-            raise UnsupportedWorkload("Benchmarking --precision fp8 is not supported yet.")
+            capability = None
+            if device.kind == "cuda":
+                capability = torch.cuda.get_device_capability(device.index)
+            why = fp8_device_refusal(device.kind, capability)
+            if why is not None:
+                raise UnsupportedWorkload(why)
         self._device = device
         self._spec = spec
         self._report = report
@@ -91,8 +106,16 @@ class TorchSession:
         target = device.torch_device()
         try:
             with torch.device(target):
-                built = apply_method(workload.build(run), run)
+                built = apply_method(workload.build(_built_as(run)), run)
                 model = built.model.to(target)
+                if run.precision == "fp8":
+                    self._notes.append(convert_to_fp8(model))
+                    if device.kind == "cpu":
+                        self._notes.append(
+                            "fp8 on the CPU: torchao emulates the fp8 matrix products in "
+                            "higher precision, so the memory is fp8 training's but the time "
+                            "is not"
+                        )
                 self._serving = serving_sizes(workload.info, built, run)
                 if self._serving is None:
                     batch = built.make_batch(spec.batch_size, spec.seq_len)
@@ -105,7 +128,12 @@ class TorchSession:
             raise
         self._built = built
         if run.mode == "train" and run.checkpointing:
-            enable_checkpointing(model, use_reentrant=False)
+            enable_checkpointing(  # the run's policy, applied as the tracer applies it
+                model,
+                None if run.checkpointing_policy == "full" else run.checkpointing_every_layers(),
+                use_reentrant=False,
+                context_fn=checkpoint_contexts(run, contextlib.nullcontext),
+            )
         self._channels_last = False
         if spec.channels_last:
             if any(isinstance(m, torch.nn.Conv2d) for m in model.modules()):
@@ -356,7 +384,21 @@ def _run_notes(spec: StepSpec) -> list[str]:
         )
     if run.precision == "fp16" and run.mode == "train":
         notes.append("fp16: torch.amp.GradScaler (dynamic loss scaling), as AMP training uses")
+    if run.precision == "fp8" and not spec.compile:
+        notes.append(
+            "fp8 without --compile: torchao's scaling and casts run as separate eager kernels; "
+            "torchao's float8 training is made to run under torch.compile, which fuses them "
+            "(whichgpu's estimate assumes it does)"
+        )
     return notes
+
+
+def _built_as(run: RunConfig) -> RunConfig:
+    """The run a model is built for: fp8 training builds the bf16 AMP model (fp32 weights)
+    whose linear layers ``recipe.fp8`` then converts."""
+    if run.precision == "fp8":
+        return run.model_copy(update={"precision": "bf16"})
+    return run
 
 
 def _serve(model: torch.nn.Module, ids: torch.Tensor, serving: ServingSizes) -> None:

@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from whichgpu.bench.quiet_imports import quiet_import_noise
 from whichgpu.catalog.freshness import set_stale_after
 from whichgpu.cli.bench import bench
 from whichgpu.cli.cache import cache_app
@@ -155,6 +156,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI and return its exit code. With ``--json``, a failure also writes
     ``{"error": {"message", "kind", "exit_code", "field"}}`` to stdout."""
     args = list(sys.argv[1:] if argv is None else argv)
+    quiet_import_noise()
     debug = "--debug" in args or debug_enabled()
     json_mode = "--json" in args
     try:

@@ -20,8 +20,9 @@ from whichgpu.workloads.hf import (
     fused_linear_cross_entropy_loss,
 )
 
-AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-"""The half dtype autocast runs a precision in (the other precisions run without autocast)."""
+AMP_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+"""The half dtype autocast runs a precision in (the other precisions run without autocast);
+fp8 training is bf16 AMP around its fp8 linear layers (``recipe.fp8``)."""
 
 Kernels = Literal["cuda", "cpu"]
 """Whose dropout and attention kernels a step follows: CUDA's (what every GPU estimate

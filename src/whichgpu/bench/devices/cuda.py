@@ -18,7 +18,7 @@ from whichgpu.bench.devices.protocol import (
     StepOutOfMemory,
 )
 from whichgpu.bench.devices.torch_device import TorchDevice
-from whichgpu.errors import BenchError, UsageError
+from whichgpu.errors import CudaForkPoisoned, UsageError
 from whichgpu.schema import DeviceKind
 
 if TYPE_CHECKING:
@@ -49,9 +49,9 @@ class CudaDevice(TorchDevice):
         if not torch.cuda.is_available():
             raise UsageError(_no_cuda_message(torch))
         if torch.cuda._is_in_bad_fork():
-            raise BenchError(
-                "CUDA was initialised in the process the bench forks its children from; run "
-                "the bench from a fresh process."
+            raise CudaForkPoisoned(
+                "CUDA was initialised in the process the bench forks its children from (an "
+                "import that touches the GPU); the bench spawns its children instead."
             )
         count = torch.cuda.device_count()
         if self.index >= count:
