@@ -520,6 +520,11 @@ class RunConfig(_Frozen):
     transformers' ``every_n_layers``; the other layers keep theirs) or ``selective`` (per
     operator within every layer: the outputs of matrix multiplications and attention are kept,
     the rest recomputed: torchtitan's ``op`` mode). Applies with ``checkpointing`` only."""
+    compile: bool = False
+    """The training step runs under ``torch.compile`` (default mode, inductor): ``bench``
+    measures it so; ``fit`` leaves out of the forward and backward passes' peak the
+    activations inductor's partitioner recomputes instead of saving (derived on fake tensors,
+    ``trace.compiled``)."""
     method: Method = "full"
     """``full`` fine-tuning / training, ``lora``, or ``qlora`` (4-bit NF4 base weights)."""
     lora_rank: int = 16
@@ -616,6 +621,8 @@ class RunConfig(_Frozen):
                 parts.append(f"gradient checkpointing{self.checkpointing_words()}")
             if self.grad_accum > 1:
                 parts.append(f"gradient accumulation {self.grad_accum}")
+            if self.compile:
+                parts.append("torch.compile")
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")

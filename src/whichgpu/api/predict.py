@@ -280,6 +280,7 @@ def _sized_on_gpu(
         catalog,
         asked.software,
         method=step.method,
+        compiled_saving=step.compiled_saving,
         search_seq_len=False,
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
@@ -403,6 +404,7 @@ def calibration_of(
         catalog,
         software,
         method=step.method,
+        compiled_saving=step.compiled_saving,
         search_seq_len=False,
     )
     alone = ThroughputPredictor(

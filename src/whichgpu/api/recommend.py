@@ -332,6 +332,7 @@ def _option(
         catalog,
         software,
         method=step.method,
+        compiled_saving=step.compiled_saving,
         search_seq_len=False,
         shorter_seq_when_unfit=True,
         kv_per_token_bytes=step.kv_per_token,

@@ -68,6 +68,7 @@ class RunOptions:
     grad_accum: int | None = None
     checkpointing: bool | None = None
     checkpointing_policy: str | None = None
+    compile: bool | None = None
     method: str | None = None
     lora_rank: int | None = None
     lora_targets: str | Sequence[str] | None = None

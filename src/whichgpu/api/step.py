@@ -124,6 +124,66 @@ def is_registered(workload: Workload) -> bool:
         return False
 
 
+class CompiledSaving:
+    """The bytes of activations a compiled training step does not save for its backward pass,
+    by batch and sequence length: AOTAutograd's min-cut partition of the step against the
+    default partition (``trace.compiled``), traced on fake tensors at batch 1 and 2 of the
+    run's length on first use, and taken as linear in the tokens (batch x length) from there,
+    as a step's saved activations are (fused attention keeps no score matrix)."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        run: RunConfig,
+        progress: Callable[[str], None] | None,
+    ) -> None:
+        if run.mode != "train":
+            raise UsageError(
+                f"{option('compile')} estimates a compiled training step; a compiled "
+                "inference step is not modelled."
+            )
+        if run.checkpointing:
+            raise UsageError(
+                f"{option('compile')} with {option('checkpointing')}: what inductor's "
+                "partitioner saves inside checkpointed layers is not modelled; drop one."
+            )
+        self._workload = workload
+        self._run = run
+        self._progress = progress
+        self._traced: tuple[int, int] | None = None
+        """Bytes saved at batch 1 and at batch 2 of the run's length."""
+
+    def __call__(self, batch_size: int, seq_len: int | None) -> int:
+        """Bytes not saved at ``batch_size`` x ``seq_len``."""
+        length = self._run.seq_len
+        if self._traced is None:
+            saved = []
+            for batch in (1, 2):
+                if self._progress is not None:
+                    self._progress(f"partitioning the compiled step at batch {batch}")
+                saved.append(_not_saved(self._workload, self._run, batch))
+            self._traced = (saved[0], saved[1])
+        one, two = self._traced
+        tokens = batch_size * (seq_len / length if seq_len and length else 1.0)
+        return max(0, round(one + (two - one) * (tokens - 1)))
+
+
+_NOT_SAVED: dict[tuple[str, str, int], int] = {}
+"""``_not_saved``'s answers in this process, by workload name, run and batch."""
+
+
+def _not_saved(workload: Workload, run: RunConfig, batch_size: int) -> int:
+    """Bytes the compiled step does not save at ``batch_size`` (memoised: seconds to trace)."""
+    from whichgpu.trace.compiled import compiled_activations
+
+    key = (workload.info.name, run.model_dump_json(), batch_size)
+    found = _NOT_SAVED.get(key)
+    if found is None:
+        traced = compiled_activations(workload, run, batch_size, run.seq_len)
+        found = _NOT_SAVED[key] = traced.saved_bytes_difference
+    return found
+
+
 @dataclass(frozen=True)
 class Step:
     """A workload's step, ready to be sized on GPUs: run options resolved, profile loaded."""
@@ -144,6 +204,8 @@ class Step:
     """How a serving engine stores the KV cache (``--kv-cache-dtype``): ``auto`` in the serving
     dtype (``kv_per_token``), ``fp8`` one byte per element. Plain PyTorch generation keeps its
     cache in the serving dtype whatever this says."""
+    compiled_saving: CompiledSaving | None = None
+    """With ``run.compile``: the activations the compiled step does not save, by size."""
 
     def engine_kv_per_token(self) -> int | None:
         """KV-cache bytes per token in a serving engine's cache (``kv_cache_dtype``): of an
@@ -233,7 +295,19 @@ def prepare(
             "estimate one GPU."
         )
     memory = _step_memory(chosen, run, profile)
-    return Step(run, profile, method, memory, seq_limit, kv_per_token, kv_head_count, doc)
+    # fp8's saving is its bf16 AMP step's (the same graph but for the linear layers' casts)
+    compiled = CompiledSaving(chosen, fp8.base_run(run), progress) if run.compile else None
+    return Step(
+        run,
+        profile,
+        method,
+        memory,
+        seq_limit,
+        kv_per_token,
+        kv_head_count,
+        doc,
+        compiled_saving=compiled,
+    )
 
 
 def _serving_run(

@@ -46,6 +46,7 @@ def fit(
     grad_accum: o.GradAccumOption = None,
     checkpointing: o.CheckpointingOption = False,
     checkpointing_policy: o.CheckpointingPolicyOption = None,
+    compile: o.CompileOption = False,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,

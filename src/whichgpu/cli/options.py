@@ -181,6 +181,16 @@ CheckpointingPolicyOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+CompileOption = Annotated[
+    bool,
+    typer.Option(
+        "--compile",
+        help="The step runs under torch.compile (default mode): the activations inductor "
+        "recomputes instead of saving are left out of the forward and backward passes' peak "
+        "(derived from AOTAutograd's partition of the step on fake tensors; training, one GPU).",
+        rich_help_panel=_RUN,
+    ),
+]
 MethodOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(

@@ -36,6 +36,7 @@ def predict(
     grad_accum: o.GradAccumOption = None,
     checkpointing: o.CheckpointingOption = False,
     checkpointing_policy: o.CheckpointingPolicyOption = None,
+    compile: o.CompileOption = False,
     method: o.MethodOption = None,
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,

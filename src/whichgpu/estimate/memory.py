@@ -99,6 +99,8 @@ _BREAKDOWN: dict[TensorCategory, MemoryCategory] = {
     "paged_optimizer": "optimizer",  # never at the peak: the replay leaves it out
 }
 _PAGED: TensorCategory = "paged_optimizer"
+_PASSES = ("forward", "backward")
+"""The phases whose saved activations a compiled step keeps fewer of."""
 """Optimizer state in CUDA unified memory (``estimate.paged``): not the caching allocator's,
 so the replay leaves it out."""
 
@@ -174,6 +176,10 @@ class Replay:
     """Peak of reserved segment bytes."""
     live_at_peak: dict[TensorCategory, int]
     """Exact tensor bytes by category when the allocated peak was reached."""
+    outside_passes_peak_bytes: int | None = None
+    """Peak of allocated block bytes outside the forward and backward passes (set-up and the
+    optimizer step), where what a compiled step saves of the activations does not reach; None
+    where not computed (a replay read from the shipped cache, or of a sharded rank)."""
 
 
 def workspace_sizes(gpu: GpuSpec, stack: SoftwareStack, mode: str) -> tuple[int, ...]:
@@ -346,12 +352,16 @@ class StepMemory:
         seq_len: int | None,
         workspaces: tuple[int, ...],
         parallel: Parallel = SINGLE_GPU,
+        *,
+        passes: bool = False,
     ) -> Replay:
         """Peak allocated/reserved bytes of the step at this size on one GPU of ``parallel``
-        (memoised)."""
+        (memoised); ``passes``: also the peak outside the forward and backward passes (on one
+        unsharded GPU; ``Replay.outside_passes_peak_bytes``), replaying again where a known
+        replay lacks it."""
         key = (batch_size, seq_len, workspaces, parallel)
         found = self._cache.get(key)
-        if found is not None:
+        if found is not None and (found.outside_passes_peak_bytes is not None or not passes):
             return found
         self.live_replays += 1
         sizes = self.profile.event_sizes(batch_size, seq_len).tolist()
@@ -365,6 +375,9 @@ class StepMemory:
         # live there, by category, is summed afterwards (cheaper than a copy at every new peak)
         malloc, free = allocator.malloc, allocator.free
         peak, peak_index = allocator.allocated_bytes, -1
+        # the phase of each event, where the rank's events are the traced ones (one GPU)
+        phases = self._phases if len(events) == len(self._phases) else None
+        outside = 0
         for index, (handle, size, alloc, category) in enumerate(events):
             if size == 0 or category == _PAGED:  # unified memory: not the allocator's
                 continue
@@ -372,13 +385,20 @@ class StepMemory:
                 malloc(handle, size)
                 if allocator.allocated_bytes > peak:
                     peak, peak_index = allocator.allocated_bytes, index
+                if phases is not None and phases[index] not in _PASSES:
+                    outside = max(outside, allocator.allocated_bytes)
             else:
                 free(handle)
         live: dict[TensorCategory, int] = dict.fromkeys(CATEGORIES, 0)
         for _, size, alloc, category in events[: peak_index + 1]:
             live[category] += size if alloc else -size
         at_peak = {k: v for k, v in live.items() if v and k != _PAGED}
-        result = Replay(allocator.peak_allocated_bytes, allocator.peak_reserved_bytes, at_peak)
+        result = Replay(
+            allocator.peak_allocated_bytes,
+            allocator.peak_reserved_bytes,
+            at_peak,
+            outside if phases is not None else None,
+        )
         self._cache[key] = result
         return result
 
@@ -568,6 +588,7 @@ def estimate_on_gpu(
     kv_per_token_bytes: int | None = None,
     kv_head_count: int | None = None,
     serving: ServingEngine | None = None,
+    compiled_saving: Callable[[int, int | None], int] | None = None,
 ) -> MemoryEstimate:
     """The memory estimate of ``memory``'s step on ``gpu``.
 
@@ -599,6 +620,7 @@ def estimate_on_gpu(
     tensor = run.mode == "inference" and run.gpus > 1
     parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
     heads = kv_head_count or 1
+    compiled = compiled_saving is not None and not parallel.gpus > 1
     if tensor and kv_head_count is None:
         raise ValueError("tensor-parallel inference needs the model's KV heads (kv_head_count)")
 
@@ -611,6 +633,18 @@ def estimate_on_gpu(
             return 0
         return tensor_parallel_saving(replay, profile, batch, length, run.gpus, heads)
 
+    def replay_at(batch: int, length: int | None) -> Replay:
+        return memory.replay(batch, length, workspaces, parallel, passes=compiled)
+
+    def compiled_cut(replay: Replay, batch: int, length: int | None) -> int:
+        """What a compiled step leaves out of the peak: the activations it does not save, as
+        far as the peak is in the forward and backward passes (never below the peak of the
+        set-up and the optimizer step, which compilation leaves as it is)."""
+        if not compiled or compiled_saving is None or replay.outside_passes_peak_bytes is None:
+            return 0
+        room = replay.peak_allocated_bytes - replay.outside_passes_peak_bytes
+        return max(0, min(compiled_saving(batch, length), room))
+
     def attention_bytes(batch: int, length: int | None = seq_len) -> int:
         return memory.attention_extra(gpu, batch, length, run.precision).total_bytes
 
@@ -622,10 +656,11 @@ def estimate_on_gpu(
         convolution workspace as far as the card has room for it: where it has none, PyTorch
         retries the convolution with an algorithm that needs less (``Conv_v7.cpp``), so a
         workspace never decides whether a batch fits."""
-        replay = memory.replay(batch, length, workspaces, parallel)
+        replay = replay_at(batch, length)
         needed = (
             replay.peak_reserved_bytes
             - saving(replay, batch, length)
+            - compiled_cut(replay, batch, length)
             + attention_bytes(batch, length)
         )
         workspace = memory.conv_workspace_bytes(batch, length, stack.cudnn_workspace_percent)
@@ -638,12 +673,13 @@ def estimate_on_gpu(
     attention_differs = attention_bytes(1) > 0
     # cuDNN's workspace takes only the room a batch leaves (``reserved_at``), so it never moves
     # the largest batch: the memoised search over the replays answers for convolutions too
-    if tensor or attention_differs:
+    if tensor or attention_differs or compiled:
         max_batch, capped = largest_batch(reserved_at, budget)
     else:
         max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
     batch = run.batch_size or max(max_batch, 1)
-    replay = memory.replay(batch, seq_len, workspaces, parallel)
+    replay = replay_at(batch, seq_len)
+    cut = compiled_cut(replay, batch, seq_len)
     total = reserved_at(batch) + outside_bytes
     breakdown: dict[MemoryCategory, int] = dict.fromkeys(
         ("weights", "gradients", "optimizer", "activations", "temporaries"), 0
@@ -655,6 +691,7 @@ def estimate_on_gpu(
         kv_total = kv_cache_bytes(profile, batch, seq_len) or 0
         breakdown["weights"] -= replay.live_at_peak.get("parameter", 0) * (n - 1) // n
         breakdown["activations"] -= kv_total - kv_here(kv_total)
+    breakdown["activations"] -= cut
     breakdown["overhead"] = total - sum(breakdown.values())
     attention = memory.attention_extra(gpu, batch, seq_len, run.precision)
     overheads = {
@@ -727,7 +764,7 @@ def estimate_on_gpu(
         max_seq_len=max_seq[0] if max_seq else None,
         max_seq_len_capped=max_seq[1] if max_seq else False,
         fits_at_seq_len=shorter,
-        peak_allocated_bytes=replay.peak_allocated_bytes - saving(replay, batch, seq_len),
+        peak_allocated_bytes=replay.peak_allocated_bytes - saving(replay, batch, seq_len) - cut,
         peak_reserved_bytes=total - outside_bytes,
         device_total_bytes=total,
         capacity_bytes=capacity.bytes,
@@ -740,7 +777,8 @@ def estimate_on_gpu(
         + _assumptions(stack, memory, parallel)
         + attention_note
         + paged_note
-        + (_tensor_parallel_note(run.gpus, heads),) * tensor,
+        + (_tensor_parallel_note(run.gpus, heads),) * tensor
+        + _compiled_note(compiled_saving is not None, compiled, cut, batch),
         method=method,
         kv_cache_bytes=None if kv_bytes is None else kv_here(kv_bytes),
         kv_bytes_per_token=(
@@ -751,6 +789,24 @@ def estimate_on_gpu(
         serving=served,
         paged_state_bytes=paged_state,
         paged_out_bytes=paged_out,
+    )
+
+
+def _compiled_note(asked: bool, applied: bool, cut: int, batch: int) -> tuple[str, ...]:
+    """What the estimate assumed of ``torch.compile`` (nothing when it was not asked)."""
+    if not asked:
+        return ()
+    if not applied:
+        return (
+            "torch.compile: its saving is applied on one GPU only; on several the eager "
+            "step's memory is given (more than a compiled step needs)",
+        )
+    return (
+        f"torch.compile: {cut / GIB:.2f} GiB of activations at batch {batch} left out of "
+        "the forward and backward passes' peak: what inductor's partitioner "
+        "(min_cut_rematerialization_partition) recomputes in the backward instead of saving, "
+        "from AOTAutograd's joint graph of the step on fake tensors (bf16 AMP's for fp8); the "
+        "set-up's and the optimizer step's peak as eager's, the allocator's cache as eager's",
     )
 
 

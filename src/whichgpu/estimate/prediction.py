@@ -44,6 +44,12 @@ from whichgpu.estimate.throughput import (
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
 
+COMPILED_SPEED_NOTE = (
+    "torch.compile: its speed is not modelled, the step is timed as eager (on an H200, "
+    "whichgpu's bench measured compiled Llama training 12-21 % faster: docs/throughput.md)"
+)
+"""What a prediction of a compiled run says of its time (its memory is the compiled step's)."""
+
 
 @dataclass(frozen=True)
 class StepState:
@@ -325,6 +331,8 @@ class ThroughputPredictor:
         assumptions += split_package_note(gpu)
         assumptions += half_precision_note(gpu, self.run.precision)
         assumptions += power_limit_note(gpu, rates)
+        if self.run.compile:
+            assumptions += (COMPILED_SPEED_NOTE,)
         base = self._base(gpu, memory, assumptions)
         if not memory.fits:
             return self._no_speed(base)
