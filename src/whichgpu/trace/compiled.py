@@ -7,14 +7,15 @@ partitioner inductor runs (its joint-graph passes, then ``min_cut_rematerializat
 over inductor's decompositions), which recomputes cheap pointwise chains in the backward instead
 of saving them. The tensors each forward graph hands to its backward graph, counted once per
 storage and leaving out those the step holds anyway (parameters, inputs, the returned outputs),
-are the saved activations of an eager and of a compiled step: ``compiled_activations``. Each partition's forward and backward graphs are also grouped into the kernels inductor would
-run, to first order (``FusedKernel``, ``Partition.forward_kernels``): matrix products and
-attention stay "extern" kernels of their own; views move nothing; every other operator is
-fused with its neighbours into kernels that read their inputs from DRAM once and write only
-what leaves them. Set against ``Partition.forward_unfused_bytes`` (each fusible operator its own
-kernel, as eager runs it), this is the DRAM traffic fusion removes (docs/throughput.md: not yet used for time). The module
-is longer than 600 lines because the partitions and the kernel grouping share one walk of the
-graphs and its storage bookkeeping, which a split would have to repeat.
+are the saved activations of an eager and of a compiled step: ``compiled_activations``. Each
+partition's forward and backward graphs are also grouped into the kernels inductor would run, to
+first order (``FusedKernel``, ``Partition.forward_kernels``): matrix products and attention stay
+"extern" kernels of their own; views move nothing; every other operator is fused with its
+neighbours into kernels that read their inputs from DRAM once and write only what leaves them.
+Set against ``Partition.forward_unfused_bytes`` (each fusible operator its own kernel, as eager
+runs it), this is the DRAM traffic fusion removes (docs/throughput.md: not yet used for time).
+The module is longer than 600 lines because the partitions and the kernel grouping share one
+walk of the graphs and its storage bookkeeping, which a split would have to repeat.
 """
 
 from __future__ import annotations
