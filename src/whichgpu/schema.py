@@ -1626,6 +1626,9 @@ class ThroughputValidation(_Frozen):
     """whichgpu's own GPU measurements against ``predict`` (out of sample)."""
     measured_summary: ErrorStats | None = None
     """Errors over ``measured`` (None when no GPU measurement is shipped)."""
+    speed_ratios: tuple[str, ...] = ()
+    """What fp8 and torch.compile gave in ``measured``, against ``predict``'s ratios, in
+    words (``validate.measured.speed_ratios``)."""
     references: tuple[ReferenceThroughputCase, ...] = ()
     """Speeds measured outside whichgpu's harness (the H200 measurements, llm-foundry's
     published runs) against ``predict``."""

@@ -219,17 +219,28 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert all(s["cases"] == len(doc["cases"]) for s in doc["summaries"])
     assert len(doc["seed_checks"]) == 4 and doc["left_out"]
     # whichgpu's own benches on an H200 are the shipped GPU measurements: GPT-2 (2026-11-26),
-    # Llama 3.2 1B at its largest batch and serving 16 and 64 sequences (2026-11-27)
+    # Llama 3.2 1B at its largest batch and serving 16 and 64 sequences (2026-11-27); and
+    # (2026-11-27, later) Llama 3.1 8B's layers eager, compiled and fp8, Llama 3.2 1B at 8
+    # eager (twice), checkpointed (twice) and compiled
     shipped = sorted((m["workload"], m["gpu"], m["run"]["batch_size"]) for m in doc["measured"])
     assert shipped == [
         ("gpt2", "h200-sxm", 8),
+        *[("llama-3.1-8b-8layers.json", "h200-sxm", 4)] * 3,
+        *[("llama-3.2-1b", "h200-sxm", 8)] * 5,
         ("llama-3.2-1b", "h200-sxm", 15),
         ("llama-3.2-1b", "h200-sxm", 16),
         ("llama-3.2-1b", "h200-sxm", 64),
     ]
     assert doc["measured_summary"] is not None
+    # compiled runs are shown, left out of the error (their speed is not modelled)
+    compiled = [m for m in doc["measured"] if m["run"]["compile"]]
+    assert len(compiled) == 3 and all(m["error"] is None for m in compiled)
+    assert doc["measured_summary"]["cases"] == len(doc["measured"]) - 3
+    ratios = doc["speed_ratios"]
+    assert len(ratios) == 3 and any(r.startswith("fp8 over bf16") for r in ratios)
+    assert any("measured 1.194x, predicted 1.1" in r for r in ratios)
     text = run_cli("validate", "throughput", *own).stdout
-    assert "own GPU measurements (out of sample)" in text
+    assert "own GPU measurements (out of sample)" in text and "Speed ratios: " in text
 
 
 def test_own_gpu_measurements_are_compared_with_predict_of_the_same_run() -> None:

@@ -16,7 +16,6 @@ from whichgpu.units import GIB
 from whichgpu.validate.measured import (
     compare_measurements,
     cpu_kernel_profile,
-    measured_cases,
     shipped_measurements,
     verdict,
 )
@@ -99,8 +98,8 @@ def test_largest_batch_under_a_cap_and_verdicts() -> None:
 
 
 def test_shipped_cpu_measurements_match_the_traced_live_peak() -> None:
-    cases = measured_cases()
-    cpu = [c for c in cases if c.device_kind == "cpu"]
+    on_cpu = [r for r in shipped_measurements() if r.environment.device_kind == "cpu"]
+    cpu = compare_measurements(on_cpu)
     assert {c.workload for c in cpu} >= {"resnet50", "vit-b-16", "yolov3", "bert-base", "gpt2"}
     runs = {(c.run.method, c.run.checkpointing, c.run.precision, c.run.optimizer) for c in cpu}
     assert {m for m, *_ in runs} >= {"full", "lora", "qlora"}

@@ -891,6 +891,7 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
         run = f"{c.run.mode} {c.run.precision} b{c.run.batch_size}"
         if c.run.seq_len:
             run += f" L{c.run.seq_len}"
+        run += " ckpt" * c.run.checkpointing + " compiled" * c.run.compile
         band = (
             f"{significant(c.low, 4, trim=True)}-{significant(c.high, 4, trim=True)}"
             if c.low is not None and c.high is not None
@@ -918,6 +919,8 @@ def _own_throughputs(validation: ThroughputValidation) -> RenderableType:
                 f"{s.cases} runs; MFU column: measured / predicted"
             )
         )
+    if validation.speed_ratios:
+        parts.append(Text("Speed ratios: " + "; ".join(validation.speed_ratios) + "."))
     notes = [f"{c.workload} on {c.gpu}: {c.note}" for c in validation.measured if c.note]
     if notes:
         parts.append(Text("Notes: " + "; ".join(notes) + ".", style="dim"))

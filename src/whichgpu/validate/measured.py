@@ -26,7 +26,8 @@ CPU-kernel profile the CUDA-kernel one is used, and the case says so.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -157,10 +158,35 @@ def _on_cpu(result: BenchResult) -> MeasuredMemoryCase:
     )
 
 
-def _fit_options(run: RunConfig) -> dict[str, Any]:
-    """``api.fit`` keyword arguments for ``run``."""
+CONFIG_DIR = "configs"
+"""Folder, under ``MEASURED_DIR``, of the model configs of measurements made with ``--config``
+(a result names its config file as its workload)."""
+
+
+@contextlib.contextmanager
+def _workload_of(result: BenchResult) -> Iterator[dict[str, Any]]:
+    """The keyword that names ``result``'s workload to ``fit``/``predict``: its name, or, for
+    a model measured from a config file, that file as shipped in ``CONFIG_DIR``."""
+    if not result.workload.endswith(".json"):
+        yield {"workload": result.workload}
+        return
+    shipped = measured_dir().joinpath(CONFIG_DIR).joinpath(result.workload)
+    if not shipped.is_file():
+        raise UsageError(
+            f"measurement {result.id} was made with the config {result.workload}, which is not "
+            f"shipped in validate/data/{MEASURED_DIR}/{CONFIG_DIR}."
+        )
+    with resources.as_file(shipped) as path:
+        yield {"config": Path(path)}
+
+
+def _fit_options(run: RunConfig, compiled: bool = False) -> dict[str, Any]:
+    """``api.fit`` keyword arguments for ``run`` (``compiled``: measured under torch.compile,
+    which results of before ``RunConfig.compile`` say in ``BenchResult.compiled`` only)."""
     options = run.model_dump(exclude_defaults=True)  # a default is not an option given
     options["gpu_count"] = options.pop("gpus", 1)
+    if compiled:
+        options["compile"] = True
     return options
 
 
@@ -168,13 +194,17 @@ def _on_cuda(result: BenchResult) -> MeasuredMemoryCase:
     from whichgpu.api import fit
 
     assert result.gpu is not None
-    options = _fit_options(result.run)
-    (at_batch,) = fit(result.workload, gpus=[result.gpu], **options)
+    options = _fit_options(result.run, result.compiled)
+    with _workload_of(result) as named:
+        (at_batch,) = fit(**named, gpus=[result.gpu], **options)
+        if result.max_batch_size is not None and result.memory_limit_bytes is None:
+            (largest,) = fit(**named, gpus=[result.gpu], **{**options, "batch_size": None})
     fields: dict[str, Any] = {}
     note = "CUDA: fit for the catalog GPU at the measured batch, default software stack"
+    if result.compiled:
+        note += "; compiled: fit --compile"
     if result.max_batch_size is not None:
         if result.memory_limit_bytes is None:
-            (largest,) = fit(result.workload, gpus=[result.gpu], **{**options, "batch_size": None})
             fields = {
                 "predicted_max_batch": largest.max_batch_size,
                 "max_batch_verdict": verdict(result.max_batch_size, largest.max_batch_size),
@@ -214,26 +244,33 @@ def compare_throughputs(
             continue
         if progress is not None:
             progress(f"{result.workload} on {result.gpu}")
+        run = result.run.model_copy(update={"compile": True}) if result.compiled else result.run
         base: dict[str, Any] = {
             "result_id": result.id,
             "workload": result.workload,
             "gpu": result.gpu,
-            "run": result.run,
+            "run": run,
             "unit": result.throughput_unit,
             "measured": result.throughput,
             "measured_mfu": result.mfu,
         }
         differs = []
-        if result.compiled:
-            differs.append("measured under torch.compile, which predict does not model")
         if result.channels_last:
             differs.append("measured channels-last")
         try:
-            (estimate,) = predict(result.workload, gpus=[result.gpu], **_fit_options(result.run))
+            with _workload_of(result) as named:
+                (estimate,) = predict(**named, gpus=[result.gpu], **_fit_options(result.run))
         except UsageError as exc:
             cases.append(MeasuredThroughputCase(**base, predicted=None, note=str(exc)))
             continue
         predicted = estimate.throughput
+        if predicted is not None and result.compiled:  # shown, left out of the error
+            note = (
+                f"measured under torch.compile, whose speed predict does not model: its eager "
+                f"figure is {predicted / result.throughput - 1:+.1%} of this"
+            )
+            cases.append(MeasuredThroughputCase(**base, predicted=predicted, note=note))
+            continue
         if predicted is None or estimate.throughput_unit != result.throughput_unit:
             note = (
                 f"predict: batch {result.batch_size} does not fit on {result.gpu}"
@@ -255,3 +292,43 @@ def compare_throughputs(
             )
         )
     return cases
+
+
+def speed_ratios(cases: Sequence[MeasuredThroughputCase]) -> list[str]:
+    """What fp8 and torch.compile gave in whichgpu's own measurements, against ``predict``:
+    for each pair of cases of one workload, GPU and size that differ only in precision (fp8
+    over bf16, compiled alike) or only in compilation, the measured speed ratio and the
+    predicted one."""
+
+    def key(c: MeasuredThroughputCase) -> tuple[Any, ...]:
+        r = c.run
+        return (c.workload, c.gpu, r.batch_size, r.seq_len, r.checkpointing, r.mode)
+
+    out: list[str] = []
+    seen: set[tuple[Any, ...]] = set()
+    for fast in cases:
+        for slow in cases:
+            if key(fast) != key(slow) or fast is slow:
+                continue
+            size = f"{fast.workload} at {fast.run.batch_size} x {fast.run.seq_len} on {fast.gpu}"
+            same_compile = fast.run.compile == slow.run.compile
+            pair = (*key(fast), fast.run.precision, slow.run.precision, fast.run.compile)
+            pair += (slow.run.compile,)
+            if pair in seen:
+                continue
+            measured = fast.measured / slow.measured
+            if same_compile and (fast.run.precision, slow.run.precision) == ("fp8", "bf16"):
+                seen.add(pair)
+                how = "both compiled" if fast.run.compile else "both eager"
+                line = f"fp8 over bf16, {size}, {how}: measured {measured:.3f}x"
+                if fast.predicted and slow.predicted:
+                    predicted = fast.predicted / slow.predicted
+                    line += f", predicted {predicted:.3f}x ({predicted / measured - 1:+.1%})"
+                out.append(line)
+            elif fast.run.precision == slow.run.precision and fast.run.compile > slow.run.compile:
+                seen.add(pair)
+                out.append(
+                    f"compiled over eager, {size}, {fast.run.precision}: measured "
+                    f"{measured:.3f}x, predicted 1.000x (compilation's speed is not modelled)"
+                )
+    return out

@@ -521,7 +521,7 @@ def validate_throughput(
     summary line per reference."""
     from whichgpu.validate.h200 import h200_throughput
     from whichgpu.validate.llm_foundry import foundry_throughput, stale_profiles_note
-    from whichgpu.validate.measured import compare_throughputs, shipped_measurements
+    from whichgpu.validate.measured import compare_throughputs, shipped_measurements, speed_ratios
     from whichgpu.validate.serving import QUANTITIES, serving_throughput
 
     own = (
@@ -583,6 +583,7 @@ def validate_throughput(
                 if own_errors
                 else None
             ),
+            "speed_ratios": tuple(speed_ratios(own)),
             "references": tuple(references),
             "sources": tuple(s for s in SOURCES if s in sources),
             "summaries_by_source": tuple(by_source),
