@@ -117,7 +117,7 @@ def test_the_cli_builds_the_request_its_flags_say(asked: list[BenchRequest]) -> 
     assert code == 0
     expected = BenchRequest(
         Target("resnet50"),
-        RunOptions(precision="fp16"),
+        RunOptions(precision="fp16", compile=True),  # --compile is the run's too
         gpu_count=2,
         device="fake",
         find_max_batch=True,

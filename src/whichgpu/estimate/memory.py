@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -176,7 +176,7 @@ class Replay:
     """Peak of reserved segment bytes."""
     live_at_peak: dict[TensorCategory, int]
     """Exact tensor bytes by category when the allocated peak was reached."""
-    outside_passes_peak_bytes: int | None = None
+    outside_passes_peak_bytes: int | None = field(default=None, compare=False)
     """Peak of allocated block bytes outside the forward and backward passes (set-up and the
     optimizer step), where what a compiled step saves of the activations does not reach; None
     where not computed (a replay read from the shipped cache, or of a sharded rank)."""

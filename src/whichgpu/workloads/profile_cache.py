@@ -160,12 +160,15 @@ def traced_run(run: RunConfig) -> RunConfig:
     """``run`` without what a trace does not depend on: the sizes, the GPUs and the sharding
     (and, for inference, the concurrency and the context, with the generated tokens made
     explicit); of gradient accumulation only whether there is any (every count above one
-    traces the same micro-step) — the same for every question the profile answers."""
+    traces the same micro-step; the eager step stands for a compiled one, whose difference
+    ``trace.compiled`` derives) — the same for every question the profile answers."""
     update: dict[str, Any] = {
         "batch_size": None,
         "seq_len": None,
         "gpus": 1,
         "sharding": "ddp",
+        "network": None,
+        "compile": False,
         "grad_accum": min(run.grad_accum, 2),
     }
     if run.mode == "inference":
