@@ -8,6 +8,8 @@ and fills in each result's catalog GPU and MFU.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -65,6 +67,13 @@ def bench(
     seconds (defaults: ``bench.TimingRule``). ``timeout_s`` stops a
     child process that makes no progress for that long.
 
+    Under torchrun (its ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
+    ``MASTER_PORT`` in the environment) every torchrun process calls this: each measures its
+    own device (``cuda:LOCAL_RANK``, or the CPU) training with all the others (DDP over the
+    torchrun group), and rank 0 alone gets the results (the one-GPU baseline and the
+    group's); the other ranks get none. ``gpu_count``, the searches and inference are refused
+    there.
+
     Returns one result per measurement (two with ``gpu_count`` > 1), each also passed to
     ``on_result`` as soon as it is measured; ``progress`` receives ``BenchProgress`` events.
     The catalog id of the GPU and the MFU (model FLOPs per second over the catalog's dense
@@ -101,12 +110,21 @@ def answer_bench(
     measurement, each with its catalog GPU and MFU, and each also passed to ``on_result`` as
     soon as it is measured; ``progress`` receives ``BenchProgress`` events."""
     from whichgpu.bench import WorkloadRef, parse_device, run_bench
+    from whichgpu.bench.distributed import torchrun_group
 
+    group = torchrun_group(os.environ)
+    if group is not None and request.gpu_count is not None:
+        raise UsageError(
+            f"--gpus {request.gpu_count} under torchrun: the group is torchrun's (--nnodes x "
+            "--nproc-per-node processes, one device each); drop --gpus."
+        )
     target = request.target
     chosen = select_target(target)
     run = request.run.config(gpus=request.gpu_count)
+    if request.compile and not run.compile:  # measured compiled: the result's run says so
+        run = run.model_copy(update={"compile": True})
     check_for_workload(run, chosen.info)
-    options = _bench_options(request, chosen, run)
+    options = dataclasses.replace(_bench_options(request, chosen, run), torchrun=group)
     ref = WorkloadRef.of(
         None if target.names_own_model else chosen.info.name,
         target.config,
@@ -140,7 +158,7 @@ def _bench_options(request: BenchRequest, chosen: Workload, run: RunConfig) -> B
         max_batch_resolution=request.max_batch_resolution,
         find_max_seq_len=request.find_max_seq_len,
         memory_limit_bytes=None if limit_gib is None else gib_to_bytes(limit_gib),
-        compile=request.compile,
+        compile=request.compile or run.compile,
         channels_last=request.channels_last,
         rule=TimingRule(
             min_iters=defaults.min_iters if request.min_iters is None else request.min_iters,

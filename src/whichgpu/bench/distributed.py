@@ -6,16 +6,22 @@ rendezvous on this host, wraps the model in ``DistributedDataParallel`` and time
 steps. Warm-up and stopping are decided on the slowest rank's step time, so every rank runs
 the same steps. Each rank sends back its own ``Measurement``; ``aggregate`` combines them by
 the rules in ``AGGREGATION_RULES`` (also written into every multi-GPU result's notes).
+
+Across nodes the ranks are torchrun's (``torchrun_group`` reads its environment): each
+torchrun process measures its own device in a child that joins the torchrun group
+(``init_method="env://"``), and the children gather their ``Measurement``s on rank 0, whose
+process alone makes the result.
 """
 
 from __future__ import annotations
 
 import socket
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from whichgpu.bench.jobs import Measurement
+from whichgpu.errors import UsageError
 
 AGGREGATION_RULES = (
     "step time = the slowest rank's median (a DDP step ends with the last gradient "
@@ -144,3 +150,95 @@ def rendezvous_address() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"tcp://127.0.0.1:{port}"
+
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+"""What torchrun (and its c10d rendezvous) sets in every process it starts, and a bench
+under torchrun needs."""
+
+
+@dataclass(frozen=True)
+class TorchrunGroup:
+    """This process's place in the group torchrun started (read from its environment)."""
+
+    rank: int
+    """Global rank (``RANK``)."""
+    world_size: int
+    """Processes in the group, over every node (``WORLD_SIZE``)."""
+    local_rank: int
+    """Rank on this node (``LOCAL_RANK``): the device this process measures."""
+    local_world_size: int
+    """Processes on this node (``LOCAL_WORLD_SIZE``; ``WORLD_SIZE`` when it is unset)."""
+    nodes: int
+    """Nodes in the group (``GROUP_WORLD_SIZE``, torchrun's agents; else
+    ``WORLD_SIZE / LOCAL_WORLD_SIZE``)."""
+    master_addr: str
+    """Host of the group's store (``MASTER_ADDR``)."""
+    master_port: int
+    """Its port (``MASTER_PORT``)."""
+
+    @property
+    def is_leader(self) -> bool:
+        """Whether this is rank 0, the one process that reports and stores."""
+        return self.rank == 0
+
+    def describe(self) -> str:
+        """The group in a few words, for a result's notes."""
+        return (
+            f"{self.world_size} ranks on {self.nodes} node{'s' * (self.nodes != 1)} "
+            f"({self.local_world_size} per node on rank 0's), launched by torchrun"
+        )
+
+
+def torchrun_group(environ: Mapping[str, str]) -> TorchrunGroup | None:
+    """The torchrun group this process belongs to, or None when it was not started by
+    torchrun (neither ``RANK`` nor ``WORLD_SIZE`` is set). An environment that sets some of
+    ``TORCHRUN_VARIABLES`` but not all, or values that cannot be, is a ``UsageError``."""
+    if "RANK" not in environ and "WORLD_SIZE" not in environ:
+        return None
+    missing = [name for name in TORCHRUN_VARIABLES if not environ.get(name)]
+    if missing:
+        raise UsageError(
+            f"RANK or WORLD_SIZE is set, as torchrun sets them, but {', '.join(missing)} "
+            "is not: start the bench with torchrun (which sets "
+            f"{', '.join(TORCHRUN_VARIABLES)}), or unset RANK and WORLD_SIZE."
+        )
+
+    def number(name: str, least: int) -> int:
+        text = environ[name]
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(f"{name}={text!r} in the environment is not a number.") from None
+        if value < least:
+            raise UsageError(f"{name}={value} in the environment: it must be at least {least}.")
+        return value
+
+    world_size = number("WORLD_SIZE", 1)
+    rank = number("RANK", 0)
+    local_rank = number("LOCAL_RANK", 0)
+    local_world_size = number("LOCAL_WORLD_SIZE", 1) if environ.get("LOCAL_WORLD_SIZE") else None
+    port = number("MASTER_PORT", 1)
+    if rank >= world_size or (local_world_size is not None and local_rank >= local_world_size):
+        raise UsageError(
+            f"RANK={rank}, LOCAL_RANK={local_rank} in the environment do not fit "
+            f"WORLD_SIZE={world_size}"
+            + (f", LOCAL_WORLD_SIZE={local_world_size}." if local_world_size else ".")
+        )
+    if port > 65535:
+        raise UsageError(f"MASTER_PORT={port} in the environment is not a port.")
+    local = local_world_size or world_size
+    nodes = (
+        number("GROUP_WORLD_SIZE", 1)
+        if environ.get("GROUP_WORLD_SIZE")
+        else max(1, world_size // local)
+    )
+    return TorchrunGroup(
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local,
+        nodes=nodes,
+        master_addr=environ["MASTER_ADDR"],
+        master_port=port,
+    )

@@ -73,9 +73,12 @@ class GroupSpec:
     world_size: int
     """Processes in the group."""
     address: str
-    """Rendezvous address (``tcp://127.0.0.1:PORT``)."""
+    """Rendezvous address (``tcp://127.0.0.1:PORT``; ``env://`` under torchrun, whose
+    environment names the group's store)."""
     timeout_s: float
     """How long a collective may wait for the other ranks."""
+    local_world_size: int | None = None
+    """Processes of the group on this host (None: all of them); they share its CPU threads."""
 
 
 @dataclass(frozen=True)

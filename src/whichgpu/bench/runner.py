@@ -13,6 +13,11 @@ A bench of one workload, in order, every step in child processes (``probe``):
 4. With ``--gpus N``: measure N ranks together (DDP) and ``distributed.aggregate`` them; the
    scaling efficiency is against step 3, at the same per-GPU batch.
 
+Under torchrun (``BenchOptions.torchrun``) every torchrun process runs ``run_bench``: each
+measures its own device (``LOCAL_RANK``) in a child that joins the torchrun group, the ranks'
+measurements are gathered on rank 0, and rank 0 alone then measures one device by itself for
+the scaling efficiency and returns the results (the other ranks return none).
+
 Each result goes to ``on_result`` as soon as it exists (so a caller can store it before the
 next one starts). The catalog id of the GPU and the MFU are not known here (bench knows no
 catalog): ``whichgpu.api.bench`` fills them in.
@@ -33,6 +38,7 @@ from whichgpu.bench.devices.protocol import Device
 from whichgpu.bench.distributed import (
     AGGREGATION_RULES,
     Aggregate,
+    TorchrunGroup,
     aggregate,
     rendezvous_address,
     scaling_efficiency,
@@ -62,7 +68,7 @@ from whichgpu.bench.probe import (
 )
 from whichgpu.bench.search import SearchResult, Verdict, search_largest
 from whichgpu.bench.timing import TimingRule
-from whichgpu.bench.worker import inspect_task, measure_task, probe_task
+from whichgpu.bench.worker import inspect_task, measure_ranks_task, measure_task, probe_task
 from whichgpu.errors import (
     BenchError,
     BenchTimeout,
@@ -115,6 +121,10 @@ class BenchOptions:
     seq_len_guess: Callable[[BenchEnvironment, int], int | None] | None = None
     """The same for the longest sequence at a batch size: where the length search starts
     instead of at the workload's default length."""
+    torchrun: TorchrunGroup | None = None
+    """The torchrun group this process is a rank of (``distributed.torchrun_group``), or
+    None. A group of more than one process measures every rank's device together, and
+    only rank 0 gets results."""
 
 
 def inspect(device: Device, n_devices: int = 1, *, timeout_s: float = 600.0) -> Inspection:
@@ -150,9 +160,16 @@ def run_bench(
             progress(dataclasses.replace(event, workload=info.name))
 
     _check(run, info, options, device)
+    group = options.torchrun if options.torchrun and options.torchrun.world_size > 1 else None
+    if group is not None and not group.is_leader:
+        _measure_as_rank(target, info, run, device, options, group)
+        return []
+    if options.torchrun is not None:  # this process measures its own device: LOCAL_RANK's
+        device = device.for_rank(options.torchrun.local_rank)
     if inspection is None:
         say(BenchProgress("inspect", f"looking at {device.spec}"))
-        inspection = inspect(device, run.gpus, timeout_s=options.timeout_s)
+        n_devices = group.local_world_size if group is not None else run.gpus
+        inspection = inspect(device, n_devices, timeout_s=options.timeout_s)
     environment = inspection.environment
     if run.gpus > 1 and device.kind == "cuda" and run.gpus > environment.device_count:
         raise UsageError(
@@ -188,6 +205,11 @@ def run_bench(
             return [result]
         seq = found_seq = search.largest
     sizes = {"max_batch_size": found_batch, "max_seq_len": found_seq}
+    if group is not None:
+        results = bench.measure_torchrun(batch, seq, notes, sizes, group)
+        for result in results:
+            _emit(on_result, result)
+        return results
     one = bench.measure(batch, seq, notes, sizes)
     _emit(on_result, one)
     results = [one]
@@ -214,6 +236,76 @@ def _sizes(info: WorkloadInfo, run: RunConfig) -> tuple[int, int | None]:
 def _emit(on_result: Callable[[BenchResult], None] | None, result: BenchResult) -> None:
     if on_result is not None:
         on_result(result)
+
+
+def _step_spec(
+    target: WorkloadRef,
+    run: RunConfig,
+    options: BenchOptions,
+    batch: int,
+    seq: int | None,
+    *,
+    probe: bool = False,
+) -> StepSpec:
+    """The step at ``batch`` x ``seq`` on one device (probes run eager: compiling per size
+    costs minutes, and compiled steps usually need less memory than eager ones)."""
+    return StepSpec(
+        workload=target,
+        run=run.model_copy(update={"batch_size": batch, "seq_len": seq, "gpus": 1}),
+        batch_size=batch,
+        seq_len=seq,
+        compile=options.compile and not probe,
+        channels_last=options.channels_last,
+        memory_limit_bytes=options.memory_limit_bytes,
+    )
+
+
+def _rank_job(
+    target: WorkloadRef,
+    run: RunConfig,
+    device: Device,
+    options: BenchOptions,
+    group: TorchrunGroup,
+    batch: int,
+    seq: int | None,
+) -> MeasureJob:
+    """This torchrun rank's measurement on ``device`` (its own, ``LOCAL_RANK``'s), in the
+    group torchrun made."""
+    spec = dataclasses.replace(
+        _step_spec(target, run, options, batch, seq),
+        group=GroupSpec(
+            group.rank,
+            group.world_size,
+            "env://",
+            options.timeout_s,
+            local_world_size=group.local_world_size,
+        ),
+    )
+    return MeasureJob(device, spec, options.rule, options.sample_period_s)
+
+
+def _measure_as_rank(
+    target: WorkloadRef,
+    info: WorkloadInfo,
+    run: RunConfig,
+    device: Device,
+    options: BenchOptions,
+    group: TorchrunGroup,
+) -> None:
+    """A torchrun rank other than 0: measure this rank's device with the others, and hand
+    the figures to rank 0 (which reports them); an error if it could not."""
+    batch, seq = _sizes(info, run)
+    own = device.for_rank(group.local_rank)
+    job = _rank_job(target, run, own, options, group, batch, seq)
+    outcome = run_in_child(measure_ranks_task, job, timeout_s=options.timeout_s)
+    where = f"rank {group.rank} (--device {job.device.spec}) measuring {info.name}"
+    if isinstance(outcome, OutOfMemory):
+        raise BenchError(
+            f"{where} at batch {batch}: out of memory ({outcome.detail}); DDP adds gradient "
+            "buckets, so the one-GPU batch may not fit: try a smaller --batch-size"
+        )
+    if not isinstance(outcome, Ran):
+        raise _error(outcome, where)
 
 
 def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: Device) -> None:
@@ -270,6 +362,8 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
         )
     if options.memory_limit_bytes is not None and not options.memory_limit_bytes > 0:
         raise UsageError("--memory-limit must be more than 0.")
+    if options.torchrun is not None:
+        _check_torchrun(run, options, device)
     if run.gpus > 1 and device.kind == "mps":
         raise UsageError("MPS is one GPU; --gpus does not apply.")
     if run.gpus > 1 and run.mode == "inference":
@@ -277,6 +371,32 @@ def _check(run: RunConfig, info: WorkloadInfo, options: BenchOptions, device: De
             "bench runs several GPUs as data-parallel training; serving one model tensor "
             "parallel over them is not measured. Bench the inference on one GPU (drop "
             "--gpus), or use `whichgpu predict --mode inference --gpus N` for an estimate."
+        )
+
+
+def _check_torchrun(run: RunConfig, options: BenchOptions, device: Device) -> None:
+    """What a bench under torchrun cannot do, with the way out."""
+    if run.gpus > 1:
+        raise UsageError(
+            f"--gpus {run.gpus} under torchrun: the group is torchrun's (--nnodes x "
+            "--nproc-per-node processes, one device each); drop --gpus."
+        )
+    if options.find_max_batch or options.find_max_seq_len:
+        what = "--find-max-batch" if options.find_max_batch else "--find-max-seq-len"
+        raise UsageError(
+            f"{what} under torchrun: search on one GPU first (`whichgpu bench ... {what}` "
+            "without torchrun), then measure the group at the size found (--batch-size, "
+            "--seq-len)."
+        )
+    if run.mode == "inference":
+        raise UsageError(
+            "--mode inference under torchrun: bench runs a torchrun group as data-parallel "
+            "training; bench inference on one GPU, without torchrun."
+        )
+    if device.kind not in ("cuda", "cpu"):
+        raise UsageError(
+            f"--device {device.spec} under torchrun: a torchrun group measures CUDA GPUs "
+            "(NCCL) or the CPU (gloo)."
         )
 
 
@@ -303,17 +423,8 @@ class _Bench:
         self._probes_ran = 0
 
     def spec(self, batch: int, seq: int | None, *, probe: bool = False) -> StepSpec:
-        """The step at ``batch`` x ``seq`` (probes run eager: compiling per size costs minutes,
-        and compiled steps usually need less memory than eager ones)."""
-        return StepSpec(
-            workload=self.target,
-            run=self.run.model_copy(update={"batch_size": batch, "seq_len": seq, "gpus": 1}),
-            batch_size=batch,
-            seq_len=seq,
-            compile=self.options.compile and not probe,
-            channels_last=self.options.channels_last,
-            memory_limit_bytes=self.options.memory_limit_bytes,
-        )
+        """The step at ``batch`` x ``seq`` (``_step_spec``)."""
+        return _step_spec(self.target, self.run, self.options, batch, seq, probe=probe)
 
     # --- search ---------------------------------------------------------------------------
 
@@ -456,6 +567,67 @@ class _Bench:
                 "scaling_efficiency": scaling_efficiency(result.throughput, one_gpu_throughput, n)
             }
         )
+
+    def measure_torchrun(
+        self,
+        batch: int,
+        seq: int | None,
+        notes: list[str],
+        sizes: dict[str, int | None],
+        group: TorchrunGroup,
+    ) -> list[BenchResult]:
+        """Rank 0 under torchrun: measure its device together with every other rank, gather
+        their figures, then measure its device alone (the other ranks have ended, so none
+        waits on it) for the scaling efficiency. The one-device result, then the group's."""
+        n = group.world_size
+        self.say(BenchProgress("ranks", f"measuring {n} ranks together at batch {batch}"))
+        job = _rank_job(self.target, self.run, self.device, self.options, group, batch, seq)
+        started = time.monotonic()
+        outcome = run_in_child(
+            measure_ranks_task, job, timeout_s=self.options.timeout_s, on_progress=self.say
+        )
+        group_notes = [*notes, f"torchrun: {group.describe()}; DDP over the torchrun group"]
+        if isinstance(outcome, OutOfMemory):
+            return [
+                self.unfit(
+                    batch,
+                    seq,
+                    group_notes,
+                    f"out of memory on rank 0 with {n} ranks under DDP ({outcome.detail}); DDP "
+                    "adds gradient buckets, so the one-GPU batch may not fit: try a smaller "
+                    "--batch-size",
+                    sizes,
+                    n_gpus=n,
+                )
+            ]
+        if not isinstance(outcome, Ran):
+            raise _error(outcome, f"measuring {self.info.name} on rank 0 of {n}")
+        measurements: tuple[Measurement, ...] = outcome.value
+        if len(measurements) != n:
+            raise BenchError(
+                f"measuring {self.info.name} under torchrun: rank 0 gathered "
+                f"{len(measurements)} ranks' figures of {n}"
+            )
+        seconds = time.monotonic() - started
+        self.say(BenchProgress("done", f"{n} ranks at batch {batch}: measured ({seconds:.1f} s)"))
+        many = self.result(batch, seq, list(measurements), group_notes, sizes)
+        baseline = f"the one-GPU baseline of a torchrun run of {n} ranks (rank 0 alone)"
+        one = self.measure(batch, seq, [*notes, baseline], sizes)
+        if one.throughput is None or many.throughput is None:
+            why = next((x for x in reversed(one.notes) if "out of memory" in x), "no throughput")
+            note = f"no scaling efficiency: rank 0's one-GPU baseline did not run ({why})"
+            return [one, many.model_copy(update={"notes": (*many.notes, note)})]
+        note = (
+            "scaling efficiency: against the one-GPU throughput rank 0 measured alone right "
+            "after the group run (the other ranks had ended), at the same per-GPU batch"
+        )
+        efficiency = scaling_efficiency(many.throughput, one.throughput, n)
+        return [
+            one,
+            many.model_copy(
+                update={"scaling_efficiency": efficiency, "notes": (*many.notes, note)}
+            ),
+        ]
 
     # --- results ------------------------------------------------------------------------------
 

@@ -93,7 +93,8 @@ class TorchSession:
         self._group = spec.group
         device.select()
         if spec.group is not None and device.kind == "cpu":
-            torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.group.world_size))
+            here = spec.group.local_world_size or spec.group.world_size
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // here))
         limit_note = device.limit_memory(spec.memory_limit_bytes)
         if limit_note:
             self._notes.append(limit_note)
@@ -279,6 +280,19 @@ class TorchSession:
 
     def nvml_target(self) -> NvmlTarget | None:
         return self._device.nvml_target()
+
+    def gather(self, value: object) -> list[object] | None:
+        """Every rank's ``value``, in rank order, on rank 0 (None on the others); ``[value]``
+        outside a group. Every rank of the group must call it."""
+        if self._group is None:
+            return [value]
+        import torch.distributed as dist
+
+        gathered: list[object] | None = (
+            [None] * self._group.world_size if self._group.rank == 0 else None
+        )
+        dist.gather_object(value, gathered, dst=0)
+        return gathered
 
     def close(self) -> None:
         if self._group is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -17,12 +18,19 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 
 from whichgpu.cli import options as o
 from whichgpu.cli import requests as r
-from whichgpu.cli.output import emit, emit_error, emit_json
+from whichgpu.cli.output import emit, emit_error, emit_json, error_message
 from whichgpu.cli.results import StoreOption
-from whichgpu.errors import BenchError, UsageError, WorkloadError
+from whichgpu.errors import (
+    BenchError,
+    GpuLookupError,
+    UsageError,
+    WhichGpuError,
+    WorkloadError,
+)
 from whichgpu.schema import BenchResult
 
 if TYPE_CHECKING:
+    from whichgpu.bench.distributed import TorchrunGroup
     from whichgpu.bench.jobs import BenchProgress
 
 EXIT_INTERRUPTED = 130
@@ -176,6 +184,11 @@ def bench(
     Every result is stored as soon as it is measured (`whichgpu results list`); Ctrl-C stops
     the bench and keeps what finished.
 
+    Under torchrun (across nodes) every torchrun process is one rank measuring its own
+    device (cuda:LOCAL_RANK, or the CPU) with all the others (DDP); rank 0 alone prints,
+    stores and shows progress. --gpus, --find-max-batch, --find-max-seq-len and --mode
+    inference are refused there.
+
     Examples:
 
       whichgpu bench resnet50 --precision fp32 --find-max-batch
@@ -187,7 +200,83 @@ def bench(
       whichgpu bench bert-base --gpus 4 --batch-size 32
 
       whichgpu bench --model my_model.py:build --device cpu --find-max-batch --memory-limit 2
+
+      torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
+      -m whichgpu bench llama-3.2-1b --batch-size 4
     """
+    from whichgpu.bench.distributed import torchrun_group
+
+    group = torchrun_group(os.environ)
+    if group is not None and not group.is_leader:
+        with _as_rank(group):
+            _bench_as_rank(ctx, group, workloads, suite, config, model, store, no_store)
+        return
+    _bench(ctx, workloads, suite, config, model, device, store, no_store, json)
+
+
+def _bench_as_rank(
+    ctx: typer.Context,
+    group: TorchrunGroup,
+    workloads: list[str] | None,
+    suite: str | None,
+    config: Path | None,
+    model: str | None,
+    store: Path | None,
+    no_store: bool,
+) -> None:
+    """A torchrun rank other than 0: measure with the others and hand rank 0 the figures;
+    nothing on stdout, no progress, nothing stored (rank 0 does all three)."""
+    from whichgpu.api import answer_bench
+
+    if store is not None and no_store:
+        raise UsageError("Give --store FILE or --no-store, not both.")
+    entries = _entries(workloads, suite, config, model)
+    failed = False
+    for entry in entries:
+        request = r.bench_request(
+            ctx,
+            entry.workload if entry is not _OWN else None,
+            precision=entry.precision,
+            seq_len=entry.seq_len,
+        )
+        try:
+            answer_bench(request)
+        except (BenchError, WorkloadError) as exc:  # as rank 0 does: the others go on
+            if len(entries) == 1:
+                raise
+            failed = True
+            emit_error(f"rank {group.rank}: {entry.workload}: {error_message(exc)}")
+    if failed:
+        raise typer.Exit(1)
+
+
+@contextlib.contextmanager
+def _as_rank(group: TorchrunGroup) -> Iterator[None]:
+    """A torchrun rank other than 0 fails on stderr only, its rank named (stdout stays
+    empty, even under --json: rank 0's document is the run's)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    except WhichGpuError as exc:
+        emit_error(f"rank {group.rank}: {error_message(exc)}")
+        usage = isinstance(exc, (UsageError, WorkloadError, GpuLookupError))
+        raise typer.Exit(2 if usage else 1) from None
+
+
+def _bench(
+    ctx: typer.Context,
+    workloads: list[str] | None,
+    suite: str | None,
+    config: Path | None,
+    model: str | None,
+    device: str,
+    store: Path | None,
+    no_store: bool,
+    json: bool,
+) -> None:
+    """The bench of one process (rank 0 of a torchrun group): progress on stderr, each result
+    stored as it is measured, then all of them on stdout."""
     from whichgpu.api import answer_bench
     from whichgpu.store import ResultStore
 
