@@ -51,7 +51,9 @@ def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterato
     yield config
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str, env: dict[str, str] | None = None, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run ``python -m whichgpu ARGS`` in a child process, as a user would who pipes its output
     (the terminal width of the test runner, which parallel workers set, is not passed on)."""
     inherited = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
@@ -62,5 +64,5 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
         text=True,
         env=full_env,
         check=False,
-        timeout=120,
+        timeout=timeout_s,
     )

@@ -538,10 +538,16 @@ class RunConfig(_Frozen):
     concurrency: int = 1
     """Inference: sequences served at once."""
     gpus: int = 1
-    """GPUs of one node: training, data parallel (each takes ``batch_size`` samples);
-    inference, one model served tensor parallel across them (``batch_size`` sequences in all)."""
+    """GPUs of the run: training, data parallel (each takes ``batch_size`` samples), beyond
+    one node's 8 in nodes of 8 joined by ``network``; inference, one model served tensor
+    parallel across them (``batch_size`` sequences in all), within one node."""
     sharding: Sharding = "ddp"
     """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
+    network: str | None = None
+    """Training on more GPUs than one node holds: the fabric between the nodes, by its id in
+    ``estimate/data/links.json``'s ``fabrics`` (``ib-ndr``, ``ib-hdr``, ``roce-1600``); None =
+    the default fabric, InfiniBand NDR (``ib-ndr``), which the prediction's assumptions then
+    name. No effect on one node."""
 
     def parallelism(self) -> str:
         """How the run's GPUs share it, in words: ``tensor parallel`` for inference (one model

@@ -15,10 +15,13 @@ from whichgpu.cost import build_checks
 from whichgpu.errors import UsageError
 from whichgpu.estimate import prediction
 from whichgpu.estimate.data_parallel import (
+    check_gpu_count,
     data_parallel_step,
     exchange_bytes,
+    get_fabric,
     gpu_link,
     load_links,
+    node_count,
 )
 from whichgpu.estimate.throughput import OpTable, split_work
 from whichgpu.units import GB
@@ -107,26 +110,105 @@ def test_predict_cli_on_four_gpus() -> None:
     assert 0 < row["scaling_efficiency"] <= 1
 
 
-def test_speed_questions_stop_at_one_machine() -> None:
-    # the link figures describe one machine; the cost data's largest build is that machine
+def test_recommend_stops_at_one_machine_and_fit_takes_any_count() -> None:
+    # recommend prices and ranks machines: the cost data's largest build is one node
     from whichgpu.catalog.cost_data import shipped_cost_data
 
     most = load_links().max_gpus_per_node
     assert most == max(b.gpus for b in shipped_cost_data().build_classes)
-    for args in (
-        ("predict", "resnet50", "--gpus", str(most + 1)),
-        ("recommend", "resnet50", "--rent", "--gpus", "16"),
-    ):
-        result = run_cli(*args, "--json")
-        assert result.returncode == 2, result.stderr
-        assert json.loads(result.stdout)["error"]["exit_code"] == 2
-        assert f"at most {most}" in result.stderr and "whichgpu fit" in result.stderr
-        assert "Traceback" not in result.stderr
+    result = run_cli("recommend", "resnet50", "--rent", "--gpus", "16", "--json")
+    assert result.returncode == 2, result.stderr
+    assert json.loads(result.stdout)["error"]["exit_code"] == 2
+    assert f"at most {most}" in result.stderr and "whichgpu fit" in result.stderr
+    assert "--network" in result.stderr and "Traceback" not in result.stderr
     # a range stops at one machine; fit answers per GPU for any count
     ranking = wg.recommend("resnet50", acquire="rent", gpu_count="4-16", gpus=["h100-sxm"])
     assert sorted({c.count for c in ranking.ranking}) == [4, 8]
     (wide,) = wg.fit("llama-3.1-70b", gpus=["h100-sxm"], gpu_count=64, sharding="zero3")
     assert wide.gpus == 64
+
+
+def test_fabrics_are_sourced_catalog_data() -> None:
+    links = load_links()
+    assert links.default_fabric == "ib-ndr"
+    rates = {k: (f.gbit_per_s_per_gpu, f.bytes_per_s_per_gpu) for k, f in links.fabrics.items()}
+    assert rates["ib-ndr"] == (400, 50 * GB)
+    assert rates["ib-hdr"] == rates["roce-1600"] == (200, 25 * GB)
+    assert all(f.source and f.name for f in links.fabrics.values())
+    assert 0 < links.bus_efficiency["network"] <= 1
+    assert links.bus_efficiency_sources["network"]
+    assert get_fabric(None) == links.fabrics["ib-ndr"]
+    assert get_fabric(" IB-HDR ").id == "ib-hdr"
+
+
+def test_exchange_across_nodes_is_bound_by_the_fabric() -> None:
+    catalog, links = load_catalog(), load_links()
+    share = links.bus_efficiency["network"]
+    a100 = catalog.resolve("a100-sxm4-80gb")
+    node, hdr = gpu_link(a100, 8), gpu_link(a100, 16, network="ib-hdr")
+    # the node's 8 NICs carry the ring together, at NCCL's share of their peak
+    assert hdr.kind == "network" and "2 nodes of 8" in hdr.description
+    assert hdr.bus_bytes_per_s == pytest.approx(8 * 25 * GB * share)
+    assert hdr.bus_bytes_per_s < node.bus_bytes_per_s
+    # the bandwidth part of an exchange grows by the ring's bytes and the ratio of the rates
+    grads, params = 16 * 10**9, 8 * 10**9
+    args = (1.0, 0.5, grads, params, a100)
+    on_node = data_parallel_step(*args, 8, "fsdp")
+    across = data_parallel_step(*args, 16, "fsdp", network="ib-hdr")
+    ratio = (15 / 16) / (7 / 8) * node.bus_bytes_per_s / hdr.bus_bytes_per_s
+    assert across.exchange_s == pytest.approx(on_node.exchange_s * ratio)
+    assert across.exchange_s > on_node.exchange_s
+    # H100s on NDR: 8 NICs of 50 GB/s outrun NVLink 4's ring, which then sets the pace
+    h100 = catalog.resolve("h100-sxm")
+    ndr = gpu_link(h100, 16)
+    assert ndr.bus_bytes_per_s == gpu_link(h100, 8).bus_bytes_per_s
+    assert "InfiniBand NDR" in ndr.description and "node's link sets the pace" in ndr.description
+    h100_hdr = gpu_link(h100, 16, network="ib-hdr")
+    assert h100_hdr.bus_bytes_per_s < ndr.bus_bytes_per_s
+    assert data_parallel_step(1.0, 0.5, grads, params, h100, 16, "ddp", network="ib-hdr")
+    assert node_count(64) == 8 and node_count(8) == 1
+
+
+def test_runs_that_cannot_be_timed_across_nodes_are_refused() -> None:
+    check_gpu_count(4096)
+    with pytest.raises(UsageError, match="at most 4,096"):
+        check_gpu_count(8192)
+    with pytest.raises(UsageError, match="ask about 8 or 16 GPUs"):
+        check_gpu_count(12)
+    with pytest.raises(UsageError, match="tensor parallel"):
+        check_gpu_count(16, "inference")
+    with pytest.raises(UsageError, match=r"ib-ndr.*ib-hdr.*roce-1600"):
+        check_gpu_count(16, network="ethernet-10g")
+    with pytest.raises(UsageError, match="not a known fabric"):
+        wg.predict("gpt2", gpus=["h100-sxm"], gpu_count=16, network="token-ring")
+    with pytest.raises(UsageError, match="not a known fabric"):
+        wg.fit("gpt2", gpus=["h100-sxm"], gpu_count=16, network="token-ring")
+    for args in (("--gpus", "9"), ("--gpus", "16", "--mode", "inference")):
+        result = run_cli("predict", "gpt2", "--gpu", "h100-sxm", *args, "--json")
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_predict_across_nodes_names_the_fabric() -> None:
+    (row,) = wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=64, sharding="fsdp")
+    assert row.n_gpus == 64 and row.link is not None and "8 nodes of 8" in row.link
+    note = next(a for a in row.assumptions if "nodes of 8" in a)
+    assert "InfiniBand NDR (ib-ndr; the default fabric" in note and "400 Gb/s" in note
+    assert row.scaling_efficiency is not None and 0 < row.scaling_efficiency <= 1
+    (eight,) = wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=8, sharding="fsdp")
+    assert not any("nodes of 8" in a for a in eight.assumptions)
+
+
+def test_predict_cli_across_nodes_on_a_named_fabric() -> None:
+    result = run_cli(
+        "predict", "llama-3.1-8b", "--gpu", "h100-sxm", "--gpus", "16", "--sharding", "fsdp",
+        "--network", "ib-hdr", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (row,) = json.loads(result.stdout)
+    assert row["n_gpus"] == 16 and row["run"]["network"] == "ib-hdr"
+    assert row["link"].startswith("2 nodes of 8 on InfiniBand HDR (ib-hdr)")
+    assert any("InfiniBand HDR (ib-hdr): 200 Gb/s" in a for a in row["assumptions"])
 
 
 def test_tensor_parallel_serving_splits_weights_and_cache_and_adds_all_reduces() -> None:

@@ -45,11 +45,12 @@ def test_grid_rounding_and_steps() -> None:
 def test_cli_validate_memory_json() -> None:
     # every reference but the H200's, which traces two runs nothing ships a profile for
     sources = ("--source", "lambda2020", "--source", "own", "--source", "llm-foundry")
-    result = run_cli("validate", "memory", *sources, "--json")
+    # the compiled runs of the own measurements trace AOTAutograd's partitions: minutes on CI
+    result = run_cli("validate", "memory", *sources, "--json", timeout_s=400)
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["sources"] == ["lambda2020", "own", "llm-foundry"]
-    assert len(doc["fsdp_runs"]) == 14 and doc["gpu_runs"] == []
+    assert len(doc["fsdp_runs"]) == 27 and doc["gpu_runs"] == []
     assert doc["summaries"][0]["source"] == "lambda2020"
     assert {s["source"] for s in doc["summaries"]} == {"lambda2020", "own", "llm-foundry"}
     assert len(doc["cases"]) == 96
@@ -75,7 +76,9 @@ def test_cli_validate_memory_json() -> None:
 
 
 def test_cli_validate_memory_table() -> None:
-    result = run_cli("validate", "memory", "--source", "lambda2020", "--source", "own")
+    result = run_cli(
+        "validate", "memory", "--source", "lambda2020", "--source", "own", timeout_s=400
+    )
     assert result.returncode == 0, result.stderr
     assert "Summary per reference" in result.stdout and "llm-foundry" not in result.stdout
     assert "cases compared" in result.stdout and "Assumptions" in result.stdout

@@ -23,6 +23,7 @@ from whichgpu.validate.llm_foundry import (
     foundry_memory,
     foundry_runs,
     foundry_throughput,
+    validated_runs,
 )
 from whichgpu.validate.memory import validate_memory
 from whichgpu.validate.summary import SOURCES, chosen_sources, error_summary
@@ -72,9 +73,14 @@ def test_h200_cases_are_compared_with_fit_and_predict_for_the_h200() -> None:
 
 def test_llm_foundry_table_and_configs_agree() -> None:
     rows = foundry_runs()
-    assert len(rows) == 106 and {r.n_gpus for r in rows} == {8}
-    compared = compared_runs()
-    assert len(compared) == 14
+    assert len(rows) == 119 and {r.n_gpus for r in rows} == {8, 16, 32, 64}
+    compared = compared_runs()  # on one node: the rows the constants are fitted on
+    assert len(compared) == 14 and all(r.n_gpus == 8 and r.network is None for r in compared)
+    # on 16 to 64 H100s: nodes of 8 on the default fabric (the README names none)
+    across = [r for r in validated_runs() if not r.one_node]
+    assert len(across) == 13 and {r.gpu for r in across} == {"h100-sxm"}
+    assert all(r.network is None and r.run.gpus == r.n_gpus for r in across)
+    assert {r.model for r in across} == {"mpt-30b", "mpt-13b", "mpt-3b", "mpt-1b", "mpt-760m"}
     assert {r.gpu for r in compared} == {"a100-sxm4-80gb", "h100-sxm"}
     assert all(r.seq_len == 2048 and r.precision == "amp_bf16" for r in compared)
     assert [r.activation_checkpointing for r in compared].count(True) == 2  # mpt-30b
@@ -134,13 +140,27 @@ def test_summaries_and_source_choice() -> None:
         chosen_sources(["h100"])
     only = validate_memory(sources=("llm-foundry",))
     assert only.cases == () and only.measured == () and only.gpu_runs == ()
-    assert len(only.fsdp_runs) == 14 and only.sources == ("llm-foundry",)
+    assert len(only.fsdp_runs) == 27 and only.sources == ("llm-foundry",)
     (line,) = only.summaries
     refused = sum(c.fits is False for c in only.fsdp_runs)
-    assert line.cases == 14 and line.note.startswith(f"{refused} of 14 runs that ran")
+    assert line.cases == 27 and line.note.startswith(f"{refused} of 27 runs that ran")
 
 
 def test_cli_validate_memory_rejects_an_unknown_source() -> None:
     result = run_cli("validate", "memory", "--source", "nope", "--json")
     assert result.returncode == 2 and "lambda2020" in result.stderr
     assert "error" in json.loads(result.stdout)
+
+
+def test_llm_foundry_rows_on_several_nodes_are_predicted_on_their_fabric() -> None:
+    import dataclasses
+
+    run = next(r for r in validated_runs() if r.model == "mpt-760m" and r.n_gpus == 16)
+    assert run.case == "mpt-760m 16x h100_80gb s2048 mb24"
+    (timed,) = foundry_throughput([run])
+    assert timed.run.gpus == 16 and timed.run.network is None  # the default fabric
+    assert timed.measured == 68551 and timed.predicted is not None
+    # the A100 table's runs on several nodes had its RoCE fabric
+    roce = dataclasses.replace(run, table="A100 80GB with 1600 Gbps node-node interconnect (RoCE)")
+    assert roce.network == "roce-1600" and roce.run.network == "roce-1600"
+    assert dataclasses.replace(roce, n_gpus=8).run.network is None

@@ -77,6 +77,7 @@ class RunOptions:
     new_tokens: int | None = None
     concurrency: int | None = None
     sharding: str | None = None
+    network: str | None = None
 
     @classmethod
     def of(cls, options: Mapping[str, Any]) -> RunOptions:

@@ -129,7 +129,9 @@ class CompiledSaving:
     by batch and sequence length: AOTAutograd's min-cut partition of the step against the
     default partition (``trace.compiled``), traced on fake tensors at batch 1 and 2 of the
     run's length on first use, and taken as linear in the tokens (batch x length) from there,
-    as a step's saved activations are (fused attention keeps no score matrix)."""
+    as a step's saved activations are (fused attention keeps no score matrix). Not
+    proportional: a small part does not grow with the batch, which a proportional reading of
+    one trace would count once per sample, overstating the saving."""
 
     def __init__(
         self,
@@ -151,7 +153,7 @@ class CompiledSaving:
         self._run = run
         self._progress = progress
         self._traced: tuple[int, int] | None = None
-        """Bytes saved at batch 1 and at batch 2 of the run's length."""
+        """Bytes not saved at batch 1 and at batch 2 of the run's length."""
 
     def __call__(self, batch_size: int, seq_len: int | None) -> int:
         """Bytes not saved at ``batch_size`` x ``seq_len``."""
@@ -240,13 +242,16 @@ def ask(
     one_node: bool = False,
 ) -> Asked:
     """The preamble ``fit`` and ``predict`` share: check ``run`` against the workload (and,
-    with ``one_node``, that its GPUs fit in one machine, as speed questions need), resolve
-    the GPUs and the software stack, and prepare the step."""
+    with ``one_node``, that its GPUs are a count whose speed can be timed: one node, or
+    training on nodes of 8 over a known fabric), resolve the GPUs and the software stack,
+    and prepare the step."""
     check_for_workload(run, chosen.info)
-    if one_node:
-        from whichgpu.estimate.data_parallel import check_one_node
+    from whichgpu.estimate.data_parallel import check_gpu_count, get_fabric
 
-        check_one_node(run.gpus)
+    if one_node:
+        check_gpu_count(run.gpus, run.mode, run.network)
+    elif run.network is not None:
+        get_fabric(run.network)
     targets = resolve_gpus(gpus)
     software = get_stack(stack)
     step = prepare(chosen, run, config, progress)

@@ -52,6 +52,7 @@ def fit(
     lora_targets: o.LoraTargetsOption = None,
     gpus: o.FitGpusOption = None,
     sharding: o.ShardingOption = None,
+    network: o.NetworkOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,

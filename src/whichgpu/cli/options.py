@@ -218,10 +218,11 @@ GpusOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
         "--gpus",
-        help="GPUs of one machine, at most 8 (default 1). Training runs data parallel: the "
-        "batch is each GPU's own (global batch = GPUs x batch), --sharding splits the model "
-        "state. Inference serves one copy of a language model tensor parallel. Throughput is "
-        "of all of them together.",
+        help="GPUs working together (default 1). Training runs data parallel: the batch is "
+        "each GPU's own (global batch = GPUs x batch), --sharding splits the model state; "
+        "beyond one machine's 8, in machines of 8 joined by --network (a multiple of 8, at "
+        "most 4096). Inference serves one copy of a language model tensor parallel, within "
+        "one machine. Throughput is of all of them together.",
         rich_help_panel=_RUN,
     ),
 ]
@@ -254,6 +255,16 @@ ShardingOption = Annotated[
         help="What the --gpus split: ddp (nothing; DDP adds gradient buckets; default), zero2 "
         "(gradients and optimizer state), zero3 or fsdp (parameters too, gathered a layer at "
         "a time).",
+        rich_help_panel=_RUN,
+    ),
+]
+NetworkOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--network",
+        help="With more --gpus than one machine holds (8): the network between the machines "
+        "(nodes of 8, one NIC per GPU): ib-ndr (InfiniBand NDR, 400 Gb/s per GPU; default), "
+        "ib-hdr (InfiniBand HDR, 200 Gb/s), roce-1600 (RoCE, 1600 Gb/s per node).",
         rich_help_panel=_RUN,
     ),
 ]

@@ -42,6 +42,7 @@ def predict(
     lora_targets: o.LoraTargetsOption = None,
     gpus: o.GpusOption = None,
     sharding: o.ShardingOption = None,
+    network: o.NetworkOption = None,
     calibrate: Annotated[
         Optional[str],  # noqa: UP045
         typer.Option(

@@ -71,6 +71,7 @@ def recommend(
     lora_rank: o.LoraRankOption = None,
     lora_targets: o.LoraTargetsOption = None,
     sharding: o.ShardingOption = None,
+    network: o.NetworkOption = None,
     context: o.ContextOption = None,
     new_tokens: o.NewTokensOption = None,
     concurrency: o.SearchConcurrencyOption = None,

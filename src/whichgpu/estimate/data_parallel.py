@@ -1,4 +1,4 @@
-"""Training on N GPUs of one node, data parallel: what the gradient exchange adds to a step.
+"""Training on N GPUs, data parallel: what the gradient exchange adds to a step.
 
 Each GPU runs the one-GPU step on its own batch; the GPUs then average their gradients with a
 ring all-reduce (NCCL), which sends ``2 (N - 1) / N`` of the gradient bytes over each GPU's
@@ -10,6 +10,13 @@ the machine's platform gives each card (the build class for N GPUs, as ``whichgp
 prices and checks it: a desktop's 16 GPU lanes are x8 each for two cards); its rate is the
 peak per direction times the share NCCL reaches on such links (``data/links.json``, with
 sources).
+
+More GPUs than one node holds (``max_gpus_per_node``, 8) are nodes of that many joined by a
+network fabric (``fabrics`` in ``data/links.json``: InfiniBand NDR by default), rail-optimised,
+one NIC per GPU. NCCL then runs one ring per NIC, each crossing every node's boundary once on
+its own NIC, so the node's NICs together carry the ring: the ring's rate is the slowest of the
+in-node link and the node's NICs at the share of their peak NCCL reaches; the bytes each GPU
+sends are the ring's, as on one node. Tensor parallel across nodes is not modelled.
 
 DDP starts reducing a bucket of gradients as soon as backward has produced it, so the exchange
 hides behind backward except for what does not fit in it and for the last bucket, which can
@@ -27,7 +34,7 @@ from importlib import resources
 from typing import Any
 
 from whichgpu.catalog.cost_data import build_class_for, pcie_lanes_per_gpu
-from whichgpu.errors import MissingRates, UsageError
+from whichgpu.errors import MissingRates, UsageError, option
 from whichgpu.schema import FormFactor, GpuSpec, Interconnect, Sharding
 from whichgpu.units import GB
 
@@ -53,7 +60,30 @@ class LinkData:
     all_reduce_floor_source: str
     """Where that floor comes from."""
     max_gpus_per_node: int
-    """Most GPUs of one machine that the link figures describe."""
+    """Most GPUs of one machine that the link figures describe: the node size of a run on
+    several nodes."""
+    max_gpus: int
+    """Most GPUs of a run, over all its nodes."""
+    fabrics: dict[str, Fabric]
+    """The networks between nodes, by id."""
+    default_fabric: str
+    """The fabric assumed when none is named."""
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """A network between nodes, rail-optimised: one NIC per GPU."""
+
+    id: str
+    """``ib-ndr``, ``ib-hdr``, ``roce-1600`` ..."""
+    name: str
+    """In words."""
+    gbit_per_s_per_gpu: float
+    """Each GPU's NIC, Gb/s per direction."""
+    bytes_per_s_per_gpu: float
+    """The same in bytes/s."""
+    source: str
+    """Where the rate comes from."""
 
 
 @cache
@@ -69,20 +99,80 @@ def load_links() -> LinkData:
         all_reduce_floor_s=float(doc["all_reduce_floor_s"]),
         all_reduce_floor_source=str(doc["all_reduce_floor_source"]),
         max_gpus_per_node=int(doc["max_gpus_per_node"]),
+        max_gpus=int(doc["max_gpus"]),
+        fabrics={
+            key: Fabric(
+                id=key,
+                name=str(f["name"]),
+                gbit_per_s_per_gpu=float(f["gbit_per_s_per_gpu"]),
+                bytes_per_s_per_gpu=float(f["gbyte_per_s_per_gpu"]) * GB,
+                source=str(f["source"]),
+            )
+            for key, f in doc["fabrics"].items()
+        },
+        default_fabric=str(doc["default_fabric"]),
     )
 
 
+def get_fabric(network: str | None, links: LinkData | None = None) -> Fabric:
+    """The fabric ``network`` names (None: the default, InfiniBand NDR)."""
+    data = links or load_links()
+    key = data.default_fabric if network is None else network.strip().lower()
+    if key not in data.fabrics:
+        known = ", ".join(f"{k} ({f.name})" for k, f in data.fabrics.items())
+        raise UsageError(f"{option('network')} '{network}' is not a known fabric; known: {known}.")
+    return data.fabrics[key]
+
+
+def node_count(gpus: int, links: LinkData | None = None) -> int:
+    """Nodes ``gpus`` GPUs take (1 up to a node's size)."""
+    size = (links or load_links()).max_gpus_per_node
+    return max(1, -(-gpus // size))
+
+
+def check_gpu_count(
+    gpus: int, mode: str = "train", network: str | None = None, links: LinkData | None = None
+) -> None:
+    """Refuse a speed question about ``gpus`` GPUs that whichgpu cannot time: more than
+    ``max_gpus``, several nodes of a count their size does not divide, serving across nodes,
+    or an unknown fabric."""
+    data = links or load_links()
+    get_fabric(network, data)
+    size = data.max_gpus_per_node
+    if gpus > data.max_gpus:
+        raise UsageError(
+            f"{option('gpu_count')} {gpus}: whichgpu times data-parallel runs of at most "
+            f"{data.max_gpus:,} GPUs; beyond that hierarchical collectives and several kinds "
+            "of parallelism set the pace, which it does not model."
+        )
+    if gpus <= size:
+        return
+    if mode == "inference":
+        raise UsageError(
+            f"{option('gpu_count')} {gpus}: serving spreads one model tensor parallel across its "
+            f"GPUs, which whichgpu models within one node only (at most {size} GPUs); ask about "
+            f"{size} or fewer and run several copies for more throughput."
+        )
+    if gpus % size:
+        lower, upper = gpus // size * size, -(-gpus // size) * size
+        raise UsageError(
+            f"{option('gpu_count')} {gpus}: across nodes the GPUs are nodes of {size}, and {size} "
+            f"does not divide {gpus}; ask about {lower} or {upper} GPUs ({lower // size} or "
+            f"{upper // size} nodes)."
+        )
+
+
 def check_one_node(gpus: int, links: LinkData | None = None) -> None:
-    """Refuse a data-parallel speed question about more GPUs than one machine holds: between
-    machines the network sets the pace, and no figure here describes it."""
+    """Refuse a question about more GPUs than one machine holds where the answer prices
+    machines (``recommend`` ranks one machine's GPUs); ``predict`` and ``fit`` answer for
+    several nodes (``check_gpu_count``)."""
     most = (links or load_links()).max_gpus_per_node
     if gpus > most:
         raise UsageError(
-            f"--gpus {gpus}: speed and price are modelled for the GPUs of one machine, at most "
-            f"{most}; across machines the network between them sets the pace, which whichgpu "
-            f"does not model. Ask about one machine (--gpus {most} or fewer) and multiply by "
-            "the machines you plan, or use whichgpu fit, whose memory per GPU holds for any "
-            "count."
+            f"--gpus {gpus}: machines are priced and ranked for the GPUs of one machine, at "
+            f"most {most}. Ask about one machine (--gpus {most} or fewer) and multiply by the "
+            f"machines you plan; whichgpu predict --gpus {gpus} --network times them across "
+            "nodes, and whichgpu fit answers per GPU for any count."
         )
 
 
@@ -91,7 +181,8 @@ class Link:
     """The link a GPU exchanges gradients over, in a node of ``n_gpus``."""
 
     kind: str
-    """``nvswitch`` (every GPU on the fast link), ``bridge`` (a bridged pair), ``pcie``."""
+    """``nvswitch`` (every GPU on the fast link), ``bridge`` (a bridged pair), ``pcie``, or
+    ``network`` (nodes joined by a fabric)."""
     description: str
     """In words, e.g. ``NVLink 4, 450 GB/s per direction``."""
     peak_bytes_per_s: float
@@ -100,9 +191,15 @@ class Link:
     """Rate the all-reduce reaches (peak x the link kind's efficiency)."""
 
 
-def gpu_link(gpu: GpuSpec, n_gpus: int, links: LinkData | None = None) -> Link:
-    """The link ``n_gpus`` GPUs like ``gpu`` in one node exchange gradients over."""
+def gpu_link(
+    gpu: GpuSpec, n_gpus: int, links: LinkData | None = None, network: str | None = None
+) -> Link:
+    """The link ``n_gpus`` GPUs like ``gpu`` exchange gradients over: in one node, the GPUs'
+    own; across nodes (``network``: the fabric's id, None the default), the slower of the
+    in-node link and the fabric, whose NICs in a node carry the ring together."""
     data = links or load_links()
+    if n_gpus > data.max_gpus_per_node:
+        return _network_link(gpu, n_gpus, data, network)
     fast = gpu.interconnect in _FAST_LINKS and gpu.interconnect_bandwidth_gbps
     if fast and gpu.interconnect_bandwidth_gbps is not None:
         per_direction = gpu.interconnect_bandwidth_gbps / 2 * GB
@@ -148,6 +245,24 @@ def gpu_link(gpu: GpuSpec, n_gpus: int, links: LinkData | None = None) -> Link:
     )
 
 
+def _network_link(gpu: GpuSpec, n_gpus: int, data: LinkData, network: str | None) -> Link:
+    size = data.max_gpus_per_node
+    fabric = get_fabric(network, data)
+    inside = gpu_link(gpu, size, data)
+    share = data.bus_efficiency["network"]
+    node_peak = size * fabric.bytes_per_s_per_gpu
+    nodes = node_count(n_gpus, data)
+    bound = "the network" if node_peak * share < inside.bus_bytes_per_s else "the node's link"
+    return Link(
+        kind="network",
+        description=f"{nodes} nodes of {size} on {fabric.name} ({fabric.id}), "
+        f"{fabric.gbit_per_s_per_gpu:,.0f} Gb/s ({fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s) "
+        f"per GPU per direction, in the node {inside.description}; {bound} sets the pace",
+        peak_bytes_per_s=min(node_peak, inside.peak_bytes_per_s),
+        bus_bytes_per_s=min(node_peak * share, inside.bus_bytes_per_s),
+    )
+
+
 def exchange_bytes(
     gradient_bytes: int, parameter_bytes: int, n_gpus: int, sharding: Sharding
 ) -> float:
@@ -184,10 +299,12 @@ def data_parallel_step(
     n_gpus: int,
     sharding: Sharding,
     links: LinkData | None = None,
+    network: str | None = None,
 ) -> DataParallelStep:
-    """Step time on each of ``n_gpus`` GPUs like ``gpu`` training together."""
+    """Step time on each of ``n_gpus`` GPUs like ``gpu`` training together (across nodes over
+    the fabric ``network`` names, None the default)."""
     data = links or load_links()
-    link = gpu_link(gpu, n_gpus, data)
+    link = gpu_link(gpu, n_gpus, data, network)
     exchange_s = exchange_bytes(gradient_bytes, parameter_bytes, n_gpus, sharding) / (
         link.bus_bytes_per_s
     )
@@ -207,3 +324,18 @@ def all_reduce_s(nbytes: float, n_gpus: int, link: Link, links: LinkData | None 
         return 0.0
     moved = 2 * (n_gpus - 1) / n_gpus * nbytes / link.bus_bytes_per_s
     return max(moved, data.all_reduce_floor_s)
+
+
+def network_note(n_gpus: int, network: str | None, links: LinkData | None = None) -> str:
+    """The assumption a run across nodes rests on, in words (empty on one node)."""
+    data = links or load_links()
+    if n_gpus <= data.max_gpus_per_node:
+        return ""
+    fabric = get_fabric(network, data)
+    default = "; the default fabric, --network names another" if network is None else ""
+    return (
+        f"{n_gpus} GPUs in {node_count(n_gpus, data)} nodes of {data.max_gpus_per_node} joined "
+        f"by {fabric.name} ({fabric.id}{default}): {fabric.gbit_per_s_per_gpu:,.0f} Gb/s "
+        f"({fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s) per GPU per direction, one NIC per "
+        f"GPU, NCCL's ring reaching {data.bus_efficiency['network']:.0%} of it"
+    )

@@ -20,6 +20,7 @@ from whichgpu.estimate.data_parallel import (
     data_parallel_step,
     gpu_link,
     load_links,
+    network_note,
 )
 from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.paged import paging_seconds, speed_note
@@ -452,7 +453,11 @@ class ThroughputPredictor:
                 gpu,
                 self.run.gpus,
                 self.run.sharding,
+                network=self.run.network,
             )
+            across = network_note(self.run.gpus, self.run.network)
+            if across:
+                assumptions += (across,)
             exposed_s = parallel.exposed_s * exchanges
             seconds = step.step_time_s + exposed_s
             scaling = step.step_time_s / seconds

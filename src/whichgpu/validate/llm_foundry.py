@@ -2,9 +2,10 @@
 
 The table (``data/llm-foundry/mpt-benchmarks.csv``, provenance in the README beside it) gives,
 for MPT models of 125M to 30B parameters trained with FSDP (``FULL_SHARD``) on 8 A100 80GB or
-8 H100 80GB, the micro-batch per GPU, activation checkpointing, and the tokens/s reached. A
+8 H100 80GB (and on 16 to 64 H100s: nodes of 8 joined by a network, ``MULTI_NODE_FABRICS``),
+the micro-batch per GPU, activation checkpointing, and the tokens/s reached. A
 run in the table ran, so its micro-batch fitted: ``validate memory`` asks ``fit`` whether it
-does for one of the 8 GPUs (``sharding="fsdp"``) and counts the runs it refuses;
+does for one of the run's GPUs (``sharding="fsdp"``) and counts the runs it refuses;
 ``validate throughput`` compares ``predict``'s tokens/s per GPU (timed as if it fitted where
 ``fit`` refuses, ``timing.predict_even_if_unfit``) with the table's.
 
@@ -72,6 +73,17 @@ PRECISIONS = {"amp_bf16": "bf16"}
 """The table's precisions compared, and whichgpu's names for them (``amp_fp8`` rows are not
 compared)."""
 
+NODE_GPUS = 8
+"""GPUs of one of the table's nodes."""
+
+MULTI_NODE_FABRICS = {
+    "H100 80GB BF16": None,
+    "A100 80GB with 1600 Gbps node-node interconnect (RoCE)": "roce-1600",
+}
+"""The network between the nodes of each table's runs on more than one node, by table: the
+fabric's id in ``estimate/data/links.json`` (None: the default, InfiniBand NDR: the README
+names no interconnect for its H100 runs)."""
+
 COMPARED_SEQ_LEN = 2048
 """The sequence length of the rows compared: the configs' ``n_positions``."""
 
@@ -110,6 +122,20 @@ class FoundryRun:
     """Model FLOPs utilisation the table states, fraction."""
     num_params: int
     """Parameters the table counts."""
+    table: str = ""
+    """The table (section of the README) the row is in."""
+
+    @property
+    def network(self) -> str | None:
+        """The fabric between the run's nodes (None: one node, or the default fabric)."""
+        if self.n_gpus <= NODE_GPUS:
+            return None
+        return MULTI_NODE_FABRICS.get(self.table)
+
+    @property
+    def one_node(self) -> bool:
+        """Whether the run is on one node (the rows the throughput constants are fitted on)."""
+        return self.n_gpus <= NODE_GPUS
 
     @property
     def gpu(self) -> str:
@@ -148,6 +174,7 @@ class FoundryRun:
             checkpointing=self.activation_checkpointing,
             gpus=self.n_gpus,
             sharding="fsdp",
+            network=self.network,
             optimizer_impl="for-loop",
             loss_kernel="fused",
         )
@@ -176,13 +203,21 @@ def foundry_runs() -> list[FoundryRun]:
             tokens_per_s_per_gpu=float(row["throughput_tokens_per_s_per_gpu"]),
             mfu=float(row["mfu_percent"]) / 100,
             num_params=int(row["num_params"]),
+            table=row["table"],
         )
         for row in csv.DictReader(text.splitlines())
     ]
 
 
 def compared_runs() -> list[FoundryRun]:
-    """The rows compared (``FoundryRun.compared``)."""
+    """The rows compared on one node (``FoundryRun.compared``, ``one_node``): the rows the
+    throughput constants are fitted on (``scripts/fit_throughput.py``)."""
+    return [r for r in foundry_runs() if r.compared and r.one_node]
+
+
+def validated_runs() -> list[FoundryRun]:
+    """Every row compared, on one node and on several (``FoundryRun.compared``): what
+    ``validate`` asks of ``fit`` and ``predict``."""
     return [r for r in foundry_runs() if r.compared]
 
 
@@ -300,11 +335,12 @@ def trace_profiles(out: Path, progress: Callable[[str], None] | None = None) -> 
 def foundry_memory(
     runs: list[FoundryRun] | None = None, progress: Callable[[str], None] | None = None
 ) -> list[FsdpFitCase]:
-    """``fit`` for one GPU of every compared run (default: every compared row)."""
+    """``fit`` for one GPU of every compared run (default: every compared row, on one node
+    and on several)."""
     from whichgpu.api import fit
 
     out = []
-    for r in compared_runs() if runs is None else runs:
+    for r in validated_runs() if runs is None else runs:
         if progress is not None:
             progress(r.case)
         base: dict[str, Any] = {"source": SOURCE, "model": r.model, "gpu": r.gpu, "run": r.run}
@@ -330,9 +366,10 @@ def foundry_memory(
 def foundry_throughput(
     runs: list[FoundryRun] | None = None, progress: Callable[[str], None] | None = None
 ) -> list[ReferenceThroughputCase]:
-    """``predict``'s tokens/s per GPU for every compared run (default: every compared row)."""
+    """``predict``'s tokens/s per GPU for every compared run (default: every compared row, on
+    one node and on several)."""
     out = []
-    for r in compared_runs() if runs is None else runs:
+    for r in validated_runs() if runs is None else runs:
         if progress is not None:
             progress(r.case)
         base: dict[str, Any] = {
