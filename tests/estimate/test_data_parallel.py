@@ -147,7 +147,7 @@ def test_exchange_across_nodes_is_bound_by_the_fabric() -> None:
     a100 = catalog.resolve("a100-sxm4-80gb")
     node, hdr = gpu_link(a100, 8), gpu_link(a100, 16, network="ib-hdr")
     # the node's 8 NICs carry the ring together, at NCCL's share of their peak
-    assert hdr.kind == "network" and "2 nodes of 8" in hdr.description
+    assert hdr.kind == "network" and "2 x 8 over" in hdr.description
     assert hdr.bus_bytes_per_s == pytest.approx(8 * 25 * GB * share)
     assert hdr.bus_bytes_per_s < node.bus_bytes_per_s
     # the bandwidth part of an exchange grows by the ring's bytes and the ratio of the rates
@@ -162,7 +162,7 @@ def test_exchange_across_nodes_is_bound_by_the_fabric() -> None:
     h100 = catalog.resolve("h100-sxm")
     ndr = gpu_link(h100, 16)
     assert ndr.bus_bytes_per_s == gpu_link(h100, 8).bus_bytes_per_s
-    assert "InfiniBand NDR" in ndr.description and "node's link sets the pace" in ndr.description
+    assert "ib-ndr" in ndr.description and "node's link sets the pace" in ndr.description
     h100_hdr = gpu_link(h100, 16, network="ib-hdr")
     assert h100_hdr.bus_bytes_per_s < ndr.bus_bytes_per_s
     assert data_parallel_step(1.0, 0.5, grads, params, h100, 16, "ddp", network="ib-hdr")
@@ -191,7 +191,7 @@ def test_runs_that_cannot_be_timed_across_nodes_are_refused() -> None:
 
 def test_predict_across_nodes_names_the_fabric() -> None:
     (row,) = wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=64, sharding="fsdp")
-    assert row.n_gpus == 64 and row.link is not None and "8 nodes of 8" in row.link
+    assert row.n_gpus == 64 and row.link is not None and "8 x 8 over" in row.link
     note = next(a for a in row.assumptions if "nodes of 8" in a)
     assert "InfiniBand NDR (ib-ndr; the default fabric" in note and "400 Gb/s" in note
     assert row.scaling_efficiency is not None and 0 < row.scaling_efficiency <= 1
@@ -207,7 +207,7 @@ def test_predict_cli_across_nodes_on_a_named_fabric() -> None:
     assert result.returncode == 0, result.stderr
     (row,) = json.loads(result.stdout)
     assert row["n_gpus"] == 16 and row["run"]["network"] == "ib-hdr"
-    assert row["link"].startswith("2 nodes of 8 on InfiniBand HDR (ib-hdr)")
+    assert row["link"].startswith("2 x 8 over ib-hdr (200 Gb/s per GPU)")
     assert any("InfiniBand HDR (ib-hdr): 200 Gb/s" in a for a in row["assumptions"])
 
 

@@ -255,9 +255,10 @@ def _network_link(gpu: GpuSpec, n_gpus: int, data: LinkData, network: str | None
     bound = "the network" if node_peak * share < inside.bus_bytes_per_s else "the node's link"
     return Link(
         kind="network",
-        description=f"{nodes} nodes of {size} on {fabric.name} ({fabric.id}), "
-        f"{fabric.gbit_per_s_per_gpu:,.0f} Gb/s ({fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s) "
-        f"per GPU per direction, in the node {inside.description}; {bound} sets the pace",
+        # short: a table column (the assumptions say the rest: network_note)
+        description=f"{nodes} x {size} over {fabric.id} "
+        f"({fabric.gbit_per_s_per_gpu:,.0f} Gb/s per GPU), {inside.description} inside; "
+        f"{bound} sets the pace",
         peak_bytes_per_s=min(node_peak, inside.peak_bytes_per_s),
         bus_bytes_per_s=min(node_peak * share, inside.bus_bytes_per_s),
     )
