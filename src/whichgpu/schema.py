@@ -1982,8 +1982,8 @@ class ValueRow(_Frozen):
     count: int
     """GPUs counted (1 for the GPU alone)."""
     price_kind: str
-    """Which price: ``new``, ``used``, ``launch``, ``buy`` (newest new, else used, else
-    launch), ``cloud`` (cheapest on-demand) or ``cloud-spot``."""
+    """Which price: ``new``, ``used``, ``launch``, ``buy`` (the lower of the newest new and
+    used, else launch), ``cloud`` (cheapest on-demand) or ``cloud-spot``."""
     gpu_price_usd: float
     """Price of one GPU: USD per unit, or USD per GPU-hour for cloud kinds."""
     price_note: str

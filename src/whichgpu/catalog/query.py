@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from whichgpu.catalog.loader import CatalogData
 from whichgpu.catalog.names import NameIndex, normalize
@@ -16,7 +17,6 @@ from whichgpu.catalog.sorting import parse_sort_key, sort_listing
 from whichgpu.errors import UsageError
 from whichgpu.schema import GpuSpec, Price, PriceKind, Segment, Source, Vendor
 
-_BUY_PREFERENCE: tuple[PriceKind, ...] = ("new", "used", "launch")
 _LOG = logging.getLogger("whichgpu.catalog")
 """Where the note on a family name read as its default variant goes (a warning: on stderr when
 logging is not configured, never on stdout)."""
@@ -32,6 +32,20 @@ def merge_prices(shipped: Iterable[Price], user: Iterable[Price]) -> tuple[Price
     replaced = {_price_key(p) for p in user}
     kept = [p for p in shipped if _price_key(p) not in replaced]
     return (*kept, *user)
+
+
+@dataclass(frozen=True)
+class PurchaseChoice:
+    """The price ``Catalog.purchase_choice`` chose for buying one GPU, and why."""
+
+    price: Price
+    """The chosen price (its ``kind`` says new, used or launch)."""
+    reason: str
+    """Why this one: ``newest used price, below the newest new one ($2,500, 2026-02-01)``."""
+
+
+def _cite(price: Price) -> str:
+    return f"${price.usd:,.0f}, {price.as_of}"
 
 
 class Catalog:
@@ -115,13 +129,50 @@ class Catalog:
         rows = [p for p in self._prices if p.gpu_id == gpu_id and (kind is None or p.kind == kind)]
         return sorted(rows, key=lambda p: (p.as_of, -p.usd), reverse=True)
 
-    def purchase_price(self, gpu_id: str) -> Price | None:
-        """The price a buyer would pay today: newest ``new``, else ``used``, else ``launch``."""
-        for kind in _BUY_PREFERENCE:
-            rows = self.prices(gpu_id, kind)
-            if rows:
-                return rows[0]
-        return None
+    def purchase_choice(self, gpu_id: str, used: bool | None = None) -> PurchaseChoice | None:
+        """The price a buyer would pay today, with the reason it was chosen.
+
+        ``used``: None (the default, as ``recommend``): the lower of the newest ``new`` and the
+        newest ``used`` price (new where they are equal); True: the newest used price only;
+        False: the newest new price only. Without any of those, the launch MSRP; None where
+        there is no price at all.
+        """
+        new = self._newest(gpu_id, "new") if used is not True else None
+        second_hand = self._newest(gpu_id, "used") if used is not False else None
+        if new is not None and second_hand is not None:
+            if second_hand.usd < new.usd:
+                return PurchaseChoice(
+                    second_hand, f"newest used price, below the newest new one ({_cite(new)})"
+                )
+            return PurchaseChoice(
+                new, f"newest new price, not above the newest used one ({_cite(second_hand)})"
+            )
+        if new is not None:
+            only = (
+                "newest new price (new only)"
+                if used is False
+                else "newest new price; no used price"
+            )
+            return PurchaseChoice(new, only)
+        if second_hand is not None:
+            only = "newest used price (used only)" if used else "newest used price; no new price"
+            return PurchaseChoice(second_hand, only)
+        launch = self._newest(gpu_id, "launch")
+        if launch is None:
+            return None
+        missing = {None: "no new or used price", True: "no used price", False: "no new price"}
+        return PurchaseChoice(launch, f"launch MSRP: {missing[used]}")
+
+    def purchase_price(self, gpu_id: str, used: bool | None = None) -> Price | None:
+        """The price a buyer would pay today (``purchase_choice``'s price): by default the
+        lower of the newest new and newest used price; ``used=True`` used only, ``used=False``
+        new only; else the launch MSRP."""
+        choice = self.purchase_choice(gpu_id, used)
+        return choice.price if choice is not None else None
+
+    def _newest(self, gpu_id: str, kind: PriceKind) -> Price | None:
+        rows = self.prices(gpu_id, kind)
+        return rows[0] if rows else None
 
     def cheapest_cloud_price(
         self, gpu_id: str, *, spot: bool = False, gpus: int | None = None

@@ -63,8 +63,8 @@ NAMED_KEYS: dict[str, SortKey] = {
         "price",
         "buy",
         None,
-        "price: the buy price (newest new street price, else used, else launch MSRP), "
-        "cheapest first",
+        "price: the buy price (the lower of the newest new and used street prices, else "
+        "launch MSRP), cheapest first",
     ),
     "rent": SortKey(
         "rent", "rent", None, "rent: the cheapest cloud on-demand rate per GPU-hour, cheapest first"
@@ -82,7 +82,8 @@ NAMED_KEYS: dict[str, SortKey] = {
 """The keys with a name of their own; any other spec field is a key too."""
 
 SORT_KEYS_HELP = (
-    "price (buy price: newest new street price, else used, else launch MSRP; cheapest first), "
+    "price (buy price: the lower of the newest new and used street prices, else launch MSRP; "
+    "cheapest first), "
     "rent (cheapest cloud on-demand rate per GPU-hour), freshness (most recently observed price "
     "first), memory (largest first), name (A-Z), launch_date (newest first, the default), or "
     "any numeric spec field such as memory_bandwidth_gbps, fp16_tensor_tflops or tdp_w "

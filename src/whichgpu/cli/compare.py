@@ -23,10 +23,10 @@ def compare(
     """Compare GPUs side by side on what decides deep-learning speed and value.
 
     Rows: memory, bandwidth, the AMP rate (FP16/BF16 with FP32 accumulate: tensor cores, else
-    the FP32 units), TF32, FP8, FP32, L2, power, purchase price (newest new, else used, else
-    launch), the cheapest cloud on-demand rate, and tensor TFLOPS and bandwidth per $1,000.
-    Each value of the second and later GPUs carries its ratio to the first. These are spec
-    ratios: `whichgpu predict` estimates real speed for your model.
+    the FP32 units), TF32, FP8, FP32, L2, power, purchase price (the lower of the newest new
+    and used, else launch), the cheapest cloud on-demand rate, and tensor TFLOPS and bandwidth
+    per $1,000. Each value of the second and later GPUs carries its ratio to the first. These
+    are spec ratios: `whichgpu predict` estimates real speed for your model.
 
     Examples:
 

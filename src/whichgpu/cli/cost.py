@@ -71,8 +71,8 @@ PriceKindOption = Annotated[
     str,
     typer.Option(
         "--price-kind",
-        help="Which price: buy (newest new, else used, else launch), new, used, launch, cloud "
-        "(cheapest on-demand rate), cloud-spot.",
+        help="Which price: buy (the lower of the newest new and used, else launch), new, "
+        "used, launch, cloud (cheapest on-demand rate), cloud-spot.",
     ),
 ]
 RegionOption = Annotated[

@@ -132,14 +132,14 @@ def value(
     """Performance per dollar, normalised to a reference GPU (charts-ready rows).
 
     ``gpus``: the GPUs to rate (default: every GPU with a price of the kind and a throughput).
-    ``price_kind``: ``buy`` (newest new, else used, else launch), ``new``, ``used``, ``launch``,
-    ``cloud`` (cheapest on-demand rate) or ``cloud-spot``. ``count``: rate machines of that many
-    GPUs with the base system of the build class for ``count`` (or ``build_class`` /
-    ``base_system_usd``); None rates the GPU alone. ``throughput``: per-GPU throughput of the
-    caller's workload by GPU name or id (predicted or measured, in ``throughput_unit``);
-    without it the catalog's dense AMP tensor TFLOPS stand in, and the table says so.
-    ``reference``: the GPU whose value is 1.0 (default: the first of ``gpus``, else the best).
-    """
+    ``price_kind``: ``buy`` (the lower of the newest new and used, else launch), ``new``,
+    ``used``, ``launch``, ``cloud`` (cheapest on-demand rate) or ``cloud-spot``. ``count``: rate
+    machines of that many GPUs with the base system of the build class for ``count`` (or
+    ``build_class`` / ``base_system_usd``); None rates the GPU alone. ``throughput``: per-GPU
+    throughput of the caller's workload by GPU name or id (predicted or measured, in
+    ``throughput_unit``); without it the catalog's dense AMP tensor TFLOPS stand in, and the
+    table says so. ``reference``: the GPU whose value is 1.0 (default: the first of ``gpus``,
+    else the best)."""
     catalog = catalog or load_catalog()
     kind = check_price_choice(price_kind)
     specs = [_spec(catalog, g) for g in gpus] if gpus else None

@@ -1,9 +1,9 @@
 """Which price a cost computation uses: purchase kinds, cloud rates by provider, resale.
 
 Prices come from the catalog (``Catalog.prices``, user price files included). Purchases use
-the newest price of the kind asked; ``buy`` takes the newest new price, else used, else the
-launch price (as ``whichgpu compare`` does). Cloud rates are per GPU-hour; without a provider
-the cheapest one is taken.
+the newest price of the kind asked; ``buy`` takes the lower of the newest new and used
+prices, else the launch price (as ``whichgpu compare`` does). Cloud rates are per GPU-hour;
+without a provider the cheapest one is taken.
 
 Resale assumption: a GPU keeps, each year, the share of its value that its segment's resale
 curve gives (``resale_curve``): a fit of dated used prices of several GPUs against their prices
@@ -29,8 +29,9 @@ from whichgpu.schema import GpuSpec, Price, PriceKind
 from whichgpu.units import DAYS_PER_YEAR
 
 PriceChoice = Literal["buy", "new", "used", "launch", "cloud", "cloud-spot"]
-"""Price kinds a value or break-even computation accepts (``buy``: newest new, else used, else
-launch; ``cloud``: cheapest on-demand rate; ``cloud-spot``: cheapest spot rate)."""
+"""Price kinds a value or break-even computation accepts (``buy``: the lower of the freshest new
+and used prices, else launch, ``Catalog.purchase_price``; ``cloud``: cheapest on-demand rate;
+``cloud-spot``: cheapest spot rate)."""
 PRICE_CHOICES: tuple[str, ...] = get_args(PriceChoice)
 CLOUD_CHOICES = ("cloud", "cloud-spot")
 
@@ -43,7 +44,8 @@ def check_price_choice(kind: str) -> PriceChoice:
 
 
 def purchase_price(catalog: Catalog, gpu_id: str, kind: PriceChoice = "buy") -> Price | None:
-    """The price of one GPU: the newest of ``kind`` (``buy``: new, else used, else launch)."""
+    """The price of one GPU: the newest of ``kind`` (``buy``: the lower of the freshest new and
+    used, else launch)."""
     if kind == "buy":
         return catalog.purchase_price(gpu_id)
     if kind in CLOUD_CHOICES:

@@ -209,8 +209,9 @@ def value_table(
         )
     else:
         assumptions.append(
-            "Purchase prices are the catalog's newest of the kind (buy: new, else used, else "
-            "launch); electricity and resale are not counted (see `whichgpu cost breakeven`)."
+            "Purchase prices are the catalog's newest of the kind (buy: the lower of new and "
+            "used, else launch); electricity and resale are not counted (see `whichgpu cost "
+            "breakeven`)."
         )
     return ValueTable(
         price_kind=price_kind,

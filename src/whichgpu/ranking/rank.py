@@ -13,8 +13,8 @@ constraints, orders the survivors by the metric the question calls for and write
   machine + electricity; rent: the rental), since the cost of a fixed time does not depend on
   speed and would favour the slowest cheap card; else performance per dollar (buy: throughput
   per $1,000 of machine; rent: units per dollar of rental).
-- Buy: the GPUs' price (new, else used, else launch; the used price where it is lower,
-  unless the question keeps to new prices, ``--new``) times the count, plus the base system
+- Buy: the GPUs' price (the lower of the freshest new and used, else launch; the new one
+  where the question keeps to new prices, ``--new``) times the count, plus the base system
   of the smallest build class that holds them; the job adds its electricity at the region's
   price (board power of the GPUs plus the class's CPU figure).
 - Rent: the cheapest on-demand rate per GPU-hour (or the provider's) offered for that many GPUs
@@ -130,14 +130,10 @@ class _Priced:
 
 
 def _buying_price(catalog: Catalog, gpu_id: str, used: bool) -> Price | None:
-    """What one GPU costs to buy today: the newest new price, else used, else launch; with
-    ``used`` (open to used cards) the newest used price where it is the cheaper one."""
-    price = purchase_price(catalog, gpu_id, "buy")
-    if used:
-        second_hand = purchase_price(catalog, gpu_id, "used")
-        if second_hand is not None and (price is None or second_hand.usd < price.usd):
-            return second_hand
-    return price
+    """What one GPU costs to buy today (``Catalog.purchase_price``): open to used cards
+    (``used``), the lower of the freshest new and used prices; with ``--new``, the freshest new
+    one; either way the launch price where neither is known."""
+    return catalog.purchase_price(gpu_id, used=None if used else False)
 
 
 def engine_name(label: str) -> str:
@@ -837,8 +833,8 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "data, sourced and dated), other machines the class's whole-build figure (cost data)"
         )
         notes.append(
-            "buy: GPU price (newest new, else used, else launch; the used price where it is "
-            f"lower, unless --new) x count {base}; a "
+            "buy: GPU price (the lower of the newest new and used, else launch; the new one "
+            f"with --new) x count {base}; a "
             "job adds its electricity at the region's price (board power + the class's CPU "
             "figure, for the job's hours); resale is not counted (see whichgpu cost breakeven)"
         )

@@ -1,0 +1,120 @@
+"""Purchase prices a buyer can act on: every shipped street price is dated and sourced, the
+GPUs priced from published used figures have a purchase price, and ``Catalog.purchase_price``
+takes the lower of the newest new and newest used price unless told which kind to use."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pytest
+
+from whichgpu.catalog import load_catalog
+from whichgpu.catalog.query import Catalog
+from whichgpu.schema import PriceKind
+
+CATALOG = load_catalog([])
+TODAY = dt.date.today()
+
+
+@pytest.mark.parametrize("kind", ["used", "new"])
+def test_every_street_price_has_a_dated_source_with_a_url(kind: PriceKind) -> None:
+    rows = [p for g in CATALOG.all() for p in CATALOG.prices(g.id, kind) if not p.user]
+    assert rows, f"no shipped {kind} prices"
+    for price in rows:
+        assert price.source in CATALOG.sources, (price.gpu_id, price.source)
+        source = CATALOG.sources[price.source]
+        assert source.url and source.kind in ("market", "secondary"), price.source
+        assert price.as_of <= TODAY and price.per == "unit" and price.usd > 0
+        assert price.note, f"{price.gpu_id}: say what the source says"
+
+
+@pytest.mark.parametrize(
+    "gpu_id",
+    [
+        "a100-sxm4-80gb",
+        "a100-pcie-80gb",
+        "h100-pcie",
+        "l40s",
+        "rtx-a6000",
+        "tesla-p40",
+        "tesla-p100-pcie-16gb",
+    ],
+)
+def test_gpus_with_a_published_street_price_have_a_purchase_price(gpu_id: str) -> None:
+    choice = CATALOG.purchase_choice(gpu_id)
+    assert choice is not None and choice.price.kind in ("new", "used")
+    assert choice.price.source in CATALOG.sources
+
+
+def test_tesla_p40_is_priced_used_from_a_dated_article() -> None:
+    choice = CATALOG.purchase_choice("tesla-p40")
+    assert choice is not None
+    assert (choice.price.kind, choice.price.usd) == ("used", 295)
+    assert choice.price.as_of == dt.date(2026, 6, 20)
+    assert choice.reason == "newest used price; no new price"
+
+
+# --- which price purchase_price chooses -------------------------------------------------------
+
+
+def _catalog(tmp_path: Path, rows: str) -> Catalog:
+    path = tmp_path / "prices.csv"
+    path.write_text("gpu_id,kind,usd,per,provider,region,as_of,source,note\n" + rows)
+    return load_catalog([path])
+
+
+def test_default_is_the_lower_of_the_newest_new_and_used_price(tmp_path: Path) -> None:
+    catalog = _catalog(
+        tmp_path,
+        "rtx-3080-12gb,new,900,unit,shop,US,2026-01-10,q1,\n"
+        "rtx-3080-12gb,new,800,unit,shop,US,2025-01-10,q0,older and cheaper: not the newest\n"
+        "rtx-3080-12gb,used,500,unit,ebay,US,2025-06-01,q2,\n",
+    )
+    choice = catalog.purchase_choice("rtx-3080-12gb")
+    assert choice is not None
+    assert (choice.price.kind, choice.price.usd) == ("used", 500)
+    assert choice.reason == "newest used price, below the newest new one ($900, 2026-01-10)"
+    assert catalog.purchase_price("rtx-3080-12gb") == choice.price
+
+
+def test_new_wins_where_it_is_not_above_the_used_price(tmp_path: Path) -> None:
+    catalog = _catalog(
+        tmp_path,
+        "rtx-3080-12gb,new,600,unit,shop,US,2026-01-10,q1,\n"
+        "rtx-3080-12gb,used,600,unit,ebay,US,2026-02-01,q2,\n",
+    )
+    choice = catalog.purchase_choice("rtx-3080-12gb")
+    assert choice is not None and choice.price.kind == "new"
+    assert "not above the newest used one ($600, 2026-02-01)" in choice.reason
+
+
+def test_used_false_gives_new_and_used_true_gives_used() -> None:
+    new = CATALOG.purchase_price("rtx-4090", used=False)
+    used = CATALOG.purchase_price("rtx-4090", used=True)
+    assert new == CATALOG.prices("rtx-4090", "new")[0]
+    assert used == CATALOG.prices("rtx-4090", "used")[0]
+    assert used.usd < new.usd  # the shipped data: so the default takes the used price
+    assert CATALOG.purchase_price("rtx-4090") == used
+    choice = CATALOG.purchase_choice("rtx-4090", used=False)
+    assert choice is not None and choice.reason == "newest new price (new only)"
+
+
+def test_a_gpu_with_only_a_launch_price_gets_the_launch_price() -> None:
+    gpu_id = "rtx-4070"
+    assert not CATALOG.prices(gpu_id, "new") and not CATALOG.prices(gpu_id, "used")
+    for used in (None, True, False):
+        choice = CATALOG.purchase_choice(gpu_id, used)
+        assert choice is not None and choice.price.kind == "launch"
+        assert choice.reason.startswith("launch MSRP: no ")
+    choice = CATALOG.purchase_choice(gpu_id)
+    assert choice is not None and choice.reason == "launch MSRP: no new or used price"
+
+
+def test_asking_for_a_kind_the_gpu_lacks_falls_back_to_launch_or_nothing() -> None:
+    # the A100 80GB SXM has a used price only and no launch MSRP
+    assert CATALOG.purchase_price("a100-sxm4-80gb", used=False) is None
+    used = CATALOG.purchase_price("a100-sxm4-80gb")
+    assert used is not None and used.kind == "used"
+    # a GPU without any price has no purchase price
+    assert CATALOG.purchase_choice("mi300x") is None
