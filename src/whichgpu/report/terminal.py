@@ -641,6 +641,7 @@ def measured_memory_view(cases: Sequence[MeasuredMemoryCase]) -> RenderableType:
                 + (f" L{run.seq_len}" if run.seq_len else "")
                 + (f" {run.method}" if run.method != "full" else "")
                 + (" ckpt" if run.checkpointing else "")
+                + (" compiled" if run.compile else "")
                 + (f" {run.optimizer}" if run.optimizer != "adamw" else "")
             )
             if first

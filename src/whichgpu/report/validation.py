@@ -30,6 +30,7 @@ def _run(run: RunConfig) -> str:
     if run.checkpointing:
         policy = run.checkpointing_policy
         text += " ckpt" if policy == "full" else f" ckpt {policy}"
+    text += " compiled" if run.compile else ""
     text += f" {run.gpus}x {run.sharding}" if run.gpus > 1 else ""
     return text
 

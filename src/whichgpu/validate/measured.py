@@ -113,7 +113,7 @@ def _base(result: BenchResult) -> dict[str, Any]:
         "device_name": result.device_name,
         "device_kind": result.environment.device_kind,
         "gpu": result.gpu,
-        "run": result.run,
+        "run": _measured_run(result),
         "measured_allocated_bytes": result.peak_allocated_bytes or 0,
         "memory_limit_bytes": result.memory_limit_bytes,
         "measured_max_batch": result.max_batch_size,
@@ -180,6 +180,12 @@ def _workload_of(result: BenchResult) -> Iterator[dict[str, Any]]:
         yield {"config": Path(path)}
 
 
+def _measured_run(result: BenchResult) -> RunConfig:
+    """The run ``result`` measured: compiled where it says so (results of before
+    ``RunConfig.compile`` say it in ``BenchResult.compiled`` only)."""
+    return result.run.model_copy(update={"compile": True}) if result.compiled else result.run
+
+
 def _fit_options(run: RunConfig, compiled: bool = False) -> dict[str, Any]:
     """``api.fit`` keyword arguments for ``run`` (``compiled``: measured under torch.compile,
     which results of before ``RunConfig.compile`` say in ``BenchResult.compiled`` only)."""
@@ -244,7 +250,7 @@ def compare_throughputs(
             continue
         if progress is not None:
             progress(f"{result.workload} on {result.gpu}")
-        run = result.run.model_copy(update={"compile": True}) if result.compiled else result.run
+        run = _measured_run(result)
         base: dict[str, Any] = {
             "result_id": result.id,
             "workload": result.workload,
