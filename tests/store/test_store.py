@@ -610,12 +610,14 @@ def test_a_writer_killed_mid_write_leaves_a_readable_store(
         before = len(store.list())
         proc = _writer(tmp_path, store, -1)
         deadline = time.monotonic() + 90
-        while len(store.list()) < before + wanted:  # reading while it writes
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        proc.kill()
-        proc.communicate()
+        try:
+            while len(store.list()) < before + wanted:  # reading while it writes
+                assert proc.poll() is None, proc.communicate()[1]
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        finally:  # never left writing forever, whatever failed above
+            proc.kill()
+            proc.communicate()
         results = store.list()  # every row validates as a BenchResult
         assert len(results) >= before + wanted
     conn = sqlite3.connect(store.path)
