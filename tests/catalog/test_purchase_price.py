@@ -118,3 +118,16 @@ def test_asking_for_a_kind_the_gpu_lacks_falls_back_to_launch_or_nothing() -> No
     assert used is not None and used.kind == "used"
     # a GPU without any price has no purchase price
     assert CATALOG.purchase_choice("mi300x") is None
+
+
+def test_compare_says_which_purchase_price_it_took_and_why() -> None:
+    from whichgpu.catalog import load_catalog
+    from whichgpu.catalog.compare import compare
+
+    catalog = load_catalog()
+    gpus = [catalog.resolve("3090"), catalog.resolve("4090")]
+    comparison = compare(catalog, gpus)
+    for gpu, note in zip(gpus, comparison.price_notes, strict=True):
+        choice = catalog.purchase_choice(gpu.id)
+        assert choice is not None and note.endswith(f": {choice.reason}")
+        assert note.startswith(choice.price.kind)

@@ -86,7 +86,8 @@ def compare(catalog: Catalog, gpus: Sequence[GpuSpec]) -> Comparison:
     repeated = sorted({i for i in ids if ids.count(i) > 1})
     if repeated:
         raise UsageError(f"{', '.join(repeated)} is named twice; compare different GPUs.")
-    buy = [catalog.purchase_price(g.id) for g in gpus]
+    choices = [catalog.purchase_choice(g.id) for g in gpus]
+    buy = [c.price if c is not None else None for c in choices]
     rent = [catalog.cheapest_cloud_price(g.id) for g in gpus]
     figures = [_figures(g, b, r) for g, b, r in zip(gpus, buy, rent, strict=True)]
     rows = []
@@ -106,6 +107,9 @@ def compare(catalog: Catalog, gpus: Sequence[GpuSpec]) -> Comparison:
         gpu_ids=tuple(ids),
         names=tuple(g.name for g in gpus),
         rows=tuple(rows),
-        price_notes=tuple(_price_note(p) for p in buy),
+        price_notes=tuple(
+            _price_note(None) if c is None else f"{_price_note(c.price)}: {c.reason}"
+            for c in choices
+        ),
         cloud_notes=tuple(_price_note(p) if p else "no cloud rate" for p in rent),
     )
