@@ -186,13 +186,10 @@ def _measured_run(result: BenchResult) -> RunConfig:
     return result.run.model_copy(update={"compile": True}) if result.compiled else result.run
 
 
-def _fit_options(run: RunConfig, compiled: bool = False) -> dict[str, Any]:
-    """``api.fit`` keyword arguments for ``run`` (``compiled``: measured under torch.compile,
-    which results of before ``RunConfig.compile`` say in ``BenchResult.compiled`` only)."""
+def _fit_options(run: RunConfig) -> dict[str, Any]:
+    """``api.fit`` keyword arguments for ``run``."""
     options = run.model_dump(exclude_defaults=True)  # a default is not an option given
     options["gpu_count"] = options.pop("gpus", 1)
-    if compiled:
-        options["compile"] = True
     return options
 
 
@@ -200,7 +197,7 @@ def _on_cuda(result: BenchResult) -> MeasuredMemoryCase:
     from whichgpu.api import fit
 
     assert result.gpu is not None
-    options = _fit_options(result.run, result.compiled)
+    options = _fit_options(_measured_run(result))  # compiled: fit --compile
     with _workload_of(result) as named:
         (at_batch,) = fit(**named, gpus=[result.gpu], **options)
         if result.max_batch_size is not None and result.memory_limit_bytes is None:
@@ -318,8 +315,8 @@ def speed_ratios(cases: Sequence[MeasuredThroughputCase]) -> list[str]:
                 continue
             size = f"{fast.workload} at {fast.run.batch_size} x {fast.run.seq_len} on {fast.gpu}"
             same_compile = fast.run.compile == slow.run.compile
-            pair = (*key(fast), fast.run.precision, slow.run.precision, fast.run.compile)
-            pair += (slow.run.compile,)
+            runs = (fast.run.precision, slow.run.precision, fast.run.compile, slow.run.compile)
+            pair = (key(fast), runs)
             if pair in seen:
                 continue
             measured = fast.measured / slow.measured
