@@ -39,6 +39,8 @@ def test_every_street_price_has_a_dated_source_with_a_url(kind: PriceKind) -> No
         "rtx-a6000",
         "tesla-p40",
         "tesla-p100-pcie-16gb",
+        "h100-sxm",
+        "l4",
     ],
 )
 def test_gpus_with_a_published_street_price_have_a_purchase_price(gpu_id: str) -> None:
@@ -53,6 +55,54 @@ def test_tesla_p40_is_priced_used_from_a_dated_article() -> None:
     assert (choice.price.kind, choice.price.usd) == ("used", 295)
     assert choice.price.as_of == dt.date(2026, 6, 20)
     assert choice.reason == "newest used price; no new price"
+
+
+@pytest.mark.parametrize(
+    ("gpu_id", "usd", "as_of", "reason"),
+    [
+        # runlocalai.co's note on the B200 ramp: used H100 SXM at $22-25k, below the new estimate
+        (
+            "h100-sxm",
+            23_500,
+            dt.date(2026, 4, 1),
+            "newest used price, below the newest new one ($30,000, 2026-07-01)",
+        ),
+        # runlocalai.co's L4 page: '$2,500 retail / $1,800-2,200 used'
+        (
+            "l4",
+            2_000,
+            dt.date(2026, 1, 1),
+            "newest used price, below the newest new one ($2,500, 2026-01-01)",
+        ),
+    ],
+)
+def test_datacenter_cards_are_priced_used_from_dated_figures(
+    gpu_id: str, usd: float, as_of: dt.date, reason: str
+) -> None:
+    choice = CATALOG.purchase_choice(gpu_id)
+    assert choice is not None
+    assert (choice.price.kind, choice.price.usd, choice.price.as_of) == ("used", usd, as_of)
+    assert choice.reason == reason
+    assert CATALOG.purchase_price(gpu_id) == choice.price
+    assert CATALOG.purchase_price(gpu_id, used=True) == choice.price
+
+
+def test_a_buy_ranking_ranks_the_datacenter_cards_priced_used() -> None:
+    import whichgpu.api as wg
+
+    gpus = ["h100-sxm", "l4", "a100-pcie-80gb", "l40s"]
+    ranking = wg.recommend("resnet50", gpu_only=True, gpus=gpus)
+    assert ranking.mode == "buy"
+    ranked = {c.gpu: c for c in ranking.ranking}
+    assert set(ranked) == set(gpus)
+    assert not [e for e in ranking.excluded if e.kind == "price"]
+    for gpu in gpus:
+        choice = CATALOG.purchase_choice(gpu)
+        assert choice is not None and ranked[gpu].purchase_usd == choice.price.usd
+    assert ranked["l4"].purchase_usd == 2_000
+    assert ranked["l40s"].purchase_usd == 8_000  # L40S: still its new price (no used figure)
+    price = next(r for r in ranked["h100-sxm"].reasons if r.startswith("price: "))
+    assert "used" in price and "px-runlocalai-b200-pulse" in price
 
 
 # --- which price purchase_price chooses -------------------------------------------------------

@@ -421,7 +421,11 @@ def test_modules_and_passive_cards() -> None:
     alone = cost.breakeven(gpu="h100-sxm", catalog=CATALOG)
     server = next(b for b in shipped_cost_data().build_classes if b.id == "server")
     assert server.base_system_usd is not None
-    assert alone.system_cost_usd == pytest.approx(30000 + server.base_system_usd)
+    # the module's purchase price is the catalog's default one: the used H100 SXM price, below
+    # the new one
+    module = CATALOG.purchase_price("h100-sxm")
+    assert module is not None and module.kind == "used"
+    assert alone.system_cost_usd == pytest.approx(module.usd + server.base_system_usd)
     assert "server base system" in alone.inputs["system_cost_usd"]
     assert alone.cpu_w == server.cpu_w
     assert cost.machine_power_w("h100-sxm", catalog=CATALOG) == 700 + server.cpu_w
