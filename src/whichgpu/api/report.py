@@ -190,8 +190,9 @@ def _predicted(
     target: Target, ranking: Ranking, shown: Sequence[str], asked: RecommendRequest
 ) -> tuple[ResultList[ThroughputEstimate], ResultList[MemoryEstimate]]:
     """The predicted speeds and the memory of the ``shown`` GPUs, for the run the ranking
-    answered (a preset's options included), on one GPU each; with the question's serving
-    engine, each speed carries the engine's (``serving_speed``)."""
+    answered (a preset's options included): the speeds of one GPU each; the memory per GPU
+    of the ranking's GPU count, so that its sharding (and DDP's gradient buckets) is in it;
+    with the question's serving engine, each speed carries the engine's (``serving_speed``)."""
     run = run_config(**ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"}))
     stack = asked.stack
     speeds = answer_predict(
@@ -205,7 +206,8 @@ def _predicted(
             kv_cache_dtype=asked.kv_cache_dtype,
         )
     )
-    memory = answer_fit(FitRequest(target, run, gpus=shown, stack=stack))
+    per_gpu = run_config(**ranking.run.model_dump(exclude_defaults=True))
+    memory = answer_fit(FitRequest(target, per_gpu, gpus=shown, stack=stack))
     return speeds, memory
 
 

@@ -124,6 +124,12 @@ def _answer(data: ReportData) -> str:
         Column("batch", True),
         Column("largest batch", True),
     ]
+    run = data.run
+    accumulating = run.mode == "train" and (
+        run.grad_accum > 1 or any(c.count > 1 for c in r.ranking)
+    )
+    if accumulating:  # samples per optimizer step: micro-batch x accumulation x GPUs
+        columns.insert(10, Column("global batch", True))
     rows = [
         [
             Cell(str(c.rank), c.rank),
@@ -141,6 +147,7 @@ def _answer(data: ReportData) -> str:
                 c.perf_per_dollar,
             ),
             Cell(str(c.batch_size), c.batch_size),
+            *([_global_batch(data, c.batch_size, c.count)] if accumulating else []),
             Cell(str(c.max_batch_size), c.max_batch_size),
         ]
         for c in r.ranking
@@ -167,6 +174,12 @@ def _answer(data: ReportData) -> str:
         )
         parts.append(f'<h3>Left out ({len(r.excluded)})</h3><ul class="left-out">{items}</ul>')
     return _section("answer", "The answer", "".join(parts))
+
+
+def _global_batch(data: ReportData, batch_size: int, count: int) -> Cell:
+    """A candidate's global batch (``RunConfig.global_batch_size`` at its batch and count)."""
+    size = data.run.model_copy(update={"gpus": count}).global_batch_size(batch_size)
+    return Cell("-" if size is None else str(size), size)
 
 
 def _speed(data: ReportData) -> str:
@@ -332,12 +345,15 @@ def _usd_or_none(value: float | None) -> str:
 
 def _memory(data: ReportData) -> str:
     what = "concurrency" if data.run.mode == "inference" else "batch"
+    run = data.run
+    split = "tensor parallel" if run.mode == "inference" else _SHARDING_WORDS[run.sharding]
+    together = f" of {run.gpus} working together ({split})" if run.gpus > 1 else ""
     intro = (
-        f"<p>The largest {what} that fits on each GPU, and where the memory goes at that "
-        "size: the stacked bar is everything the process holds on the device (model weights, "
-        "gradients, optimizer state, activations, temporaries, and the CUDA context, library "
-        "workspaces and allocator cache as <em>overhead</em>); the black line is what the "
-        "GPU offers.</p>"
+        f"<p>The largest {what} that fits on each GPU{esc(together)}, and where the memory "
+        "goes at that size: the stacked bar is everything the process holds on the device "
+        "(model weights, gradients, optimizer state, activations, temporaries, and the CUDA "
+        "context, library workspaces and allocator cache as <em>overhead</em>); the black "
+        "line is what the GPU offers.</p>"
     )
     columns = [
         Column("GPU", label=True),
@@ -526,6 +542,42 @@ def applicable_settings(data: ReportData) -> dict[str, str]:
     return {k: v for k, v in data.provenance.run.items() if k not in skip}
 
 
+_SHARDING_WORDS = {
+    "ddp": "DDP, nothing sharded",
+    "zero2": "ZeRO-2, gradients and optimizer state sharded",
+    "zero3": "ZeRO-3, parameters, gradients and optimizer state sharded",
+    "fsdp": "FSDP, parameters, gradients and optimizer state sharded",
+}
+"""What each ``--sharding`` splits across the GPUs, as the header says it."""
+
+
+def global_batch_words(data: ReportData) -> str:
+    """Training: the samples of one optimizer step, micro-batch x accumulation x GPUs, with
+    its size where the batch is given (``RunConfig.global_batch_size``); empty for inference
+    and for one GPU without accumulation (the global batch is then the batch)."""
+    run = data.run
+    if run.mode != "train" or (run.grad_accum == 1 and run.gpus == 1):
+        return ""
+    words = f"global batch = micro-batch x {run.grad_accum} accumulated x {run.gpus} GPU"
+    words += "s" if run.gpus > 1 else ""
+    size = run.global_batch_size()
+    return words + (f" = {size}" if size is not None else "")
+
+
+def run_summary(data: ReportData) -> str:
+    """The run in words for the page's header: ``RunConfig.describe`` (precision, optimizer
+    and its implementation, loss kernel, checkpointing policy, accumulation, compile), then
+    the GPUs working together with their sharding, and the global batch."""
+    run = data.run
+    parts = [run.describe()]
+    if run.gpus > 1:
+        parts.append(f"{run.gpus} GPUs data parallel ({_SHARDING_WORDS[run.sharding]})")
+    batch = global_batch_words(data)
+    if batch:
+        parts.append(batch)
+    return ", ".join(parts)
+
+
 def _provenance(data: ReportData) -> str:
     p = data.provenance
     facts = [
@@ -678,8 +730,7 @@ document.querySelectorAll("table.sortable").forEach(function(table){
 
 def render_html(data: ReportData) -> str:
     """The whole report as one HTML document that needs nothing from the network."""
-    run = data.run
-    summary = run.describe()
+    summary = run_summary(data)
     summary += f"; {data.ranking.mode}"
     if data.ranking.job is not None:
         summary += f", job: {data.ranking.job.describe()}"
