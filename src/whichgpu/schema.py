@@ -893,11 +893,27 @@ class ServingEngine(_Frozen):
     memory_fraction_of: Literal["total", "free"] = "total"
     """What ``gpu_memory_utilization`` is a fraction of: the card's total (vLLM) or what is
     free after the weights and activations (TensorRT-LLM's ``free_gpu_memory_fraction``)."""
+    max_sequences: int = 1024
+    """Sequences the scheduler runs at once at most (vLLM's ``max_num_seqs``, TensorRT-LLM's
+    ``max_batch_size``) on a GPU of ``large_gpu_gib`` or more."""
+    max_sequences_small_gpu: int = 1024
+    """The same on a smaller GPU (and, for vLLM, on an A100 of any size)."""
+    large_gpu_gib: float = 70.0
+    """Where the engine's defaults change with the GPU's memory (GiB)."""
+    small_gpu_names: tuple[str, ...] = ()
+    """Name parts of GPUs that get the small default whatever their memory (vLLM: ``a100``)."""
     cuda_graphs_decode: bool = True
     """Whether decode steps replay captured CUDA graphs (one launch per step, no per-operator
     host dispatch)."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
+
+    def max_sequences_on(self, capacity_gib: float, gpu_name: str) -> int:
+        """The scheduler's cap on running sequences on a GPU of ``capacity_gib`` named
+        ``gpu_name``."""
+        named = any(part in gpu_name.lower() for part in self.small_gpu_names)
+        small = capacity_gib < self.large_gpu_gib or named
+        return self.max_sequences_small_gpu if small else self.max_sequences
 
 
 class ServingEstimate(_Frozen):
@@ -941,7 +957,8 @@ class ServingEstimate(_Frozen):
     blocks_per_sequence: int
     """Blocks one sequence holds (rounded up)."""
     max_concurrency: int
-    """Sequences of ``tokens_per_sequence`` whose KV cache fits at once (0: none)."""
+    """Sequences of ``tokens_per_sequence`` whose KV cache fits at once (0: none), at most the
+    engine's cap on running sequences on this GPU."""
     assumptions: tuple[str, ...]
     """What the answer assumes, in words."""
     gpus: int = 1
@@ -983,9 +1000,10 @@ class ServingSpeed(_Frozen):
     """How fast a serving engine (CUDA graphs, paged KV cache, chunked prefill) serves a
     language model on one GPU or ``gpus`` tensor-parallel ones (``predict --serving``).
 
-    A decode step is one graph launch whose time is ``max(bytes / achievable bandwidth, FLOPs
-    / achievable tensor rate)`` (``whichgpu.estimate.engine_speed``), plus the tensor-parallel
-    all-reduces; the prompt is prefilled in chunks of the engine's token budget.
+    A decode step is one graph launch whose time is the sum of its kernels, each at its
+    roofline ``max(bytes / achievable bandwidth, FLOPs / achievable tensor rate)``
+    (``whichgpu.estimate.engine_speed``), plus the tensor-parallel all-reduces; the prompt is
+    prefilled in chunks of the engine's token budget.
 
     Prefill-only requests (``new_tokens`` 0: embedding, classification, scoring, reranking)
     run no decode step: the decode fields (``tpot_s``, ``decode_bound``, ``decode_bytes``,

@@ -89,6 +89,58 @@ def test_the_steady_state_counts_the_prompts_work_and_never_beats_the_tensor_rat
     assert p.output_tokens_per_s == pytest.approx(prompt / (128 * step.seconds) * 128)
 
 
+def test_a_step_is_its_kernels_one_after_another() -> None:
+    """A large prefill step: the matrix products are compute-bound, attention and the
+    elementwise kernels are not hidden under them, so the step takes their sum."""
+    shape, rates = _shape(), _rates(tensor=500e12)
+    speed = EngineSpeed(shape, rates, chunk_tokens=8192)
+    step = speed.prefill_step(4, 2048)  # 8192 prompt tokens
+    tokens = 8192
+    matmul_s = 2.0 * shape.active_matmul_params() * tokens / rates.tensor_flops_per_s
+    attention_s = 4.0 * shape.layers * shape.q_width * tokens * 1024 / rates.tensor_flops_per_s
+    elementwise_s = tokens * shape.elementwise_bytes_per_token() / rates.bandwidth_bytes_per_s
+    # per layer: two fused add + RMSNorm (4 x hidden each), SiLU x up (3 x intermediate),
+    # rotary embedding of queries and keys, in 16-bit
+    assert shape.elementwise_bytes_per_token() == 32 * 2 * (8 * 4096 + 3 * 14336 + 2 * 5120)
+    kv_s = tokens * shape.kv_bytes_per_token / rates.bandwidth_bytes_per_s
+    assert step.seconds == pytest.approx(matmul_s + max(attention_s, kv_s) + elementwise_s)
+    assert step.seconds > max(matmul_s + attention_s, step.bytes_read / rates.bandwidth_bytes_per_s)
+
+
+def test_the_scheduler_caps_running_sequences() -> None:
+    """vLLM runs at most 1024 sequences on a GPU of 70 GiB or more that is not an A100, 256
+    elsewhere; TensorRT-LLM 2048 everywhere: a short request's KV cache would hold more."""
+    stack = get_stack()
+    small = {
+        "weights_bytes": 16 * GB,
+        "activation_peak_bytes": 2 * GB,
+        "kv_per_token_bytes": 65536,
+        "tokens_per_sequence": 256,
+    }
+    vllm, trtllm = get_serving_engine("vllm"), get_serving_engine("tensorrt-llm")
+    h100 = serving_estimate(vllm, stack, capacity_bytes=80 * GB, gpu_name="H100 SXM", **small)
+    a100 = serving_estimate(vllm, stack, capacity_bytes=80 * GB, gpu_name="A100 SXM4 80GB", **small)
+    l40s = serving_estimate(vllm, stack, capacity_bytes=48 * GB, gpu_name="L40S", **small)
+    trt = serving_estimate(trtllm, stack, capacity_bytes=80 * GB, gpu_name="H100 SXM", **small)
+    assert (h100.max_concurrency, a100.max_concurrency, l40s.max_concurrency) == (1024, 256, 256)
+    assert trt.max_concurrency == 2048
+    held = h100.kv_blocks // h100.blocks_per_sequence
+    assert held > 2048
+    assert any("at most 1024 sequences" in a and str(held) in a for a in h100.assumptions)
+    for engine in (vllm, trtllm):
+        assert engine.provenance["max_sequences"].source
+    # a long request: the KV cache binds first, and nothing is said of the cap
+    long = serving_estimate(
+        vllm,
+        stack,
+        capacity_bytes=80 * GB,
+        gpu_name="H100 SXM",
+        **{**small, "tokens_per_sequence": 32768},
+    )
+    assert long.max_concurrency == long.kv_blocks // long.blocks_per_sequence < 1024
+    assert not any("the KV cache would hold" in a for a in long.assumptions)
+
+
 def test_decode_grows_with_concurrency_and_turns_compute_bound() -> None:
     speed = EngineSpeed(_shape(), _rates(tensor=50e12), chunk_tokens=8192)
     tpots = [speed.decode(c, 1024, 128).seconds for c in (1, 8, 64, 512)]

@@ -38,7 +38,7 @@ def test_a_tpot_row_is_predict_serving_of_the_same_run_with_a_time_error() -> No
     assert case.error == pytest.approx(row.value / case.predicted - 1)  # positive: faster
 
 
-def test_an_unbounded_row_is_predicted_at_the_most_the_kv_cache_holds() -> None:
+def test_an_unbounded_row_is_predicted_at_the_most_the_engine_holds() -> None:
     row = next(r for r in serving_rows() if r.concurrency is None and r.workload == "llama-3.1-8b")
     (case,) = serving_throughput([row])
     (estimate,) = wg.predict(
@@ -46,6 +46,7 @@ def test_an_unbounded_row_is_predicted_at_the_most_the_kv_cache_holds() -> None:
         gpus=[row.gpu],
         serving=row.engine,
         quantization="fp8",
+        kv_cache_dtype=row.kv_cache_dtype,
         mode="inference",
         concurrency=1,
         context=row.input_tokens,

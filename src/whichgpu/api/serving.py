@@ -393,8 +393,12 @@ def _decoding_assumptions(
         )
     return (
         f"{engine.label}: decode steps replay a captured CUDA graph (no per-operator "
-        "launch floor); step time = max(bytes / achievable bandwidth, FLOPs / achievable "
-        "tensor rate)" + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
+        "launch floor); step time = the sum of its kernels, run one after another, each at "
+        "its roofline: the weight matrix products max(weights and activations / achievable "
+        "bandwidth, FLOPs / achievable tensor rate), attention max(KV cache / bandwidth, "
+        "FLOPs / rate), the elementwise kernels (norms, residual adds, activation, rotary "
+        "embedding) bytes / bandwidth"
+        + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else ""),
         f"a decode step reads the weights once, every sequence's KV cache at the "
         f"generation's average length (context {context} + {new}/2) and the activations",
         *quantized,

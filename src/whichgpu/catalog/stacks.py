@@ -75,6 +75,10 @@ _ENGINE_FIELDS = (
     "prefill_chunk_tokens",
     "memory_fraction_of",
     "cuda_graphs_decode",
+    "max_sequences",
+    "max_sequences_small_gpu",
+    "large_gpu_gib",
+    "small_gpu_names",
 )
 
 

@@ -123,11 +123,11 @@ def predict(
     that context and new tokens fit the model's positions) and --new-tokens generated ones
     (default 128): generated tokens/s, time to first token (the prefill) and time per output
     token (a decode step). With --serving vllm the answer adds that engine's speed: decode
-    steps replay CUDA graphs (no per-operator launch cost) and run at max(bytes / achievable
-    bandwidth, FLOPs / achievable tensor rate); the prompt is prefilled in chunks of the
-    engine's token budget. It gives TTFT, TPOT, output tokens/s as concurrency grows and the
-    cost per million output tokens on rented GPUs; --tpot-ms / --ttft-ms find the largest
-    concurrency within those targets.
+    steps replay CUDA graphs (no per-operator launch cost), their kernels one after another,
+    each at max(bytes / achievable bandwidth, FLOPs / achievable tensor rate); the prompt is
+    prefilled in chunks of the engine's token budget. It gives TTFT, TPOT, output tokens/s as
+    concurrency grows and the cost per million output tokens on rented GPUs; --tpot-ms /
+    --ttft-ms find the largest concurrency within those targets.
 
     Examples:
 

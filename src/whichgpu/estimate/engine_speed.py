@@ -7,13 +7,15 @@ requests all rest on the one step model.
 Eager PyTorch generation (``estimate.prediction``) pays a host dispatch per operator, which a
 batch-1 decode step of a 7B model spends most of its time on. Serving engines (vLLM,
 TensorRT-LLM) replay a captured CUDA graph per decode step, so the step runs near the GPU's
-roofline: ``max(bytes it reads / achievable bandwidth, FLOPs / achievable tensor rate)``, the
-bytes being the weights once, every running sequence's KV cache up to its current length and
-the activations. Prompts are prefilled in chunks of the engine's token budget beside the other
-sequences' decodes. The achievable shares are the throughput model's own constants
-(``data/throughput.json``: the decode bandwidth share, the fitted tensor efficiency); the
-model's shape comes from its ``config.json``; tensor parallel adds two all-reduces per layer
-and step (``estimate.data_parallel``). Pure Python; no fitted factor of its own.
+roofline: its kernels one after another, each ``max(bytes it reads / achievable bandwidth,
+FLOPs / achievable tensor rate)`` (the weight matrix products: the weights once and their
+inputs and outputs; attention: every running sequence's KV cache up to its current length;
+the elementwise kernels between them: bytes only). Prompts are prefilled in chunks of the
+engine's token budget beside the other sequences' decodes. The achievable shares are the
+throughput model's own constants (``data/throughput.json``: the decode bandwidth share, the
+fitted tensor efficiency); the model's shape comes from its ``config.json``; tensor parallel
+adds two all-reduces per layer and step (``estimate.data_parallel``). Pure Python; no fitted
+factor of its own.
 
 Quantized weights (``--quantization int8|int4|fp8``) are modelled from their bytes: the
 linear layers' weights in the quantized format, scales and zero points included
@@ -142,6 +144,18 @@ class ModelShape:
             + mlps * (self.intermediate + self.hidden)  # down
         )
         return self.layers * per_layer * self.dtype_bytes + self.vocab * LOGIT_BYTES
+
+    def elementwise_bytes_per_token(self) -> int:
+        """Bytes one token moves through the elementwise kernels between the matrix products
+        of a forward pass, per layer: two residual adds fused with RMSNorm (each reads the
+        residual stream and the sublayer's output and writes both: 4 x hidden), the MLP's
+        activation (gated: reads gate and up, writes their product, 3 x intermediate; else
+        reads and writes it, 2 x intermediate; per routed expert a token runs) and the rotary
+        embedding of queries and keys (read and written in place)."""
+        mlps = max(self.experts_per_token, 1)
+        activation = (3 if self.gated_mlp else 2) * self.intermediate * mlps
+        per_layer = 2 * 4 * self.hidden + activation + 2 * (self.q_width + self.kv_width)
+        return self.layers * per_layer * self.dtype_bytes
 
     def flops_per_token(self, attended: float) -> float:
         """FLOPs of one token attending over ``attended`` tokens: ``2 x active matmul params``
@@ -506,26 +520,35 @@ class EngineSpeed:
 
     def _step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
         """A step running ``tokens`` tokens that attend over ``attended_tokens`` in all
-        (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache."""
+        (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache.
+
+        The step's kernels run one after another (a captured graph replays them in order), so
+        its time is the sum of three kinds of kernel, each at its own roofline: the weight
+        matrix products (the weights and their inputs and outputs against their FLOPs),
+        attention (the KV cache it reads against its FLOPs) and the elementwise kernels
+        between them (norms, residual adds, the activation, rotary embedding: bytes only)."""
         shape, rates, n = self.shape, self.rates, self.rates.gpus
+        bandwidth = rates.bandwidth_bytes_per_s
         matmul_flops = 2.0 * shape.active_matmul_params() * tokens / n
         attention_flops = 4.0 * shape.layers * shape.q_width * attended_tokens / n
-        flops = matmul_flops + attention_flops
-        nbytes = (
-            shape.weights_read_bytes(tokens) / n
-            + kv_read_tokens * shape.kv_bytes_per_token * rates.kv_share
-            + tokens * shape.activation_bytes_per_token() / n
+        matmul_bytes = (
+            shape.weights_read_bytes(tokens) / n + tokens * shape.activation_bytes_per_token() / n
         )
-        memory_s = nbytes / rates.bandwidth_bytes_per_s
-        compute_s = (
-            matmul_flops / (rates.matmul_flops_per_s or rates.tensor_flops_per_s)
-            + attention_flops / rates.tensor_flops_per_s
-        )
-        seconds = max(memory_s, compute_s)
+        kv_bytes = kv_read_tokens * shape.kv_bytes_per_token * rates.kv_share
+        elementwise_bytes = tokens * shape.elementwise_bytes_per_token() / n
+        matmul_compute_s = matmul_flops / (rates.matmul_flops_per_s or rates.tensor_flops_per_s)
+        attention_compute_s = attention_flops / rates.tensor_flops_per_s
+        matmul_s = max(matmul_bytes / bandwidth, matmul_compute_s)
+        attention_s = max(kv_bytes / bandwidth, attention_compute_s)
+        seconds = matmul_s + attention_s + elementwise_bytes / bandwidth
         if n > 1 and rates.link is not None:  # two all-reduces of the hidden states per layer
             hidden_bytes = tokens * shape.hidden * shape.dtype_bytes
             seconds += 2 * shape.layers * self._reduce_s(hidden_bytes, n, rates.link)
-        return StepCost(seconds, nbytes, flops, memory_s >= compute_s)
+        nbytes = matmul_bytes + kv_bytes + elementwise_bytes
+        compute_s = matmul_compute_s + attention_compute_s
+        return StepCost(
+            seconds, nbytes, matmul_flops + attention_flops, nbytes / bandwidth >= compute_s
+        )
 
     def decode(self, concurrency: int, context: int, new_tokens: int) -> StepCost:
         """One decode step of ``concurrency`` sequences, each at the generation's average
@@ -779,8 +802,8 @@ def prefill_only_speed(
             "classification, scoring, reranking): the engine runs prefill steps only, no "
             "decode step and no TPOT",
             f"a step prefills min(the {budget}-token step budget, concurrency x context) = "
-            f"{tokens} prompt tokens at concurrency {concurrency}; step time = max(bytes / "
-            "achievable bandwidth, FLOPs / achievable tensor rate)"
+            f"{tokens} prompt tokens at concurrency {concurrency}; step time = the sum of its "
+            "kernels, each at its roofline (matrix products, attention, elementwise kernels)"
             + (f", plus two all-reduces per layer over {n} GPUs" if n > 1 else "")
             + "; it reads the weights once, writes the prompt tokens' keys and values (and "
             "reads the cached start of a prompt longer than the step)",

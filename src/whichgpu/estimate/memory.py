@@ -747,6 +747,7 @@ def estimate_on_gpu(
             seq_len,
             run.gpus,
             new_tokens=run.new_tokens,
+            gpu_name=gpu.name,
         )
     return MemoryEstimate(
         gpu=gpu.id,
@@ -852,6 +853,7 @@ def _serving(
     gpus: int,
     *,
     new_tokens: int | None = None,
+    gpu_name: str = "",
 ) -> ServingEstimate:
     """The engine's answer on one of ``gpus`` tensor-parallel GPUs (``kv_per_token_bytes``
     is that GPU's share); its profiling pass is the traced prefill of one sequence of
@@ -873,6 +875,7 @@ def _serving(
         tokens_per_sequence=context
         + (new_tokens if new_tokens is not None else (profile.run.new_tokens or 0)),
         gpus=gpus,
+        gpu_name=gpu_name,
     )
 
 

@@ -140,8 +140,11 @@ def serving_estimate(
     kv_per_token_bytes: int,
     tokens_per_sequence: int,
     gpus: int = 1,
+    gpu_name: str = "",
 ) -> ServingEstimate:
-    """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds.
+    """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds:
+    as many as the blocks allow, up to the scheduler's cap on running sequences on that GPU
+    (``ServingEngine.max_sequences_on``, ``gpu_name`` its catalog name).
 
     ``budget = floor(utilization x capacity) - weights - activation peak - non-torch`` (the
     CUDA context of ``stack``, and its NCCL buffers when ``gpus`` > 1); an engine whose
@@ -173,6 +176,16 @@ def serving_estimate(
     block_bytes = engine.block_size_tokens * kv_per_token_bytes
     blocks = max(0, kv_budget) // block_bytes
     per_sequence = math.ceil(tokens_per_sequence / engine.block_size_tokens)
+    cap = engine.max_sequences_on(capacity_bytes / 2**30, gpu_name)
+    held = blocks // per_sequence
+    capped = (
+        (
+            f"the scheduler runs at most {cap} sequences at once on this GPU (the engine's "
+            f"default max_num_seqs / max_batch_size); the KV cache would hold {held}",
+        )
+        if held > cap
+        else ()
+    )
     return ServingEstimate(
         engine=engine.id,
         engine_label=engine.label,
@@ -188,7 +201,7 @@ def serving_estimate(
         kv_blocks=blocks,
         tokens_per_sequence=tokens_per_sequence,
         blocks_per_sequence=per_sequence,
-        max_concurrency=blocks // per_sequence,
+        max_concurrency=min(held, cap),
         gpus=gpus,
         assumptions=(
             f"{engine.label}: gpu_memory_utilization {engine.gpu_memory_utilization:g} of the "
@@ -215,9 +228,11 @@ def serving_estimate(
                 if gpus > 1
                 else ()
             ),
+            f"running sequences: at most what the KV blocks hold and the scheduler's cap of "
+            f"{cap} on this GPU",
+            *capped,
             "CUDA graphs, the sampler's logits of many sequences and prefix caching are not "
-            "modelled; the engine caps running sequences at max_num_seqs (256 by default, 1024 "
-            "on GPUs of 70 GiB or more other than A100) beyond this KV limit",
+            "modelled",
         ),
     )
 
@@ -253,6 +268,7 @@ def with_engine_storage(
         kv_per_token_bytes=kv_per_token_bytes or served.kv_bytes_per_token,
         tokens_per_sequence=served.tokens_per_sequence,
         gpus=gpus,
+        gpu_name=estimate.gpu_name,
     )
     labels = [served.engine_label]
     notes = list(again.assumptions)

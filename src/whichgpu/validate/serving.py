@@ -56,6 +56,8 @@ class ServingRow:
     """Serving dtype (``bf16``, ``fp16``)."""
     quantization: str | None
     """How the weights are stored where not 16-bit (``fp8``, ``int4``), else None."""
+    kv_cache_dtype: str | None
+    """How the engine kept its KV cache where not in the serving dtype (``fp8``), else None."""
     input_tokens: int
     """Prompt tokens per request."""
     output_tokens: int
@@ -77,6 +79,7 @@ class ServingRow:
         """How the views name the row."""
         tp = f" x{self.gpus}" if self.gpus > 1 else ""
         quant = f" {self.quantization}" if self.quantization else ""
+        quant += " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
         load = "max" if self.concurrency is None else str(self.concurrency)
         return (
             f"{self.workload}{quant} {self.engine} {self.engine_version}{tp} "
@@ -116,6 +119,7 @@ def serving_rows() -> list[ServingRow]:
             workload=r["workload"],
             precision=r["precision"],
             quantization=r["quantization"] or None,
+            kv_cache_dtype=r["kv_cache_dtype"] or None,
             input_tokens=_int(r["input_tokens"]),
             output_tokens=_int(r["output_tokens"]),
             concurrency=None if r["concurrency"] == "max" else _int(r["concurrency"]),
@@ -137,6 +141,7 @@ def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
         gpus=[row.gpu],
         serving=row.engine,
         quantization=cast(Any, row.quantization),
+        kv_cache_dtype=row.kv_cache_dtype,
         **fit_options(row.run(concurrency)),
     )
     return estimate
