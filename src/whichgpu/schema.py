@@ -964,6 +964,15 @@ class ServingEstimate(_Frozen):
     gpus: int = 1
     """GPUs serving the model together, tensor parallel."""
 
+    def holds_words(self) -> str:
+        """What limits the sequences, in words: the KV cache, or the scheduler's cap where
+        the cache would hold more."""
+        held = self.kv_blocks // max(self.blocks_per_sequence, 1)
+        what = f"{self.max_concurrency} sequences of {self.tokens_per_sequence:,} tokens"
+        if held > self.max_concurrency:
+            return f"its scheduler runs at most {what} at once (its KV cache would hold {held})"
+        return f"its KV cache holds {what}"
+
 
 def decode_requests_per_s(concurrency: int, ttft_s: float, tpot_s: float, new_tokens: int) -> float:
     """Requests per second of ``concurrency`` sequences each generating ``new_tokens`` tokens,

@@ -127,6 +127,10 @@ def test_the_scheduler_caps_running_sequences() -> None:
     held = h100.kv_blocks // h100.blocks_per_sequence
     assert held > 2048
     assert any("at most 1024 sequences" in a and str(held) in a for a in h100.assumptions)
+    assert h100.holds_words() == (
+        f"its scheduler runs at most 1024 sequences of 256 tokens at once (its KV cache would "
+        f"hold {held})"
+    )
     for engine in (vllm, trtllm):
         assert engine.provenance["max_sequences"].source
     # a long request: the KV cache binds first, and nothing is said of the cap
@@ -139,6 +143,10 @@ def test_the_scheduler_caps_running_sequences() -> None:
     )
     assert long.max_concurrency == long.kv_blocks // long.blocks_per_sequence < 1024
     assert not any("the KV cache would hold" in a for a in long.assumptions)
+    assert (
+        long.holds_words()
+        == f"its KV cache holds {long.max_concurrency} sequences of 32,768 tokens"
+    )
 
 
 def test_decode_grows_with_concurrency_and_turns_compute_bound() -> None:

@@ -306,10 +306,10 @@ def engine_verdict(estimate: MemoryEstimate) -> MemoryEstimate:
             "max_batch_capped": False,
             "assumptions": (
                 *estimate.assumptions,
-                f"fits and the largest concurrency are {served.engine_label}'s: its KV cache "
-                f"holds {served.max_concurrency} sequences of {served.tokens_per_sequence} "
-                "tokens; the device, headroom and max-context figures are plain PyTorch "
-                "generation's (the whole batch prefilled in one pass), for comparison",
+                f"fits and the largest concurrency are {served.engine_label}'s: "
+                f"{served.holds_words()}; the device, headroom and max-context figures are "
+                "plain PyTorch generation's (the whole batch prefilled in one pass), for "
+                "comparison",
             ),
         }
     )

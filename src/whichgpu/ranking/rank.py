@@ -184,8 +184,7 @@ def rank(
             asked = memory.batch_size if memory.batch_given else 1
             per_gpu = f", per GPU of {option.count}, tensor parallel" if option.count > 1 else ""
             reason = (
-                f"{engine_name(served.engine_label)}'s KV cache holds {served.max_concurrency} "
-                f"sequences of {served.tokens_per_sequence:,} tokens, not {asked} ("
+                f"{engine_name(served.engine_label)}: {served.holds_words()}, not {asked} ("
                 + (
                     f"{_gib(served.kv_cache_budget_bytes)} of KV budget{per_gpu})"
                     if served.kv_cache_budget_bytes > 0
