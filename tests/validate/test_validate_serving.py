@@ -21,7 +21,11 @@ def test_every_row_names_a_catalog_gpu_a_workload_and_a_known_quantity() -> None
 
 
 def test_a_tpot_row_is_predict_serving_of_the_same_run_with_a_time_error() -> None:
-    (row,) = [r for r in serving_rows() if r.source_id == "musgrave-vllm-a100"]
+    (row,) = [
+        r
+        for r in serving_rows()
+        if r.source_id == "musgrave-vllm-a100" and r.concurrency == 1 and r.quantity == "tpot_ms"
+    ]
     (case,) = serving_throughput([row])
     (estimate,) = wg.predict(
         "llama-3.1-8b",
