@@ -2161,7 +2161,13 @@ class Candidate(_Frozen):
     gpu_name: str
     """Name."""
     count: int
-    """GPUs in the machine (data parallel when more than one)."""
+    """GPUs in the machine (data parallel when more than one), or in all its machines."""
+    machines: int = 1
+    """Machines the GPUs are in: 1, or a cluster of ``count`` / 8 machines of 8 (the link
+    data's ``max_gpus_per_node``) joined by ``network``, each priced as one machine."""
+    network: str | None = None
+    """With several ``machines``: the fabric between them, by its id in the link data
+    (``ib-ndr``, the default, ``ib-hdr``, ``roce-1600``); None on one machine."""
     fits: bool
     """Whether the run fits in memory (always true for a ranked candidate)."""
     max_batch_size: int

@@ -110,20 +110,20 @@ def test_predict_cli_on_four_gpus() -> None:
     assert 0 < row["scaling_efficiency"] <= 1
 
 
-def test_recommend_stops_at_one_machine_and_fit_takes_any_count() -> None:
-    # recommend prices and ranks machines: the cost data's largest build is one node
+def test_recommend_ranks_clusters_of_whole_machines_and_fit_takes_any_count() -> None:
+    # recommend prices each machine of a cluster as one: the cost data's largest build is a node
     from whichgpu.catalog.cost_data import shipped_cost_data
 
     most = load_links().max_gpus_per_node
     assert most == max(b.gpus for b in shipped_cost_data().build_classes)
-    result = run_cli("recommend", "resnet50", "--rent", "--gpus", "16", "--json")
+    result = run_cli("recommend", "resnet50", "--rent", "--gpus", "12", "--json")
     assert result.returncode == 2, result.stderr
     assert json.loads(result.stdout)["error"]["exit_code"] == 2
-    assert f"at most {most}" in result.stderr and "whichgpu fit" in result.stderr
-    assert "--network" in result.stderr and "Traceback" not in result.stderr
-    # a range stops at one machine; fit answers per GPU for any count
+    assert f"nodes of {most}" in result.stderr and "Traceback" not in result.stderr
+    # a range goes on past one machine in clusters; fit answers per GPU for any count
     ranking = wg.recommend("resnet50", acquire="rent", gpu_count="4-16", gpus=["h100-sxm"])
-    assert sorted({c.count for c in ranking.ranking}) == [4, 8]
+    assert sorted({c.count for c in ranking.ranking}) == [4, 8, 16]
+    assert {c.count: c.machines for c in ranking.ranking} == {4: 1, 8: 1, 16: 2}
     (wide,) = wg.fit("llama-3.1-70b", gpus=["h100-sxm"], gpu_count=64, sharding="zero3")
     assert wide.gpus == 64
 

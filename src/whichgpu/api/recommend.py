@@ -29,8 +29,14 @@ from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_stack
 from whichgpu.errors import NotSplittable, UsageError, option
 from whichgpu.profiles.scalable import ScalableProfile
+from whichgpu.ranking.question import (
+    AUTO_CLUSTERS,
+    ask,
+    check_provider,
+    gpu_counts,
+    keep_vendor,
+)
 from whichgpu.ranking.question import Asked as QuestionAsked
-from whichgpu.ranking.question import ask, check_provider, gpu_counts, keep_vendor
 from whichgpu.schema import (
     GENERATED_RATE_NOTE,
     BenchResult,
@@ -92,7 +98,10 @@ def recommend(
     ``provider`` to pick one). A job size — ``hours``, ``samples``, ``tokens`` or
     ``epochs`` x ``dataset_size`` — ranks by the cost to finish it; without one, by throughput
     per dollar (``sort`` chooses: ``cost``, ``perf-per-dollar``, ``time``, ``throughput``).
-    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8) or a range ``"1-4"``;
+    ``gpu_count``: N GPUs per machine, ``"auto"`` (1, 2, 4 and 8; clusters of 16, 32 and 64
+    only when none finishes within ``within_hours``) or a range ``"1-4"``; beyond 8 (a
+    multiple of 8, or a range such as ``"8-64"``), training on a cluster of machines of 8
+    joined by ``network`` (``"ib-ndr"`` by default), each priced as one machine;
     ``vendor`` keeps one maker's GPUs (``"nvidia"``, ``"amd"`` …).
     ``within_hours`` leaves out what would not finish the job in time.
     ``preset`` is one of the guides' personas; explicit arguments win over its values.
@@ -137,54 +146,73 @@ def recommend(
 
 
 def answer_recommend(
-    request: RecommendRequest, *, progress: Callable[[str], None] | None = None
+    request: RecommendRequest,
+    *,
+    progress: Callable[[str], None] | None = None,
+    one_machine: bool = False,
 ) -> Ranking:
     """``recommend``'s answer to a typed request (see ``recommend`` for what it means);
-    ``progress`` hears each GPU and count as it is sized."""
+    ``progress`` hears each GPU and count as it is sized. ``one_machine``: the caller prices
+    one machine only (``report``): more GPUs than a machine holds are refused, and ``--gpus
+    auto`` does not go on to clusters."""
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.ranking.rank import rank
 
     asked = _asked(request)
     target = request.target
     chosen = select(asked.workload, target.config, target.task, target.model)
-    counts = gpu_counts(asked.gpu_count)
+    given = run_config(**asked.run_options)
+    counts = gpu_counts(asked.gpu_count, given.mode, given.network, one_machine=one_machine)
     targets, maker = keep_vendor(resolve_gpus(request.gpus), asked.vendor)
     software = get_stack(request.stack)
     catalog = load_catalog(request.prices)
     place = get_region(request.region)
     check_provider(request.provider, asked.question.mode, catalog)
     engine = asked.question.serving
-    sized = _sized(
-        chosen,
-        counts,
-        targets,
-        asked.run_options,
-        target.config,
-        request.store,
-        software,
-        catalog,
-        progress,
-        engine,
-        checked_quantization(request.quantization, engine, run_config(**asked.run_options)),
-        checked_kv_cache_dtype(request.kv_cache_dtype, engine, run_config(**asked.run_options)),
-    )
-    question = replace(
-        asked.question,
-        region=place.id,
-        vendor=maker,
-        notes=(*asked.question.notes, *sized.notes),
-    )
-    keep_replays()
-    ranking = rank(
-        sized.options,
-        # a --config's model by its architecture and size (``step.config_label``)
-        workload=next((o.memory.workload for o in sized.options), chosen.info.name),
-        run=sized.run,
-        question=question,
-        units_per_sample=sized.units_per_sample,
-        catalog=catalog,
-        region=place.id,
-    )
+    quantization = checked_quantization(request.quantization, engine, given)
+    kv_cache_dtype = checked_kv_cache_dtype(request.kv_cache_dtype, engine, given)
+
+    def size(more: Sequence[int], into: _Sized | None = None) -> _Sized:
+        return _sized(
+            chosen,
+            more,
+            targets,
+            asked.run_options,
+            target.config,
+            request.store,
+            software,
+            catalog,
+            progress,
+            engine,
+            quantization,
+            kv_cache_dtype,
+            into,
+        )
+
+    def ranked(sized: _Sized, notes: Sequence[str] = ()) -> Ranking:
+        question = replace(
+            asked.question,
+            region=place.id,
+            vendor=maker,
+            notes=(*asked.question.notes, *sized.notes, *notes),
+        )
+        keep_replays()
+        return rank(
+            sized.options,
+            # a --config's model by its architecture and size (``step.config_label``)
+            workload=next((o.memory.workload for o in sized.options), chosen.info.name),
+            run=sized.run,
+            question=question,
+            units_per_sample=sized.units_per_sample,
+            catalog=catalog,
+            region=place.id,
+        )
+
+    sized = size(counts)
+    ranking = ranked(sized)
+    if not one_machine and _needs_a_cluster(asked, ranking, engine):
+        sized = size(AUTO_CLUSTERS, sized)
+        ranking = ranked(sized, (_cluster_note(asked, given.network),))
     if sized.run.mode == "inference" and any(
         c.throughput_unit == "tokens/s" for c in ranking.ranking
     ):  # what the rate counts: the whole request, prefill included
@@ -192,6 +220,39 @@ def answer_recommend(
             update={"assumptions": (*ranking.assumptions, GENERATED_RATE_NOTE)}
         )
     return ranking
+
+
+def _needs_a_cluster(asked: QuestionAsked, ranking: Ranking, engine: ServingEngine | None) -> bool:
+    """Whether ``--gpus auto`` goes on to clusters (``AUTO_CLUSTERS``): when no machine of 1 to
+    8 GPUs finishes the training job within the deadline, so that nothing ranks and the
+    deadline left out at least one of them. Nothing else widens it: a budget only tightens
+    with more machines, and memory per GPU is ``fit``'s question (``--sharding fsdp`` over a
+    machine's 8 is the lever the answer names)."""
+    auto = isinstance(asked.gpu_count, str) and asked.gpu_count.strip().lower() == "auto"
+    return (
+        auto
+        and engine is None
+        and ranking.run.mode == "train"
+        and asked.question.within_hours is not None
+        and not ranking.ranking
+        and any(e.kind == "time" for e in ranking.excluded)
+    )
+
+
+def _cluster_note(asked: QuestionAsked, network: str | None) -> str:
+    """What ``--gpus auto`` did when one machine could not meet the deadline, in words."""
+    from whichgpu.estimate.data_parallel import get_fabric, node_count
+
+    fabric = get_fabric(network)
+    nodes = ", ".join(str(node_count(n)) for n in AUTO_CLUSTERS)
+    gpus = ", ".join(str(n) for n in AUTO_CLUSTERS)
+    within = asked.question.within_hours or 0.0
+    return (
+        f"--gpus auto: no machine of 1 to 8 GPUs finishes the job within {within:,.0f} h, so "
+        f"clusters of {gpus} GPUs ({nodes} machines of 8 joined by {fabric.name}, "
+        f"{fabric.id}) were ranked too; a --gpus count or range (e.g. 8-256) asks for "
+        "larger ones"
+    )
 
 
 def _asked(request: RecommendRequest) -> QuestionAsked:
@@ -233,6 +294,12 @@ class _Sized:
     """Tokens per sample (generated tokens when serving), 1 for other workloads."""
     notes: list[str] = field(default_factory=list)
     """Counts that could not be sized and stored measurements left out, in words."""
+    measured: dict[tuple[str, int], BenchResult] = field(default_factory=dict)
+    """The stored measurements found (``measurements``), for counts sized later."""
+    calibration: tuple[Calibration, float] | None = None
+    """The correction they give the predictions."""
+    loaded: tuple[ScalableProfile, str] | None = None
+    """The step's profile and how it was obtained, once loaded."""
 
 
 def _sized(
@@ -248,35 +315,36 @@ def _sized(
     engine: ServingEngine | None = None,
     quantization: Quantization | None = None,
     kv_cache_dtype: KvCacheDtype = "auto",
+    into: _Sized | None = None,
 ) -> _Sized:
     """The step on ``targets`` at each count: fit, predicted speed (corrected by the newest
     measurement on one GPU) and any stored measurement; a count the model cannot be split
     over is left out with a note, unless it is the only one asked. With ``engine``, fit and
     speed are the engine's (its KV cache in ``kv_cache_dtype``), and measurements (of plain
-    PyTorch) are not used."""
-    out = _Sized([], run_config(**run_options), 1)
-    measured: dict[tuple[str, int], BenchResult] = {}
-    calibration: tuple[Calibration, float] | None = None
-    loaded: tuple[ScalableProfile, str] | None = None
+    PyTorch) are not used. ``into``: counts sized before, which these join (their profile
+    and measurements are reused)."""
+    out = into or _Sized([], run_config(**run_options), 1)
     for count in counts:
         run = run_config(gpus=count, **run_options)
         check_for_workload(run, chosen.info)
         try:
-            step = prepare(chosen, run, config, progress if loaded is None else None, loaded)
+            step = prepare(
+                chosen, run, config, progress if out.loaded is None else None, out.loaded
+            )
         except NotSplittable as exc:
-            if len(counts) == 1:
+            if len(counts) == 1 and into is None:
                 raise
             out.notes.append(f"no machines of {count} GPUs: {exc}")
             continue
-        loaded = (step.profile, step.method)
+        out.loaded = (step.profile, step.method)
         step = replace(step, kv_cache_dtype=kv_cache_dtype)
         if engine is not None and (step.kv_per_token is None or step.model_config is None):
             raise UsageError(
                 f"{option('serving')} applies to language models that generate; "
                 f"{chosen.info.name} does not."
             )
-        if count == counts[0] and engine is None:
-            measured, calibration = measurements(chosen, step, store, software, out.notes)
+        if into is None and count == counts[0] and engine is None:
+            out.measured, out.calibration = measurements(chosen, step, store, software, out.notes)
         timer = predictor(chosen, step)
         out.units_per_sample = (
             (step.run.new_tokens or step.run.context or 1)
@@ -294,8 +362,8 @@ def _sized(
                     timer,
                     catalog,
                     software,
-                    calibration,
-                    measured,
+                    out.calibration,
+                    out.measured,
                     engine,
                     quantization,
                 )

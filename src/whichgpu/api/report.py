@@ -138,7 +138,8 @@ def answer_report(
     """``report``'s answer to a typed request (see ``report`` for what it means);
     ``progress`` hears the recommendation's progress."""
     asked = request.recommend
-    ranking = answer_recommend(asked, progress=progress)
+    # the report's value tables and break-even price one machine
+    ranking = answer_recommend(asked, progress=progress, one_machine=True)
     target = asked.target
     if target.is_empty:
         target = replace(target, workload=ranking.workload)  # the preset's

@@ -391,7 +391,9 @@ MachineGpusOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--gpus",
-        help="GPUs per machine: N, auto (1, 2, 4, 8) or a range like 1-4.",
+        help="GPUs per machine: N, auto (1, 2, 4, 8; clusters of 16-64 only when none meets "
+        "--within) or a range like 1-4. Beyond 8 (a multiple of 8, or a range like 8-64), "
+        "training on a cluster of machines of 8 joined by --network, each priced as one.",
         rich_help_panel=QUESTION_PANEL,
     ),
 ]

@@ -163,15 +163,15 @@ def check_gpu_count(
 
 
 def check_one_node(gpus: int, links: LinkData | None = None) -> None:
-    """Refuse a question about more GPUs than one machine holds where the answer prices
-    machines (``recommend`` ranks one machine's GPUs); ``predict`` and ``fit`` answer for
-    several nodes (``check_gpu_count``)."""
+    """Refuse more GPUs than one machine holds where the answer prices one machine (``report``,
+    whose value tables and break-even are a machine's); ``recommend`` ranks clusters of
+    machines (``check_gpu_count``), ``predict`` and ``fit`` answer for several nodes."""
     most = (links or load_links()).max_gpus_per_node
     if gpus > most:
         raise UsageError(
-            f"--gpus {gpus}: machines are priced and ranked for the GPUs of one machine, at "
-            f"most {most}. Ask about one machine (--gpus {most} or fewer) and multiply by the "
-            f"machines you plan; whichgpu predict --gpus {gpus} --network times them across "
+            f"--gpus {gpus}: the report prices one machine, at most {most} GPUs. Ask about one "
+            f"machine (--gpus {most} or fewer); whichgpu recommend --gpus {gpus} ranks clusters "
+            f"of machines of {most}, whichgpu predict --gpus {gpus} --network times them across "
             "nodes, and whichgpu fit answers per GPU for any count."
         )
 
@@ -332,11 +332,20 @@ def network_note(n_gpus: int, network: str | None, links: LinkData | None = None
     data = links or load_links()
     if n_gpus <= data.max_gpus_per_node:
         return ""
+    return (
+        f"{n_gpus} GPUs in {node_count(n_gpus, data)} nodes of {data.max_gpus_per_node} joined "
+        f"by {fabric_note(network, data)}"
+    )
+
+
+def fabric_note(network: str | None, links: LinkData | None = None) -> str:
+    """The fabric ``network`` names (None: the default) and what is assumed of it, in words:
+    ``InfiniBand NDR (ib-ndr; …): 400 Gb/s (50 GB/s) per GPU per direction, …``."""
+    data = links or load_links()
     fabric = get_fabric(network, data)
     default = "; the default fabric, --network names another" if network is None else ""
     return (
-        f"{n_gpus} GPUs in {node_count(n_gpus, data)} nodes of {data.max_gpus_per_node} joined "
-        f"by {fabric.name} ({fabric.id}{default}): {fabric.gbit_per_s_per_gpu:,.0f} Gb/s "
+        f"{fabric.name} ({fabric.id}{default}): {fabric.gbit_per_s_per_gpu:,.0f} Gb/s "
         f"({fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s) per GPU per direction, one NIC per "
         f"GPU, NCCL's ring reaching {data.bus_efficiency['network']:.0%} of it"
     )

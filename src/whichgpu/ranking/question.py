@@ -236,27 +236,45 @@ def metric(sort: str | None) -> RankMetric | None:
     return sort
 
 
-def gpu_counts(spec: int | str | None) -> list[int]:
-    """``--gpus``: a count, ``auto`` (1, 2, 4, 8) or a range ``A-B`` (the powers of 2 in it),
-    each within one machine."""
-    from whichgpu.estimate.data_parallel import check_one_node
+AUTO_COUNTS = (1, 2, 4, 8)
+"""``--gpus auto``: the GPUs of one machine (``max_gpus_per_node`` in the link data is 8)."""
+AUTO_CLUSTERS = (16, 32, 64)
+"""``--gpus auto`` beyond one machine: clusters of 2, 4 and 8 machines of 8, ranked only when
+no machine of ``AUTO_COUNTS`` meets the question's deadline (``whichgpu.api.recommend``)."""
+
+
+def gpu_counts(
+    spec: int | str | None,
+    mode: str = "train",
+    network: str | None = None,
+    *,
+    one_machine: bool = False,
+) -> list[int]:
+    """``--gpus``: a count, ``auto`` (``AUTO_COUNTS``: one machine) or a range ``A-B`` (the
+    powers of 2 in it). Beyond one machine's 8 the GPUs are a cluster of machines of 8 joined
+    by the fabric ``network`` names (None: the default): ``check_gpu_count`` refuses what
+    cannot be timed there (a count 8 does not divide, more than 4,096, serving across
+    machines, an unknown fabric), a range's counts included. ``one_machine``: the answer
+    prices one machine only (``report``), and more GPUs are refused (``check_one_node``)."""
+    from whichgpu.estimate.data_parallel import check_gpu_count, check_one_node
 
     if spec is None:
-        return [1]
-    if isinstance(spec, int):
+        counts = [1]
+    elif isinstance(spec, int):
         counts = [spec]
     else:
         text = str(spec).strip().lower()
         try:
             if text == "auto":
-                counts = [1, 2, 4, 8]
+                counts = list(AUTO_COUNTS)
             elif "-" in text:
                 low, high = (int(x) for x in text.split("-", 1))
                 if low > high:
                     raise UsageError(
                         f"--gpus: the range '{spec}' runs backwards; write {high}-{low}."
                     )
-                counts = [n for n in (1, 2, 4, 8) if low <= n <= high] or [low]
+                powers = (2**k for k in range(max(high, 1).bit_length()))
+                counts = [n for n in powers if low <= n <= high] or [low]
             else:
                 counts = [int(text)]
         except ValueError as exc:
@@ -266,7 +284,9 @@ def gpu_counts(spec: int | str | None) -> list[int]:
     if any(n < 1 for n in counts):
         raise UsageError(f"--gpus: counts start at 1, not {spec}.")
     for n in counts:
-        check_one_node(n)
+        if one_machine:
+            check_one_node(n)
+        check_gpu_count(n, mode, network)
     return counts
 
 

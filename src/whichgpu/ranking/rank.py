@@ -19,6 +19,11 @@ constraints, orders the survivors by the metric the question calls for and write
   price (board power of the GPUs plus the class's CPU figure).
 - Rent: the cheapest on-demand rate per GPU-hour (or the provider's) offered for that many GPUs
   in one machine (``Price.instance_gpus``), times the count.
+- A cluster (more GPUs than a node's 8: ``estimate.data_parallel.node_count`` machines of 8
+  joined by the run's fabric): each machine priced as one 8-GPU machine (rent: the rate for 8
+  in one machine; buy: 8 GPUs + the server's base system, and each machine's electricity),
+  times the machines; the fabric's switches and cables are not priced (no sourced figure), and
+  the assumptions say that a rate does not tell which clouds join their machines by it.
 - Uncertainty: a predicted throughput carries its band; when the runner-up's best case beats
   the leader's worst case on the metric, the ranking says they are too close to call.
 """
@@ -37,6 +42,7 @@ from whichgpu.cost import build_checks, job_energy, machine_power_w
 from whichgpu.cost.base_system import base_system_cost
 from whichgpu.cost.pricing import cloud_price, machine_sizes, price_note, purchase_price
 from whichgpu.errors import UsageError
+from whichgpu.estimate.data_parallel import fabric_note, get_fabric, node_count
 from whichgpu.estimate.prediction import half_precision_note
 from whichgpu.numbers import significant
 from whichgpu.ranking.question import Question
@@ -258,6 +264,9 @@ def rank(
             )
         extra += software
         purchase = hourly = None
+        # beyond one machine's GPUs: machines of the node's size, each priced as one machine
+        machines = node_count(option.count)
+        per_machine = option.count // machines
         if q.mode == "buy":
             price = _buying_price(catalog, option.gpu.id, q.used)
             if price is None:
@@ -268,13 +277,16 @@ def rank(
             if not q.gpu_only:
                 # modules (SXM, OAM) sit on a server's baseboard, never in a desktop
                 module = option.gpu.is_module
-                build = build_class_for(option.count, module=module)
-                base = base_system_cost(option.gpu, option.count, build, shipped_cost_data().rules)
+                build = build_class_for(per_machine, module=module)
+                base = base_system_cost(option.gpu, per_machine, build, shipped_cost_data().rules)
                 if base is None:
                     exclude(option, "price", f"no base system cost for a {build.id}")
                     continue
-                purchase += base.usd
-                note += f" + {base.describe()}"
+                purchase += base.usd * machines
+                note += f" + {machines} x " if machines > 1 else " + "
+                note += base.describe()
+            if machines > 1:
+                note = f"{machines} machines of {per_machine}: {note}"
                 if module:
                     form = option.gpu.form_factor.value.upper() if option.gpu.form_factor else ""
                     extra.append(
@@ -290,7 +302,8 @@ def rank(
             if q.budget_usd is not None and purchase > q.budget_usd:
                 reason = (
                     f"over budget by ${purchase - q.budget_usd:,.0f} "
-                    f"(${purchase:,.0f} for the {'GPUs' if q.gpu_only else 'machine'})"
+                    f"(${purchase:,.0f} for the "
+                    f"{'GPUs' if q.gpu_only else 'machine' if machines == 1 else 'machines'})"
                 )
                 if cheaper is not None:
                     saving = (price.usd - cheaper.usd) * option.count
@@ -308,16 +321,24 @@ def rank(
                 )
         else:
             try:
-                price = cloud_price(catalog, option.gpu, q.provider, gpus=option.count)
+                price = cloud_price(catalog, option.gpu, q.provider, gpus=per_machine)
             except UsageError:
-                exclude(option, "price", _no_rental(catalog, option.gpu, option.count, q.provider))
+                exclude(option, "price", _no_rental(catalog, option.gpu, per_machine, q.provider))
                 continue
             hourly = price.usd * option.count
             note = f"{option.count} x {price_note(price)}"
-            if option.count > 1 and price.instance_gpus is None:
+            if machines > 1:
+                note = f"{machines} machines of {per_machine}: {note}"
+            if per_machine > 1 and price.instance_gpus is None:
                 extra.append(
                     f"the source of {price.provider}'s rate does not say that it rents "
-                    f"{option.count} in one machine; check before counting on their links"
+                    f"{per_machine} in one machine; check before counting on their links"
+                )
+            if machines > 1:
+                extra.append(
+                    f"assumes {price.provider} rents {machines} such machines at once, joined "
+                    f"by {get_fabric(run.network).name}: its rate in the catalog does not say "
+                    "which fabric joins its machines, nor how many it has free"
                 )
         units = job_units(q.job, unit, units_per_sample) if q.job is not None else None
         hours = q.job.hours if q.job is not None else None
@@ -337,7 +358,7 @@ def rank(
             assert purchase is not None
             cost = purchase
             if hours is not None and option.gpu.tdp_w is not None:
-                power = machine_power_w(option.gpu, option.count, catalog=catalog)
+                power = machine_power_w(option.gpu, per_machine, catalog=catalog) * machines
                 energy = job_energy(power, hours, region=region)
                 energy_kwh, electricity, co2 = (
                     energy.energy_kwh,
@@ -363,7 +384,7 @@ def rank(
             ppd = throughput * SECONDS_PER_HOUR / hourly
         if option.count > 1 and q.mode == "buy":
             try:
-                report = build_checks(option.gpu, option.count, catalog=catalog)
+                report = build_checks(option.gpu, per_machine, catalog=catalog)
             except UsageError as exc:  # not a card to build into a machine (a SoC, a TPU)
                 exclude(option, "build", str(exc))
                 continue
@@ -375,7 +396,7 @@ def rank(
                     f"priced as a {report.build_class} with a {report.psu_w:,.0f} W power "
                     f"supply, below the {report.load_w or 0:,.0f} W the machine draws; a bigger "
                     "or second supply is not in the price (whichgpu cost build --gpu "
-                    f"{option.gpu.id} --count {option.count})",
+                    f"{option.gpu.id} --count {per_machine})",
                 )
                 continue
             extra += [
@@ -384,7 +405,7 @@ def rank(
         owned_hourly = None
         if q.mode == "buy" and q.serving is not None and option.gpu.tdp_w is not None:
             assert purchase is not None
-            power = machine_power_w(option.gpu, option.count, catalog=catalog)
+            power = machine_power_w(option.gpu, per_machine, catalog=catalog) * machines
             years = shipped_cost_data().rules.default_years
             hour = job_energy(power, 1.0, region=region).electricity_usd
             if hour is not None:
@@ -539,7 +560,10 @@ def _closeness(
 
 
 def _label(p: _Priced) -> str:
-    return f"{p.option.count} x {p.option.gpu.name}" if p.option.count > 1 else p.option.gpu.name
+    o = p.option
+    machines = node_count(o.count)
+    label = f"{o.count} x {o.gpu.name}" if o.count > 1 else o.gpu.name
+    return f"{label} ({machines} machines)" if machines > 1 else label
 
 
 def _work_job(q: Question) -> bool:
@@ -637,6 +661,16 @@ def _candidate(
         reasons.append(f"predicted {p.throughput:,.0f} {unit} (band {p.low:,.0f}-{p.high:,.0f})")
         if o.speed is not None and o.speed.calibrated_on:
             reasons.append(o.speed.calibrated_on)
+    machines = node_count(o.count)
+    network = None
+    if machines > 1:
+        fabric = get_fabric(m.run.network)
+        network = fabric.id
+        reasons.append(
+            f"a cluster of {machines} machines of {o.count // machines} x {o.gpu.name} joined by "
+            f"{fabric.name} ({fabric.id}): fit is per GPU of the {o.count}, the throughput "
+            "theirs together; each machine is priced as one"
+        )
     if o.count > 1 and o.speed is not None and o.speed.scaling_efficiency is not None:
         reasons.append(
             f"{o.count} GPUs scale to {o.speed.scaling_efficiency:.0%} of {o.count} x one over "
@@ -673,6 +707,8 @@ def _candidate(
         gpu=o.gpu.id,
         gpu_name=o.gpu.name,
         count=o.count,
+        machines=machines,
+        network=network,
         fits=True,
         max_batch_size=m.max_batch_size,
         batch_size=m.batch_size,
@@ -723,7 +759,9 @@ def _answer(
             f" {hints}" if hints else ""
         )
     top = candidates[0]
-    what = f"{top.count} x {top.gpu_name}" if top.count > 1 else top.gpu_name
+    what = _what(top)
+    if top.network is not None:
+        what += f" joined by {get_fabric(top.network).name}"
     verb = "Buy" if q.mode == "buy" else "Rent"
     how = {
         "cost": f"the cheapest way to finish {q.job.describe() if q.job else 'the job'}: "
@@ -744,12 +782,18 @@ def _answer(
     if top.time_s is not None and metric != "time":
         text += f", done in {top.time_s / SECONDS_PER_HOUR:,.1f} h"
     if len(candidates) > 1:
-        second = candidates[1]
-        other = f"{second.count} x {second.gpu_name}" if second.count > 1 else second.gpu_name
-        text += f". Runner-up: {other}."
+        text += f". Runner-up: {_what(candidates[1])}."
     else:
         text += "."
     return text
+
+
+def _what(c: Candidate) -> str:
+    """The candidate's GPUs in words: ``H100 SXM``, ``8 x H100 SXM``, ``2 machines of 8 x H100
+    SXM (16 GPUs)``."""
+    if c.machines > 1:
+        return f"{c.machines} machines of {c.count // c.machines} x {c.gpu_name} ({c.count} GPUs)"
+    return f"{c.count} x {c.gpu_name}" if c.count > 1 else c.gpu_name
 
 
 def _no_rental(catalog: Catalog, gpu: GpuSpec, count: int, provider: str | None) -> str:
@@ -870,6 +914,9 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
         )
     if any(p.option.count > 1 and p.option.memory.run.mode == "train" for p in priced):
         notes.append("several GPUs train data parallel, each with its own batch")
+    clusters = sorted({p.option.count for p in priced if node_count(p.option.count) > 1})
+    if clusters:
+        notes.append(_cluster_assumption(q, clusters, priced[0].option.memory.run.network))
     notes.extend(q.notes)
     if any(p.option.memory.run.mode == "inference" and p.option.count > 1 for p in priced):
         notes.append(
@@ -877,3 +924,28 @@ def _assumptions(q: Question, metric: RankMetric, priced: list[_Priced]) -> tupl
             "the work each, and two all-reduces of the hidden states per layer"
         )
     return tuple(notes)
+
+
+def _cluster_assumption(q: Question, counts: Sequence[int], network: str | None) -> str:
+    """What ranking clusters of machines (``counts`` GPUs, machines of a node's size) assumes,
+    in words: the fabric, and how the cluster is priced."""
+    machines = ", ".join(str(node_count(n)) for n in counts)
+    gpus = ", ".join(str(n) for n in counts)
+    size = counts[0] // node_count(counts[0])
+    text = (
+        f"clusters: {gpus} GPUs are {machines} machines of {size} joined by "
+        f"{fabric_note(network)} (whichgpu predict --gpus N --network: data parallel across "
+        "the machines); "
+    )
+    if q.mode == "rent":
+        return text + (
+            f"rented at the rate of one {size}-GPU machine (as above) x machines, assuming the "
+            "provider rents that many at once joined by that fabric: the catalog's rates do not "
+            "say which clouds join their machines by InfiniBand or RoCE"
+        )
+    machine = "its GPUs alone (--gpu-only)" if q.gpu_only else "GPUs + the server build class"
+    return text + (
+        f"bought as that many {size}-GPU machines, each priced as one ({machine}), and their "
+        "electricity x machines; the fabric's switches, cables and network cards are not "
+        "priced (the cost data has no sourced figure for them)"
+    )
