@@ -2215,6 +2215,12 @@ class Candidate(_Frozen):
     reasons: tuple[str, ...]
     """Why it ranks where it does, and what to know about it."""
 
+    def label(self) -> str:
+        """The candidate's GPUs, short: ``H100 SXM``, ``8 x H100 SXM``, ``16 x H100 SXM (2
+        machines)``."""
+        name = f"{self.count} x {self.gpu_name}" if self.count > 1 else self.gpu_name
+        return f"{name} ({self.machines} machines)" if self.machines > 1 else name
+
 
 ExclusionKind = Literal["memory", "batch", "speed", "price", "budget", "time", "build"]
 """What rules a GPU out of a ranking (``EXCLUSION_LABELS`` says each in words)."""

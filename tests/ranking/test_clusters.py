@@ -34,6 +34,7 @@ def test_renting_16_gpus_prices_two_8_gpu_machines_at_the_speed_predict_gives(
     )
     (top,) = ranking.ranking
     assert (top.count, top.machines, top.network) == (16, 2, "ib-hdr")
+    assert top.label() == f"16 x {top.gpu_name} (2 machines)"  # the table's GPU column
     machine = cloud_price(load_catalog(), load_catalog().get("h100-sxm"), gpus=8)
     assert top.hourly_usd == pytest.approx(machine.usd * 8 * 2)
     assert top.price_note.startswith("2 machines of 8: 16 x ")

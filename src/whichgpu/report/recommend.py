@@ -63,7 +63,7 @@ def recommend_view(ranking: Ranking) -> RenderableType:
         for column in columns:
             table.add_column(column, justify="left" if column in ("GPU", "source") else "right")
         for c in ranking.ranking:
-            name = f"{c.count} x {c.gpu_name}" if c.count > 1 else c.gpu_name
+            name = c.label()
             cells = [
                 str(c.rank),
                 escape(name),
@@ -79,7 +79,7 @@ def recommend_view(ranking: Ranking) -> RenderableType:
             table.add_row(*cells)
         parts.append(table)
         for c in ranking.ranking[:3]:
-            name = f"{c.count} x {c.gpu_name}" if c.count > 1 else c.gpu_name
+            name = c.label()
             parts.append(Text(f"#{c.rank} {name}", style="bold"))
             parts.extend(Text(f"  - {escape(r)}") for r in c.reasons)
     if ranking.closeness:
