@@ -111,6 +111,11 @@ def _answer(data: ReportData) -> str:
     r = data.ranking
     units = {c.perf_per_dollar_unit for c in r.ranking}
     shared_unit = units.pop() if len(units) == 1 else None  # said once, in the heading
+    run = data.run
+    # samples per optimizer step (micro-batch x accumulation x GPUs), where not the batch
+    accumulating = run.mode == "train" and (
+        run.grad_accum > 1 or any(c.count > 1 for c in r.ranking)
+    )
     columns = [
         Column("#", True),
         Column("GPU", label=True),
@@ -122,14 +127,9 @@ def _answer(data: ReportData) -> str:
         Column("cost", True),
         Column(f"per dollar ({shared_unit})" if shared_unit else "per dollar", True),
         Column("batch", True),
+        *([Column("global batch", True)] if accumulating else []),
         Column("largest batch", True),
     ]
-    run = data.run
-    accumulating = run.mode == "train" and (
-        run.grad_accum > 1 or any(c.count > 1 for c in r.ranking)
-    )
-    if accumulating:  # samples per optimizer step: micro-batch x accumulation x GPUs
-        columns.insert(10, Column("global batch", True))
     rows = [
         [
             Cell(str(c.rank), c.rank),
