@@ -902,18 +902,38 @@ class ServingEngine(_Frozen):
     """Where the engine's defaults change with the GPU's memory (GiB)."""
     small_gpu_names: tuple[str, ...] = ()
     """Name parts of GPUs that get the small default whatever their memory (vLLM: ``a100``)."""
+    token_budget_small_gpu: int | None = None
+    """``profile_tokens`` and ``prefill_chunk_tokens`` on a small GPU (vLLM's
+    ``max_num_batched_tokens`` there); None: the same on every GPU."""
     cuda_graphs_decode: bool = True
     """Whether decode steps replay captured CUDA graphs (one launch per step, no per-operator
     host dispatch)."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 
+    def is_small_gpu(self, capacity_gib: float, gpu_name: str) -> bool:
+        """Whether the engine's defaults for small GPUs apply to a GPU of ``capacity_gib``
+        named ``gpu_name``."""
+        named = any(part in gpu_name.lower() for part in self.small_gpu_names)
+        return capacity_gib < self.large_gpu_gib or named
+
     def max_sequences_on(self, capacity_gib: float, gpu_name: str) -> int:
         """The scheduler's cap on running sequences on a GPU of ``capacity_gib`` named
         ``gpu_name``."""
-        named = any(part in gpu_name.lower() for part in self.small_gpu_names)
-        small = capacity_gib < self.large_gpu_gib or named
+        small = self.is_small_gpu(capacity_gib, gpu_name)
         return self.max_sequences_small_gpu if small else self.max_sequences
+
+    def on_gpu(self, capacity_gib: float, gpu_name: str) -> ServingEngine:
+        """The engine as it runs on a GPU of ``capacity_gib`` named ``gpu_name``: its token
+        budget (profiling pass and step) and its cap on running sequences are that GPU's
+        defaults. Resolving again for the same GPU changes nothing."""
+        if not self.is_small_gpu(capacity_gib, gpu_name):
+            return self
+        budget = self.token_budget_small_gpu
+        update: dict[str, int] = {"max_sequences": self.max_sequences_small_gpu}
+        if budget is not None:
+            update |= {"profile_tokens": budget, "prefill_chunk_tokens": budget}
+        return self.model_copy(update=update)
 
 
 class ServingEstimate(_Frozen):

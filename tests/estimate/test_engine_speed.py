@@ -244,3 +244,40 @@ def test_published_serving_measurements(row: dict[str, object]) -> None:
     measured = float(str(row["tpot_ms"]))
     factor = float(str(row["tolerance_factor"]))
     assert measured / factor <= predicted <= measured * factor, (predicted, measured)
+
+
+def test_an_engine_takes_its_defaults_for_the_gpu() -> None:
+    """vLLM's OpenAI server budgets 2048 tokens a step (and profiles that many) on GPUs under
+    70 GiB and on A100s, 8192 elsewhere; TensorRT-LLM 8192 everywhere."""
+    vllm, trtllm = get_serving_engine("vllm"), get_serving_engine("tensorrt-llm")
+    h100 = vllm.on_gpu(79.1, "H100 SXM")
+    a100 = vllm.on_gpu(79.3, "A100 SXM4 80GB")
+    l40s = vllm.on_gpu(44.5, "L40S")
+    assert (h100.profile_tokens, h100.prefill_chunk_tokens, h100.max_sequences) == (
+        8192,
+        8192,
+        1024,
+    )
+    for small in (a100, l40s):
+        assert (small.profile_tokens, small.prefill_chunk_tokens, small.max_sequences) == (
+            2048,
+            2048,
+            256,
+        )
+        assert small.on_gpu(44.5, "L40S") == small  # resolving again changes nothing
+    assert vllm.provenance["token_budget_small_gpu"].source
+    trt = trtllm.on_gpu(44.5, "L40S")
+    assert (trt.profile_tokens, trt.prefill_chunk_tokens, trt.max_sequences) == (8192, 8192, 2048)
+
+
+def test_fit_serving_profiles_the_gpus_token_budget() -> None:
+    import whichgpu.api as wg
+
+    ask = {"mode": "inference", "serving": "vllm", "context": 1024, "new_tokens": 128}
+    h100, l40s = wg.fit("llama-3.2-1b", gpus=["h100-sxm", "l40s"], **ask)
+    assert h100.serving is not None and l40s.serving is not None
+    assert (h100.serving.profile_tokens, l40s.serving.profile_tokens) == (8192, 2048)
+    assert l40s.serving.activation_peak_bytes < h100.serving.activation_peak_bytes
+    (speed,) = wg.predict("llama-3.2-1b", gpus=["l40s"], concurrency=8, **ask)
+    assert speed.serving_speed is not None
+    assert any("2048-token" in a for a in speed.serving_speed.assumptions)

@@ -199,6 +199,8 @@ def serving_speed_on_gpu(
     ``path``, of weights quantized as it says (``engine_quantization``)."""
     from whichgpu.estimate.engine_speed import prefill_only_speed
 
+    # the engine's defaults on this GPU (its token budget), as its memory answer took them
+    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, gpu.name)
     run = step.run
     n = run.gpus
     context = estimate.seq_len or run.context or 1

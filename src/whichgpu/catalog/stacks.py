@@ -79,6 +79,7 @@ _ENGINE_FIELDS = (
     "max_sequences_small_gpu",
     "large_gpu_gib",
     "small_gpu_names",
+    "token_budget_small_gpu",
 )
 
 

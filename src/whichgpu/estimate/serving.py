@@ -258,6 +258,7 @@ def with_engine_storage(
     if served is None:
         return estimate
     gpus = max(served.gpus, 1)
+    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, estimate.gpu_name)
     again = serving_estimate(
         engine,
         stack,
