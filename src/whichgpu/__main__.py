@@ -2,4 +2,5 @@
 
 from whichgpu.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a spawned child process (vLLM's engine) imports it
+    raise SystemExit(main())

@@ -18,9 +18,10 @@ attributes (``whichgpu.api.fit`` is the function; its module is
 
 Each keyword function turns its keywords into a typed request once (``requests``:
 ``FitRequest``, ``PredictRequest``, ``RecommendRequest``, ``ReportRequest``,
-``ProfileRequest``, ``BenchRequest``, each naming a ``Target`` and its run) and hands it to
-the function that answers it (``answer_fit``, ``answer_predict``, … ``answer_bench``), which
-the CLI calls with the request it builds from its flags.
+``ProfileRequest``, ``BenchRequest``, ``EngineBenchRequest``, each naming a ``Target`` and its
+run) and hands it to the function that answers it (``answer_fit``, ``answer_predict``, …
+``answer_bench``, ``answer_bench_engine``), which the CLI calls with the request it builds from
+its flags.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from whichgpu.api import step as _step
 from whichgpu.api.bench import _batch_guesser as _batch_guesser
 from whichgpu.api.bench import _bench_on_catalog as _bench_on_catalog
 from whichgpu.api.bench import _seq_len_guesser as _seq_len_guesser
-from whichgpu.api.bench import answer_bench, bench
+from whichgpu.api.bench import answer_bench, answer_bench_engine, bench, bench_engine
 from whichgpu.api.catalog import compare, gpu, gpus, resolve_gpus
 from whichgpu.api.fit import answer_fit, fit
 from whichgpu.api.predict import answer_predict, predict
@@ -38,6 +39,7 @@ from whichgpu.api.recommend import answer_recommend, recommend
 from whichgpu.api.report import answer_report, report
 from whichgpu.api.requests import (
     BenchRequest,
+    EngineBenchRequest,
     FitRequest,
     PredictRequest,
     ProfileRequest,
@@ -56,6 +58,7 @@ from whichgpu.workloads.hf import read_config as read_config
 
 __all__ = [
     "BenchRequest",
+    "EngineBenchRequest",
     "FitRequest",
     "PredictRequest",
     "ProfileRequest",
@@ -64,12 +67,14 @@ __all__ = [
     "RunOptions",
     "Target",
     "answer_bench",
+    "answer_bench_engine",
     "answer_fit",
     "answer_predict",
     "answer_profile",
     "answer_recommend",
     "answer_report",
     "bench",
+    "bench_engine",
     "compare",
     "fit",
     "gpu",

@@ -4,6 +4,9 @@ The harness (``whichgpu.bench``) knows nothing of the catalog, the memory model 
 this module hands it whichgpu's own guesses of the largest batch and longest sequence as
 callbacks (from stored profiles only, so the bench's process never imports torch for them)
 and fills in each result's catalog GPU and MFU.
+
+``bench_engine`` measures through a serving engine instead (``bench --serving vllm``,
+``whichgpu.bench.engine``) and puts whichgpu's own prediction of the same run beside it.
 """
 
 from __future__ import annotations
@@ -15,10 +18,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from whichgpu.api.fit import fit
-from whichgpu.api.requests import BenchRequest, RunOptions, Target
+from whichgpu.api.predict import predict
+from whichgpu.api.requests import BenchRequest, EngineBenchRequest, RunOptions, Target
 from whichgpu.api.step import is_registered, select_target
 from whichgpu.catalog import load_catalog
-from whichgpu.errors import UsageError, require_positive
+from whichgpu.errors import NotSplittable, UsageError, WhichGpuError, option, require_positive
+from whichgpu.numbers import significant
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.profiles.stored import load_stored
 from whichgpu.schema import BenchEnvironment, BenchResult, MemoryEstimate, RunConfig
@@ -28,6 +33,7 @@ from whichgpu.workloads.base import Workload
 
 if TYPE_CHECKING:
     from whichgpu.bench import BenchOptions
+    from whichgpu.bench.engine import EngineBenchResult
     from whichgpu.bench.jobs import BenchProgress
 
 
@@ -314,3 +320,217 @@ def _bench_on_catalog(result: BenchResult) -> BenchResult:
             )
     update["notes"] = tuple(notes)
     return result.model_copy(update=update)
+
+
+ENGINE_NOT_STORED = (
+    "Not stored in the results store: it keeps whichgpu's own bench measurements (`whichgpu "
+    "bench --mode inference`), which plain PyTorch generation makes."
+)
+"""The note every engine measurement carries."""
+
+
+def bench_engine(
+    workload: str | None = None,
+    *,
+    config: Path | str | None = None,
+    task: str | None = None,
+    serving: str = "vllm",
+    device: str = "cuda",
+    gpu_count: int | None = None,
+    compare: bool = True,
+    progress: Callable[[str], None] | None = None,
+    **run_options: Any,
+) -> EngineBenchResult:
+    """Measure it through a serving engine: a causal language model served by vLLM's offline
+    ``LLM`` API on this machine's CUDA GPUs, with random weights and random token ids (no
+    download). vLLM is optional: ``pip install vllm`` on a CUDA machine.
+
+    ``run_options`` are the run configuration, with ``mode="inference"``: ``precision``
+    (``bf16`` or ``fp16``), ``context`` prompt tokens, ``new_tokens`` (at least 2) and
+    ``concurrency`` requests arriving together (default: the workload's batch size);
+    ``gpu_count`` GPUs serve it tensor parallel. ``device`` is ``"cuda"``: the engine serves on
+    the first visible GPUs (choose them with ``CUDA_VISIBLE_DEVICES``).
+
+    The result (``whichgpu.bench.engine.EngineBenchResult``) is a burst, not a steady state:
+    the burst's TTFT (the prefill of the whole wave), the TPOT (a decode step of all the
+    requests together) and the output tokens/s (prefill included); with ``compare``,
+    whichgpu's own prediction of the TPOT and output tokens/s (``predict`` with ``serving``,
+    the same run on this GPU) beside them. It is not stored in the results store.
+    ``progress`` hears what the bench is doing, once the request is checked.
+
+    The keywords become an ``EngineBenchRequest``, answered by ``answer_bench_engine``.
+    """
+    request = EngineBenchRequest(
+        Target(workload, config, task),
+        RunOptions.of(run_options),
+        engine=serving,
+        gpu_count=gpu_count,
+        device=device,
+        compare=compare,
+    )
+    return answer_bench_engine(request, progress=progress)
+
+
+def answer_bench_engine(
+    request: EngineBenchRequest, *, progress: Callable[[str], None] | None = None
+) -> EngineBenchResult:
+    """``bench_engine``'s answer to a typed request (see ``bench_engine``): the request is
+    checked (engine, mode, device, a causal language model with a ``config.json``), measured
+    by ``whichgpu.bench.engine.run_engine`` and, with ``request.compare``, given whichgpu's
+    prediction of the same run."""
+    from whichgpu.bench.engine import ENGINES, EngineRun, check_engine_run, run_engine
+    from whichgpu.workloads.run_config import inference_context
+
+    if request.engine not in ENGINES:
+        raise UsageError(
+            f"{option('serving')} {request.engine}: bench measures through "
+            f"{', '.join(ENGINES)} only (predict --serving also predicts tensorrt-llm)."
+        )
+    if request.run.mode != "inference":
+        raise UsageError(
+            f"{option('serving')} {request.engine} measures a language model served by the "
+            f"engine, which is inference: add {option('mode')} inference"
+            + (" (training is not served)." if request.run.mode == "train" else ".")
+        )
+    _check_engine_device(request.device)
+    target = request.target
+    if target.model is not None:
+        raise UsageError(
+            f"{option('serving')} serves a Hugging Face model from its config.json: name a "
+            f"workload or give {option('config')}, not {option('model')}."
+        )
+    chosen = select_target(target)
+    run = request.run.config(gpus=request.gpu_count)
+    check_for_workload(run, chosen.info)
+    doc = _causal_lm_config(chosen, target)
+    _check_tensor_parallel(chosen, doc, run.gpus)
+    context, new_tokens = inference_context(chosen.info, run)
+    engine_run = EngineRun(
+        workload=_engine_label(chosen, target),
+        config=doc,
+        precision=run.precision,
+        context=context,
+        new_tokens=new_tokens,
+        concurrency=run.batch_size or chosen.info.default_batch_size,
+        gpus=run.gpus,
+        engine=request.engine,
+        extra_notes=(ENGINE_NOT_STORED,),
+    )
+    check_engine_run(engine_run)  # a bad option is refused before vLLM is looked for
+    result = run_engine(engine_run, progress)
+    if not request.compare:
+        return result
+    return _with_prediction(result, target)
+
+
+def _check_engine_device(device: str) -> None:
+    """The engine serves on CUDA GPUs, from the first visible one."""
+    if device in ("cuda", "cuda:0"):
+        return
+    if device.startswith("cuda:"):
+        index = device.removeprefix("cuda:")
+        raise UsageError(
+            f"--device {device}: vLLM serves on the first visible GPUs; choose them with "
+            f"CUDA_VISIBLE_DEVICES={index} and --device cuda."
+        )
+    raise UsageError(
+        f"--device {device}: vLLM's bench serves on CUDA GPUs only (--device cuda); whichgpu's "
+        f"own bench {option('mode')} inference measures {device} without {option('serving')}."
+    )
+
+
+def _causal_lm_config(chosen: Workload, target: Target) -> dict[str, Any]:
+    """The ``config.json`` of a causal language model the engine can serve (the user's file or
+    the shipped one), or ``UsageError`` saying why there is none."""
+    import json
+
+    from whichgpu.workloads.config_tasks import task_of
+    from whichgpu.workloads.hf import read_config
+
+    name = chosen.info.name
+    try:
+        doc: dict[str, Any] = (
+            json.loads(Path(target.config).read_text(encoding="utf-8"))
+            if target.config is not None
+            else read_config(name)
+        )
+    except (OSError, ValueError) as exc:
+        raise UsageError(
+            f"{name} has no Hugging Face config.json for a serving engine to build it from "
+            f"({type(exc).__name__}); name a causal language model (`whichgpu workloads`) or "
+            f"give its {option('config')}."
+        ) from exc
+    named = doc.get("architectures") or []
+    architecture = str(named[0]) if named else None
+    does = None if architecture is None else task_of(architecture, doc)
+    if does != "causal-lm" or target.task not in (None, "causal-lm"):
+        raise UsageError(
+            f"{name} is not a causal language model ({architecture or 'no architectures'}"
+            + (f", {option('task')} {target.task}" if target.task else "")
+            + f"): {option('serving')} serves one (…ForCausalLM, …LMHeadModel)."
+        )
+    return doc
+
+
+def _check_tensor_parallel(chosen: Workload, doc: dict[str, Any], gpus: int) -> None:
+    """``NotSplittable`` where the model's heads do not split over ``gpus`` GPUs."""
+    from whichgpu.estimate.serving import tensor_parallel_refusal
+
+    refusal = tensor_parallel_refusal(doc, gpus)
+    if refusal is not None:
+        raise NotSplittable(
+            f"{chosen.info.name} cannot be served tensor parallel on {gpus} GPUs "
+            f"({option('gpu_count')}): {refusal}."
+        )
+
+
+def _engine_label(chosen: Workload, target: Target) -> str:
+    """A registered workload's name, or the user's config's architecture and file."""
+    if target.config is None:
+        return chosen.info.name
+    return f"{chosen.info.description} ({target.config})"
+
+
+def _with_prediction(result: EngineBenchResult, target: Target) -> EngineBenchResult:
+    """``result`` with whichgpu's prediction of the same run (``predict`` with ``serving``) on
+    the catalog GPU it ran on beside it, or a note saying why there is none."""
+    try:
+        gpu = load_catalog().resolve(result.gpu_name)
+        answers = predict(
+            None if target.config is not None else result.workload,
+            config=target.config,
+            task=target.task,
+            gpus=[gpu.id],
+            gpu_count=result.gpus,
+            serving=result.engine,
+            mode="inference",
+            precision=result.precision,
+            context=result.context,
+            new_tokens=result.new_tokens,
+            concurrency=result.concurrency,
+        )
+    except WhichGpuError as exc:
+        note = f"No prediction beside it: {exc}"
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    speed = answers[0].serving_speed if answers else None
+    if speed is None or speed.tpot_s is None:
+        why = "; ".join(answers.notes) or "none given"
+        note = f"No prediction beside it: whichgpu predicts no engine speed on {gpu.name} ({why})."
+        return result.model_copy(update={"notes": (*result.notes, note)})
+    note = (
+        f"Predicted by whichgpu (predict --serving {result.engine}, the same run on {gpu.name}; "
+        f"{speed.engine_label}): TPOT {significant(speed.tpot_s * 1e3)} ms (measured "
+        f"{significant(result.tpot_s * 1e3)} ms; measured / predicted "
+        f"{significant(result.tpot_s / speed.tpot_s)}), "
+        f"output tokens/s {significant(speed.output_tokens_per_s)} (measured "
+        f"{significant(result.output_tokens_per_s)}). The prediction is a steady state (each "
+        "decode step with the arriving prompts beside it; output tokens/s = concurrency / "
+        "TPOT), the measurement a burst (its output tokens/s includes the prefill)."
+    )
+    return result.model_copy(
+        update={
+            "predicted_tpot_s": speed.tpot_s,
+            "predicted_output_tokens_per_s": speed.output_tokens_per_s,
+            "notes": (*result.notes, note),
+        }
+    )

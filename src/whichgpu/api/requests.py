@@ -6,8 +6,8 @@ A request names what it is about (``Target``), how the step runs (the ``RunConfi
 given, which a preset completes before they are checked, and for ``bench`` the
 ``RunOptions`` as given, checked once the workload is known) and the question's own options.
 ``api.fit.answer_fit``, ``api.predict.answer_predict``, ``api.recommend.answer_recommend``,
-``api.report.answer_report``, ``api.profile.answer_profile`` and ``api.bench.answer_bench``
-answer them; the requests are frozen and compute nothing.
+``api.report.answer_report``, ``api.profile.answer_profile``, ``api.bench.answer_bench`` and
+``api.bench.answer_bench_engine`` answer them; the requests are frozen and compute nothing.
 """
 
 from __future__ import annotations
@@ -285,3 +285,24 @@ class BenchRequest:
     timeout_s: float | None = None
     """Stop a child process that makes no progress (builds nothing, finishes no step) for this
     many seconds (None: 600)."""
+
+
+@dataclass(frozen=True)
+class EngineBenchRequest:
+    """Measure it through a serving engine (``api.bench.bench_engine``): a burst of requests
+    to a causal language model served by vLLM on this machine's CUDA GPUs."""
+
+    target: Target
+    """The language model: a registered workload or a ``config.json`` (``--model`` has no
+    config for the engine)."""
+    run: RunOptions = field(default_factory=RunOptions)
+    """The run options as given (``mode`` inference; ``precision``, ``context``,
+    ``new_tokens``, ``concurrency``), checked once the workload is known."""
+    engine: str = "vllm"
+    """The engine measured through (``bench.engine.ENGINES``)."""
+    gpu_count: int | None = None
+    """GPUs serving the model tensor parallel (None: one)."""
+    device: str = "cuda"
+    """``cuda`` (or ``cuda:0``): the engine serves on the first visible GPUs."""
+    compare: bool = True
+    """Add whichgpu's own prediction of the same run (``predict --serving``) on the GPU."""

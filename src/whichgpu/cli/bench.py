@@ -30,7 +30,10 @@ from whichgpu.errors import (
 from whichgpu.schema import BenchResult
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from whichgpu.bench.distributed import TorchrunGroup
+    from whichgpu.bench.engine import EngineBenchResult
     from whichgpu.bench.jobs import BenchProgress
 
 EXIT_INTERRUPTED = 130
@@ -166,6 +169,17 @@ def bench(
             metavar="S",
         ),
     ] = None,
+    serving: Annotated[
+        Optional[str],  # noqa: UP045
+        typer.Option(
+            "--serving",
+            help="With --mode inference: measure a causal language model served by vLLM "
+            "(`pip install vllm`, CUDA) instead: a burst of --concurrency requests of "
+            "--context random token ids, --new-tokens each, random weights (no download); "
+            "burst TTFT, TPOT and output tokens/s, beside whichgpu's prediction. Not stored.",
+            show_default=False,
+        ),
+    ] = None,
     store: StoreOption = None,
     no_store: Annotated[bool, typer.Option("--no-store", help="Do not keep the results.")] = False,
     json: o.JsonOption = False,
@@ -189,6 +203,12 @@ def bench(
     stores and shows progress. --gpus, --find-max-batch, --find-max-seq-len and --mode
     inference are refused there.
 
+    With --serving vllm a causal language model is measured through vLLM's offline engine
+    (optional: `pip install vllm` on a CUDA machine) instead of whichgpu's own step: a burst
+    of --concurrency requests arriving together, timed with one token and with --new-tokens;
+    the result (burst TTFT, TPOT, output tokens/s, and whichgpu's prediction beside them) is
+    printed, not stored.
+
     Examples:
 
       whichgpu bench resnet50 --precision fp32 --find-max-batch
@@ -201,17 +221,126 @@ def bench(
 
       whichgpu bench --model my_model.py:build --device cpu --find-max-batch --memory-limit 2
 
+      whichgpu bench llama-3.2-1b --serving vllm --mode inference --context 1024
+      --new-tokens 128 --concurrency 32
+
       torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500
       -m whichgpu bench llama-3.2-1b --batch-size 4
     """
     from whichgpu.bench.distributed import torchrun_group
 
     group = torchrun_group(os.environ)
+    if serving is not None:
+        if group is not None:
+            raise UsageError("--serving under torchrun: the engine starts its own processes.")
+        _bench_engine(ctx, workloads, config, model, serving, json)
+        return
     if group is not None and not group.is_leader:
         with _as_rank(group):
             _bench_as_rank(ctx, group, workloads, suite, config, model, store, no_store)
         return
     _bench(ctx, workloads, suite, config, model, device, store, no_store, json)
+
+
+ENGINE_REFUSES = {
+    "suite": "--suite",
+    "find_max_batch": "--find-max-batch",
+    "find_max_seq_len": "--find-max-seq-len",
+    "memory_limit": "--memory-limit",
+    "compile": "--compile",
+    "channels_last": "--channels-last",
+    "min_seconds": "--min-seconds",
+    "min_iters": "--min-iters",
+    "timeout": "--timeout",
+    "store": "--store",
+}
+"""The flags of whichgpu's own bench that a measurement through a serving engine takes no
+value from (the engine sizes, compiles and times itself; nothing is stored)."""
+
+
+def _bench_engine(
+    ctx: typer.Context,
+    workloads: list[str] | None,
+    config: Path | None,
+    model: str | None,
+    serving: str,
+    json: bool,
+) -> None:
+    """``bench --serving``: one language model measured through the engine, printed (never
+    stored)."""
+    from whichgpu.api import answer_bench_engine
+    from whichgpu.api.requests import EngineBenchRequest, Target
+
+    given = r.parameters(ctx)
+    refused = [name for key, name in ENGINE_REFUSES.items() if given.get(key) not in (None, False)]
+    if refused:
+        raise UsageError(
+            f"{', '.join(refused)} with --serving: the engine is measured as it serves (a "
+            "burst of --concurrency requests), and the result is not stored; drop "
+            f"{'it' if len(refused) == 1 else 'them'}."
+        )
+    names = workloads or []
+    if len(names) > 1 or (names and (config is not None or model is not None)):
+        raise UsageError(
+            "--serving measures one language model: name one workload, or give --config."
+        )
+    if not names and config is None and model is None:
+        raise UsageError(
+            "Name the language model to serve (e.g. `whichgpu bench llama-3.2-1b --serving "
+            "vllm --mode inference`), or give --config FILE."
+        )
+    request = EngineBenchRequest(
+        Target(names[0] if names else None, config, given["task"], model),
+        r.run_options(ctx),
+        engine=serving,
+        gpu_count=given["gpus"],
+        device=given["device"],
+    )
+    stderr = Console(stderr=True, highlight=False)
+
+    def progress(message: str) -> None:
+        stderr.print(f"[dim]{escape(serving)}: {escape(message)} …[/]")
+
+    result = answer_bench_engine(request, progress=progress)
+    if json:
+        emit_json(result.model_dump(mode="json"))
+    else:
+        emit(_engine_view(result))
+    stderr.print("[dim]Not stored: the results store keeps whichgpu's own bench measurements.[/]")
+
+
+def _engine_view(result: EngineBenchResult) -> RenderableType:
+    """The engine measurement as a table (measured beside predicted), then its notes."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from whichgpu.numbers import significant
+
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{significant(seconds * 1e3)} ms"
+
+    on = result.gpu_name if result.gpus == 1 else f"{result.gpus} x {result.gpu_name}"
+    table = Table(
+        title=(
+            f"{escape(result.workload)} through {result.engine} {escape(result.engine_version)} "
+            f"on {escape(on)}: {result.precision}, context {result.context:,}, "
+            f"{result.new_tokens:,} new tokens, {result.concurrency:,} request(s) at once"
+        ),
+        title_justify="left",
+    )
+    table.add_column("")
+    table.add_column("measured (a burst)", justify="right")
+    table.add_column("predicted (whichgpu)", justify="right")
+    table.add_row("burst TTFT", ms(result.burst_ttft_s), "-")
+    table.add_row("TPOT", ms(result.tpot_s), ms(result.predicted_tpot_s))
+    table.add_row(
+        "output tokens/s",
+        significant(result.output_tokens_per_s),
+        significant(result.predicted_output_tokens_per_s),
+    )
+    notes = Text("\n".join(f"- {note}" for note in result.notes), style="dim")
+    return Group(table, notes)
 
 
 def _bench_as_rank(
