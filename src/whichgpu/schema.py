@@ -1114,6 +1114,14 @@ class ServingSpeed(_Frozen):
     busy); None without a price."""
     price_source: str | None = None
     """Which price it is (provider, date, source), in words."""
+    burst_ttft_s: float | None = None
+    """The ``concurrency`` requests arriving together instead (an offline batch): the time to
+    first token of the last of them, the prefill of every prompt in the engine's token
+    budget. None for prefill-only requests and answers from before it."""
+    burst_tpot_s: float | None = None
+    """The same burst: a decode step of all of them together, no prompt beside it."""
+    burst_output_tokens_per_s: float | None = None
+    """The same burst: its generated tokens over its wall time, prefill included."""
     assumptions: tuple[str, ...] = ()
     """What the answer assumes, in words."""
 

@@ -189,9 +189,13 @@ def test_the_prediction_of_the_same_run_goes_beside_the_measurement(fake_vllm: S
     )
     speed = predicted.serving_speed
     assert speed is not None
-    assert result.predicted_tpot_s == speed.tpot_s
-    assert result.predicted_output_tokens_per_s == speed.output_tokens_per_s
-    assert any(n.startswith("Predicted by whichgpu") for n in result.notes)
+    # like for like: the prediction of the same burst, not of the steady state
+    assert result.predicted_tpot_s == speed.burst_tpot_s
+    assert result.predicted_burst_ttft_s == speed.burst_ttft_s
+    assert result.predicted_output_tokens_per_s == speed.burst_output_tokens_per_s
+    assert speed.burst_tpot_s is not None and speed.tpot_s is not None
+    assert speed.burst_tpot_s < speed.tpot_s  # no prompt beside the burst's decode steps
+    assert any(n.startswith("Predicted by whichgpu for the same burst") for n in result.notes)
 
 
 def test_a_gpu_outside_the_catalog_gets_no_prediction_but_keeps_its_measurement(

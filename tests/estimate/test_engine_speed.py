@@ -281,3 +281,17 @@ def test_fit_serving_profiles_the_gpus_token_budget() -> None:
     (speed,) = wg.predict("llama-3.2-1b", gpus=["l40s"], concurrency=8, **ask)
     assert speed.serving_speed is not None
     assert any("2048-token" in a for a in speed.serving_speed.assumptions)
+
+
+def test_a_burst_prefills_every_prompt_then_decodes_them_together() -> None:
+    speed = EngineSpeed(_shape(), _rates(tensor=250e12), chunk_tokens=2048)
+    burst = speed.burst(8, 1000, 128)  # 8,000 prompt tokens: three full steps and 1,856
+    full = speed._step(2048, 2048 * 1000 / 2, 2048).seconds
+    rest = speed._step(1856, 1856 * 1000 / 2, 1856).seconds
+    assert burst.ttft_s == pytest.approx(3 * full + rest)
+    assert burst.tpot_s == speed.decode(8, 1000, 128).seconds
+    wall = burst.ttft_s + 127 * burst.tpot_s
+    assert burst.output_tokens_per_s == pytest.approx(8 * 128 / wall)
+    # the steady state's step carries the next prompts beside the decodes: slower
+    steady, _ = speed.steady_step(8, 1000, 128)
+    assert burst.tpot_s < steady.seconds

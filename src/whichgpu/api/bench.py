@@ -513,24 +513,27 @@ def _with_prediction(result: EngineBenchResult, target: Target) -> EngineBenchRe
         note = f"No prediction beside it: {exc}"
         return result.model_copy(update={"notes": (*result.notes, note)})
     speed = answers[0].serving_speed if answers else None
-    if speed is None or speed.tpot_s is None:
+    if speed is None or speed.burst_tpot_s is None or speed.burst_ttft_s is None:
         why = "; ".join(answers.notes) or "none given"
         note = f"No prediction beside it: whichgpu predicts no engine speed on {gpu.name} ({why})."
         return result.model_copy(update={"notes": (*result.notes, note)})
+    tpot, ttft = speed.burst_tpot_s, speed.burst_ttft_s
     note = (
-        f"Predicted by whichgpu (predict --serving {result.engine}, the same run on {gpu.name}; "
-        f"{speed.engine_label}): TPOT {significant(speed.tpot_s * 1e3)} ms (measured "
-        f"{significant(result.tpot_s * 1e3)} ms; measured / predicted "
-        f"{significant(result.tpot_s / speed.tpot_s)}), "
-        f"output tokens/s {significant(speed.output_tokens_per_s)} (measured "
-        f"{significant(result.output_tokens_per_s)}). The prediction is a steady state (each "
-        "decode step with the arriving prompts beside it; output tokens/s = concurrency / "
-        "TPOT), the measurement a burst (its output tokens/s includes the prefill)."
+        f"Predicted by whichgpu for the same burst (predict --serving {result.engine}, the "
+        f"same run on {gpu.name}; {speed.engine_label}): burst TTFT "
+        f"{significant(ttft * 1e3)} ms (measured {significant(result.burst_ttft_s * 1e3)}), "
+        f"TPOT {significant(tpot * 1e3)} ms (measured {significant(result.tpot_s * 1e3)} ms; "
+        f"measured / predicted {significant(result.tpot_s / tpot)}), output tokens/s "
+        f"{significant(speed.burst_output_tokens_per_s or 0.0)} (measured "
+        f"{significant(result.output_tokens_per_s)}). Its steady state at this concurrency "
+        f"(requests arriving as others finish): TPOT {significant((speed.tpot_s or 0) * 1e3)} "
+        f"ms, {significant(speed.output_tokens_per_s)} output tokens/s."
     )
     return result.model_copy(
         update={
-            "predicted_tpot_s": speed.tpot_s,
-            "predicted_output_tokens_per_s": speed.output_tokens_per_s,
+            "predicted_burst_ttft_s": ttft,
+            "predicted_tpot_s": tpot,
+            "predicted_output_tokens_per_s": speed.burst_output_tokens_per_s,
             "notes": (*result.notes, note),
         }
     )

@@ -24,6 +24,7 @@ from whichgpu.schema import (
 if TYPE_CHECKING:
     from whichgpu.catalog.query import Catalog
     from whichgpu.estimate.engine_speed import (
+        BurstTimes,
         EngineSpeed,
         KvCacheDtype,
         ModelShape,
@@ -325,6 +326,7 @@ def _decoding_speed(
     hourly, source = usd_per_gpu_hour, price_source
     decode = speed.decode(concurrency, context, new)
     at = speed.point(concurrency, context, new)
+    burst = speed.burst(concurrency, context, new)
     tpot_ms, ttft_ms = targets_ms
     within = speed.within_targets(
         limit if limit is not None else concurrency, context, new, targets_ms
@@ -355,6 +357,9 @@ def _decoding_speed(
         usd_per_gpu_hour=hourly,
         usd_per_million_output_tokens=per_million,
         price_source=source,
+        burst_ttft_s=burst.ttft_s,
+        burst_tpot_s=burst.tpot_s,
+        burst_output_tokens_per_s=burst.output_tokens_per_s,
         assumptions=_decoding_assumptions(
             speed.shape,
             engine,
@@ -364,6 +369,7 @@ def _decoding_speed(
             new=new,
             quantized=quantized,
             rate_notes=rate_notes,
+            burst=burst,
         ),
     )
 
@@ -378,6 +384,7 @@ def _decoding_assumptions(
     new: int,
     quantized: tuple[str, ...],
     rate_notes: tuple[str, ...],
+    burst: BurstTimes,
 ) -> tuple[str, ...]:
     """What the engine's answer for requests that generate assumes, in words: the decode
     step's model and what it reads, the ``quantized`` weights, a mixture of experts' routing,
@@ -413,6 +420,11 @@ def _decoding_assumptions(
         f"step, within the {engine.prefill_chunk_tokens}-token budget), as a measured mean "
         "TPOT includes them; output tokens/s = concurrency / TPOT, or the prompts' pace "
         "where the budget holds them back",
+        f"burst (the same {concurrency} requests arriving together, an offline batch): their "
+        f"prompts prefilled first in steps of the {engine.prefill_chunk_tokens}-token budget "
+        f"(the last request's TTFT, {burst.ttft_s * 1e3:,.1f} ms), then a decode step of all "
+        f"of them together per token (TPOT {burst.tpot_s * 1e3:,.2f} ms): "
+        f"{burst.output_tokens_per_s:,.0f} output tokens/s, prefill included",
         *rate_notes,
         "cost per million output tokens: the cheapest catalog on-demand rate for this "
         "machine size x GPUs / output tokens per hour at this concurrency, kept busy",

@@ -138,12 +138,15 @@ class EngineBenchResult(BaseModel):
     time, prefill included."""
     measured_s: float
     """Seconds of the two timed ``generate`` calls together."""
+    predicted_burst_ttft_s: float | None = None
+    """whichgpu's prediction of the burst TTFT (``predict --serving``'s ``burst_ttft_s``, the
+    same run on this GPU), s; None where it has none."""
     predicted_tpot_s: float | None = None
-    """whichgpu's prediction of the TPOT (``predict --serving``, the same run on this GPU), s;
-    None where it has none."""
+    """whichgpu's prediction of the burst's TPOT (``burst_tpot_s``), s; None where it has
+    none."""
     predicted_output_tokens_per_s: float | None = None
-    """whichgpu's prediction of the output tokens/s (steady state: ``concurrency / TPOT``);
-    None where it has none."""
+    """whichgpu's prediction of the burst's output tokens/s (``burst_output_tokens_per_s``,
+    prefill included); None where it has none."""
     notes: tuple[str, ...] = ()
     """What each figure is, how it was measured, and the comparison with the prediction."""
 

@@ -332,7 +332,7 @@ def _engine_view(result: EngineBenchResult) -> RenderableType:
     table.add_column("")
     table.add_column("measured (a burst)", justify="right")
     table.add_column("predicted (whichgpu)", justify="right")
-    table.add_row("burst TTFT", ms(result.burst_ttft_s), "-")
+    table.add_row("burst TTFT", ms(result.burst_ttft_s), ms(result.predicted_burst_ttft_s))
     table.add_row("TPOT", ms(result.tpot_s), ms(result.predicted_tpot_s))
     table.add_row(
         "output tokens/s",

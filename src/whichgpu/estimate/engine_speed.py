@@ -502,6 +502,18 @@ class StepCost:
     """Whether the bytes (not the FLOPs) set the time."""
 
 
+@dataclass(frozen=True)
+class BurstTimes:
+    """A burst of requests arriving together (``EngineSpeed.burst``)."""
+
+    ttft_s: float
+    """Time to first token of the burst's last request: the prefill of every prompt."""
+    tpot_s: float
+    """A decode step of all the requests together."""
+    output_tokens_per_s: float
+    """The burst's generated tokens over its wall time, prefill included."""
+
+
 class EngineSpeed:
     """The engine's step times for one model on one GPU type (or N tensor-parallel GPUs)."""
 
@@ -595,6 +607,29 @@ class EngineSpeed:
             seconds += self._chunk_step(others, length, done, size).seconds
             done += size
         return seconds
+
+    def burst(self, concurrency: int, context: int, new_tokens: int) -> BurstTimes:
+        """``concurrency`` requests of ``context`` prompt tokens arriving together (an offline
+        batch, or a benchmark's first wave): the engine prefills the prompts in steps of its
+        token budget, then decodes all of them together, no prompt beside them. TTFT of the
+        last request = the prefill steps; TPOT = a decode step of them all at the
+        generation's average length; output tokens/s = ``concurrency x new_tokens`` over the
+        prefill and the ``new_tokens - 1`` decode steps after it."""
+        total = concurrency * context
+        budget = max(self.chunk_tokens, 1)
+        full, rest = divmod(total, budget)
+        prefill_s = 0.0
+        for tokens, count in ((budget, full), (rest, 1 if rest else 0)):
+            if count:  # each prompt token attends over half its prompt on average
+                step = self._step(tokens, tokens * context / 2, tokens)
+                prefill_s += count * step.seconds
+        tpot = self.decode(concurrency, context, new_tokens).seconds
+        wall = prefill_s + max(new_tokens - 1, 0) * tpot
+        return BurstTimes(
+            ttft_s=prefill_s,
+            tpot_s=tpot,
+            output_tokens_per_s=concurrency * new_tokens / wall,
+        )
 
     def _chunk_step(self, others: int, length: float, done: int, size: int) -> StepCost:
         """A step of ``others`` decodes at ``length`` and a prompt chunk of ``size`` tokens
