@@ -917,12 +917,6 @@ class ServingEngine(_Frozen):
         named = any(part in gpu_name.lower() for part in self.small_gpu_names)
         return capacity_gib < self.large_gpu_gib or named
 
-    def max_sequences_on(self, capacity_gib: float, gpu_name: str) -> int:
-        """The scheduler's cap on running sequences on a GPU of ``capacity_gib`` named
-        ``gpu_name``."""
-        small = self.is_small_gpu(capacity_gib, gpu_name)
-        return self.max_sequences_small_gpu if small else self.max_sequences
-
     def on_gpu(self, capacity_gib: float, gpu_name: str) -> ServingEngine:
         """The engine as it runs on a GPU of ``capacity_gib`` named ``gpu_name``: its token
         budget (profiling pass and step) and its cap on running sequences are that GPU's
@@ -2244,10 +2238,14 @@ class Candidate(_Frozen):
     """Why it ranks where it does, and what to know about it."""
 
     def label(self) -> str:
-        """The candidate's GPUs, short: ``H100 SXM``, ``8 x H100 SXM``, ``16 x H100 SXM (2
-        machines)``."""
-        name = f"{self.count} x {self.gpu_name}" if self.count > 1 else self.gpu_name
-        return f"{name} ({self.machines} machines)" if self.machines > 1 else name
+        """The candidate's GPUs, short (``gpus_label``)."""
+        return gpus_label(self.count, self.gpu_name, self.machines)
+
+
+def gpus_label(count: int, gpu_name: str, machines: int = 1) -> str:
+    """GPUs in words, short: ``H100 SXM``, ``8 x H100 SXM``, ``16 x H100 SXM (2 machines)``."""
+    name = f"{count} x {gpu_name}" if count > 1 else gpu_name
+    return f"{name} ({machines} machines)" if machines > 1 else name
 
 
 ExclusionKind = Literal["memory", "batch", "speed", "price", "budget", "time", "build"]

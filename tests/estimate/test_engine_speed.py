@@ -20,6 +20,7 @@ from whichgpu.estimate.engine_speed import (
 )
 from whichgpu.estimate.serving import serving_estimate
 from whichgpu.estimate.throughput import gpu_rates, load_inference_parameters
+from whichgpu.schema import ServingEngine, ServingEstimate
 from whichgpu.units import GB
 
 REFERENCE = Path(__file__).parents[1] / "data" / "serving_reference.json"
@@ -118,10 +119,16 @@ def test_the_scheduler_caps_running_sequences() -> None:
         "tokens_per_sequence": 256,
     }
     vllm, trtllm = get_serving_engine("vllm"), get_serving_engine("tensorrt-llm")
-    h100 = serving_estimate(vllm, stack, capacity_bytes=80 * GB, gpu_name="H100 SXM", **small)
-    a100 = serving_estimate(vllm, stack, capacity_bytes=80 * GB, gpu_name="A100 SXM4 80GB", **small)
-    l40s = serving_estimate(vllm, stack, capacity_bytes=48 * GB, gpu_name="L40S", **small)
-    trt = serving_estimate(trtllm, stack, capacity_bytes=80 * GB, gpu_name="H100 SXM", **small)
+
+    def on(engine: ServingEngine, gb: int, name: str) -> ServingEstimate:
+        """The engine as it runs on that GPU (``on_gpu``), sized there."""
+        ran = engine.on_gpu(gb * GB / 2**30, name)
+        return serving_estimate(ran, stack, capacity_bytes=gb * GB, **small)
+
+    h100 = on(vllm, 80, "H100 SXM")
+    a100 = on(vllm, 80, "A100 SXM4 80GB")
+    l40s = on(vllm, 48, "L40S")
+    trt = on(trtllm, 80, "H100 SXM")
     assert (h100.max_concurrency, a100.max_concurrency, l40s.max_concurrency) == (1024, 256, 256)
     assert trt.max_concurrency == 2048
     held = h100.kv_blocks // h100.blocks_per_sequence
@@ -135,10 +142,9 @@ def test_the_scheduler_caps_running_sequences() -> None:
         assert engine.provenance["max_sequences"].source
     # a long request: the KV cache binds first, and nothing is said of the cap
     long = serving_estimate(
-        vllm,
+        vllm.on_gpu(80 * GB / 2**30, "H100 SXM"),
         stack,
         capacity_bytes=80 * GB,
-        gpu_name="H100 SXM",
         **{**small, "tokens_per_sequence": 32768},
     )
     assert long.max_concurrency == long.kv_blocks // long.blocks_per_sequence < 1024

@@ -876,7 +876,6 @@ def _serving(
         tokens_per_sequence=context
         + (new_tokens if new_tokens is not None else (profile.run.new_tokens or 0)),
         gpus=gpus,
-        gpu_name=gpu_name,
     )
 
 

@@ -140,11 +140,11 @@ def serving_estimate(
     kv_per_token_bytes: int,
     tokens_per_sequence: int,
     gpus: int = 1,
-    gpu_name: str = "",
 ) -> ServingEstimate:
     """The engine's KV-cache budget on a GPU of ``capacity_bytes`` and the sequences it holds:
-    as many as the blocks allow, up to the scheduler's cap on running sequences on that GPU
-    (``ServingEngine.max_sequences_on``, ``gpu_name`` its catalog name).
+    as many as the blocks allow, up to the scheduler's cap on running sequences
+    (``engine.max_sequences``; the caller gives the engine as it runs on that GPU,
+    ``ServingEngine.on_gpu``).
 
     ``budget = floor(utilization x capacity) - weights - activation peak - non-torch`` (the
     CUDA context of ``stack``, and its NCCL buffers when ``gpus`` > 1); an engine whose
@@ -176,7 +176,7 @@ def serving_estimate(
     block_bytes = engine.block_size_tokens * kv_per_token_bytes
     blocks = max(0, kv_budget) // block_bytes
     per_sequence = math.ceil(tokens_per_sequence / engine.block_size_tokens)
-    cap = engine.max_sequences_on(capacity_bytes / 2**30, gpu_name)
+    cap = engine.max_sequences
     held = blocks // per_sequence
     capped = (
         (
@@ -269,7 +269,6 @@ def with_engine_storage(
         kv_per_token_bytes=kv_per_token_bytes or served.kv_bytes_per_token,
         tokens_per_sequence=served.tokens_per_sequence,
         gpus=gpus,
-        gpu_name=estimate.gpu_name,
     )
     labels = [served.engine_label]
     notes = list(again.assumptions)

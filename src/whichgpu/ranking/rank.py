@@ -61,6 +61,7 @@ from whichgpu.schema import (
     RunConfig,
     ThroughputEstimate,
     Vendor,
+    gpus_label,
 )
 from whichgpu.units import DAYS_PER_YEAR, GIB, HOURS_PER_DAY, SECONDS_PER_HOUR
 
@@ -561,9 +562,7 @@ def _closeness(
 
 def _label(p: _Priced) -> str:
     o = p.option
-    machines = node_count(o.count)
-    label = f"{o.count} x {o.gpu.name}" if o.count > 1 else o.gpu.name
-    return f"{label} ({machines} machines)" if machines > 1 else label
+    return gpus_label(o.count, o.gpu.name, node_count(o.count))
 
 
 def _work_job(q: Question) -> bool:
