@@ -1019,6 +1019,42 @@ class ServingSpeedPoint(_Frozen):
     it."""
 
 
+class ServingBenchmark(_Frozen):
+    """What a closed-loop benchmark of fixed-length requests would report
+    (``ServingSpeed.benchmark``, ``whichgpu.estimate.engine_run``): ``requests`` prompts sent
+    so that ``concurrency`` are in flight (``vllm bench serve --max-concurrency C --num-prompts
+    N --request-rate inf``), simulated step by step, the first wave arriving together."""
+
+    requests: int
+    """Prompts sent in all."""
+    concurrency: int
+    """Requests the client keeps in flight."""
+    running_limit: int
+    """The most sequences the engine runs at once (its scheduler's cap or its KV cache)."""
+    mean_ttft_s: float
+    """Time to first token, mean over the requests: arrival to the end of the step that
+    finishes the prompt (waiting for a slot and for the token budget included), s."""
+    median_ttft_s: float
+    """Time to first token, median over the requests, s."""
+    settled_mean_ttft_s: float | None
+    """Time to first token, mean over the requests after the first wave (the first
+    ``concurrency``, which arrive together): what a long run settles to, s; None when every
+    request is in the first wave."""
+    settled_median_ttft_s: float | None
+    """Time to first token, median over the requests after the first wave, s."""
+    mean_tpot_s: float | None
+    """Time per output token after the first, ``(end - first token) / (new_tokens - 1)``,
+    mean over the requests, s; None when each generates one token."""
+    median_tpot_s: float | None
+    """Time per output token, median over the requests, s."""
+    output_tokens_per_s: float
+    """``requests x new_tokens`` over the run's duration."""
+    duration_s: float
+    """From the first request's arrival to the last one's end, s."""
+    steps: int
+    """Engine steps the run took."""
+
+
 class ServingSpeed(_Frozen):
     """How fast a serving engine (CUDA graphs, paged KV cache, chunked prefill) serves a
     language model on one GPU or ``gpus`` tensor-parallel ones (``predict --serving``).
@@ -1116,6 +1152,10 @@ class ServingSpeed(_Frozen):
     """The same burst: a decode step of all of them together, no prompt beside it."""
     burst_output_tokens_per_s: float | None = None
     """The same burst: its generated tokens over its wall time, prefill included."""
+    benchmark: ServingBenchmark | None = None
+    """With ``requests`` asked: a closed-loop benchmark of that many requests at
+    ``concurrency``, as a benchmark client reports it (mean and median TTFT and TPOT, output
+    tokens/s over the run). None unless asked."""
     assumptions: tuple[str, ...] = ()
     """What the answer assumes, in words."""
 

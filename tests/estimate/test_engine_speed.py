@@ -292,8 +292,8 @@ def test_fit_serving_profiles_the_gpus_token_budget() -> None:
 def test_a_burst_prefills_every_prompt_then_decodes_them_together() -> None:
     speed = EngineSpeed(_shape(), _rates(tensor=250e12), chunk_tokens=2048)
     burst = speed.burst(8, 1000, 128)  # 8,000 prompt tokens: three full steps and 1,856
-    full = speed._step(2048, 2048 * 1000 / 2, 2048).seconds
-    rest = speed._step(1856, 1856 * 1000 / 2, 1856).seconds
+    full = speed.step(2048, 2048 * 1000 / 2, 2048).seconds
+    rest = speed.step(1856, 1856 * 1000 / 2, 1856).seconds
     assert burst.ttft_s == pytest.approx(3 * full + rest)
     assert burst.tpot_s == speed.decode(8, 1000, 128).seconds
     wall = burst.ttft_s + 127 * burst.tpot_s

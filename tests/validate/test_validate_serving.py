@@ -20,12 +20,13 @@ def test_every_row_names_a_catalog_gpu_a_workload_and_a_known_quantity() -> None
     assert "serving" in SOURCES
 
 
-def test_a_tpot_row_is_predict_serving_of_the_same_run_with_a_time_error() -> None:
+def test_a_row_with_its_requests_is_the_simulated_benchmark_run_with_a_time_error() -> None:
     (row,) = [
         r
         for r in serving_rows()
         if r.source_id == "musgrave-vllm-a100" and r.concurrency == 1 and r.quantity == "tpot_ms"
     ]
+    assert row.requests == 20  # vllm bench serve --num-prompts 20 x concurrency
     (case,) = serving_throughput([row])
     (estimate,) = wg.predict(
         "llama-3.1-8b",
@@ -35,11 +36,32 @@ def test_a_tpot_row_is_predict_serving_of_the_same_run_with_a_time_error() -> No
         concurrency=1,
         context=1024,
         new_tokens=128,
+        requests=20,
     )
-    assert estimate.serving_speed is not None and estimate.serving_speed.tpot_s is not None
+    speed = estimate.serving_speed
+    assert speed is not None and speed.benchmark is not None
+    assert speed.benchmark.mean_tpot_s is not None
     assert case.quantity == "TPOT ms"
-    assert case.predicted == pytest.approx(estimate.serving_speed.tpot_s * 1000)
+    assert case.predicted == pytest.approx(speed.benchmark.mean_tpot_s * 1000)
     assert case.error == pytest.approx(row.value / case.predicted - 1)  # positive: faster
+
+
+def test_a_row_of_varying_lengths_is_the_steady_state() -> None:
+    (row,) = [r for r in serving_rows() if r.source_id == "lambda-vllm-benchmark"]
+    assert row.requests is None and row.statistic == "median"
+    (case,) = serving_throughput([row])
+    (estimate,) = wg.predict(
+        row.workload,
+        gpus=[row.gpu],
+        serving="vllm",
+        mode="inference",
+        concurrency=row.concurrency,
+        context=row.input_tokens,
+        new_tokens=row.output_tokens,
+    )
+    speed = estimate.serving_speed
+    assert speed is not None and speed.tpot_s is not None and speed.benchmark is None
+    assert case.predicted == pytest.approx(speed.tpot_s * 1000)
 
 
 def test_an_unbounded_row_is_predicted_at_the_most_the_engine_holds() -> None:

@@ -18,6 +18,7 @@ from whichgpu.api.requests import PredictRequest, Target
 from whichgpu.api.serving import (
     checked_kv_cache_dtype,
     checked_quantization,
+    checked_requests,
     engine_asked,
     engine_fits,
     engine_quantization,
@@ -66,6 +67,7 @@ def predict(
     ttft_ms: float | None = None,
     quantization: Quantization | None = None,
     kv_cache_dtype: str | None = None,
+    requests: int | None = None,
     progress: Callable[[str], None] | None = None,
     **run_options: Any,
 ) -> ResultList[ThroughputEstimate]:
@@ -102,6 +104,10 @@ def predict(
     ``kv_cache_dtype="fp8"`` (with ``serving``) keeps the engine's KV cache in fp8: twice the
     tokens in the same memory, half the KV bytes a decode step reads (``checked_kv_cache_dtype``);
     a GPU the engine has no fp8 KV cache on is left out with why.
+    ``requests=N`` (with ``serving``) also simulates a closed-loop benchmark of N requests at
+    the concurrency, as ``vllm bench serve --max-concurrency C --num-prompts N --request-rate
+    inf`` runs it: ``serving_speed.benchmark`` holds its mean and median TTFT and TPOT and its
+    output tokens/s (``whichgpu.estimate.engine_run``).
 
     The keywords become a ``PredictRequest``, answered by ``answer_predict``.
     """
@@ -117,6 +123,7 @@ def predict(
         ttft_ms=ttft_ms,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
+        requests=requests,
     )
     return answer_predict(request, progress=progress)
 
@@ -131,6 +138,7 @@ def answer_predict(
     engine = engine_asked(request.serving, run.mode, request.tpot_ms, request.ttft_ms)
     quantization = checked_quantization(request.quantization, engine, run)
     kv_cache_dtype = checked_kv_cache_dtype(request.kv_cache_dtype, engine, run)
+    requests = checked_requests(request.requests, engine, run)
     asked = ask(
         chosen,
         run,
@@ -160,6 +168,7 @@ def answer_predict(
         engine=engine,
         targets_ms=(request.tpot_ms, request.ttft_ms),
         quantization=quantization,
+        requests=requests,
     )
     if measured is not None:
         from whichgpu.estimate.calibration import calibrate as correct
@@ -188,6 +197,7 @@ def _speeds(
     engine: ServingEngine | None = None,
     targets_ms: tuple[float | None, float | None] = (None, None),
     quantization: Quantization | None = None,
+    requests: int | None = None,
 ) -> tuple[list[ThroughputEstimate], int, list[tuple[str, UsageError]]]:
     """The step timed on each GPU asked about; GPUs it does not fit on count as unfit and,
     unless ``named``, are left out, as are the GPUs it fits on that cannot be timed (with
@@ -227,7 +237,17 @@ def _speeds(
             continue
         if unknown is None:
             timed = _timed_on_gpu(
-                asked, timer, gpu, rates, estimate, engine, targets_ms, catalog, path, alone=alone
+                asked,
+                timer,
+                gpu,
+                rates,
+                estimate,
+                engine,
+                targets_ms,
+                catalog,
+                path,
+                alone=alone,
+                requests=requests,
             )
             if isinstance(timed, ThroughputEstimate):
                 out.append(timed)
@@ -310,6 +330,7 @@ def _timed_on_gpu(
     path: QuantizedPath | None,
     *,
     alone: bool,
+    requests: int | None = None,
 ) -> ThroughputEstimate | UsageError:
     """The step's predicted speed on ``gpu`` (with ``engine``, carrying the engine's speed,
     ``serving_speed_on_gpu``); or why the catalog cannot time it (it lacks what timing several
@@ -318,7 +339,15 @@ def _timed_on_gpu(
         answer = timer.on_gpu(gpu, rates, estimate)
         if engine is not None:
             speed = serving_speed_on_gpu(
-                asked.step, engine, gpu, rates, estimate, targets_ms, catalog, path=path
+                asked.step,
+                engine,
+                gpu,
+                rates,
+                estimate,
+                targets_ms,
+                catalog,
+                path=path,
+                requests=requests,
             )
             answer = answer.model_copy(update={"serving_speed": speed})
     except UsageError as exc:

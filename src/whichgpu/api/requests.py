@@ -152,6 +152,9 @@ class PredictRequest:
     kv_cache_dtype: str | None = None
     """With ``serving``: how the engine stores its KV cache (``auto``: the serving dtype, the
     default; ``fp8``: one byte per element)."""
+    requests: int | None = None
+    """With ``serving``: also simulate a closed-loop benchmark of this many fixed-length
+    requests at the concurrency (``ServingSpeed.benchmark``)."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,28 @@ def engine_asked(
     return get_serving_engine(serving)
 
 
+def checked_requests(
+    requests: int | None, engine: ServingEngine | None, run: RunConfig
+) -> int | None:
+    """``requests`` (a closed-loop benchmark's prompts), checked against the run: it needs a
+    serving engine and generated tokens."""
+    if requests is None:
+        return None
+    if engine is None:
+        raise UsageError(
+            f"{option('requests')} simulates a serving engine's benchmark run; add "
+            f"{option('serving')} vllm (and {option('mode')} inference)."
+        )
+    if requests < 1:
+        raise UsageError(f"{option('requests')} must be a positive number of requests.")
+    if run.new_tokens == 0:
+        raise UsageError(
+            f"{option('requests')} simulates requests that generate tokens; with "
+            f"{option('new_tokens')} 0 the steady state is the answer (drop {option('requests')})."
+        )
+    return requests
+
+
 def checked_quantization(
     quantization: str | None, engine: ServingEngine | None, run: RunConfig
 ) -> Quantization | None:
@@ -193,11 +215,13 @@ def serving_speed_on_gpu(
     catalog: Catalog,
     *,
     path: QuantizedPath | None = None,
+    requests: int | None = None,
 ) -> ServingSpeed:
     """The engine's speed on ``gpu`` (``step.run.gpus`` of them, tensor parallel) at the
     asked concurrency (default: the most its KV cache holds), its growth with the concurrency,
     the largest concurrency within the targets and the cost per million output tokens; with
-    ``path``, of weights quantized as it says (``engine_quantization``)."""
+    ``path``, of weights quantized as it says (``engine_quantization``); with ``requests``, a
+    closed-loop benchmark of that many requests too (``ServingSpeed.benchmark``)."""
     from whichgpu.estimate.engine_speed import prefill_only_speed
 
     # the engine's defaults on this GPU (its token budget), as its memory answer took them
@@ -244,6 +268,7 @@ def serving_speed_on_gpu(
         price_source=source,
         quantized=quantized,
         rate_notes=rate_notes,
+        requests=requests,
     )
 
 
@@ -313,13 +338,17 @@ def _decoding_speed(
     price_source: str | None,
     quantized: tuple[str, ...],
     rate_notes: tuple[str, ...],
+    requests: int | None = None,
 ) -> ServingSpeed:
     """The engine's answer for requests that generate ``new_tokens`` (the counterpart of
     ``engine_speed.prefill_only_speed``): TTFT, TPOT and output tokens/s at ``concurrency``,
     their growth with it up to ``max_concurrency`` (the most the KV cache holds), the largest
     concurrency within ``targets_ms``, and the cost per million output tokens at
     ``usd_per_gpu_hour``; what the quantized weights and the rates assume joins its
-    assumptions (``_decoding_assumptions``)."""
+    assumptions (``_decoding_assumptions``); with ``requests``, a closed-loop benchmark of
+    that many requests at ``concurrency`` (``engine_run.closed_loop``), its running sequences
+    capped by the engine's scheduler and the KV cache."""
+    from whichgpu.estimate.engine_run import closed_loop
     from whichgpu.estimate.engine_speed import concurrency_ladder
 
     n, new, limit = gpus, new_tokens, max_concurrency
@@ -335,6 +364,17 @@ def _decoding_speed(
     if hourly is not None:
         per_million = hourly * n / (at.output_tokens_per_s * 3600) * 1e6
     ladder = concurrency_ladder(concurrency, limit)
+    benchmark = None
+    if requests is not None:
+        caps = [c for c in (engine.max_sequences, limit) if c]
+        benchmark = closed_loop(
+            speed,
+            requests=requests,
+            concurrency=concurrency,
+            context=context,
+            new_tokens=new,
+            running_limit=min(caps, default=concurrency),
+        )
     return ServingSpeed(
         engine=engine.id,
         engine_label=label,
@@ -360,6 +400,7 @@ def _decoding_speed(
         burst_ttft_s=burst.ttft_s,
         burst_tpot_s=burst.tpot_s,
         burst_output_tokens_per_s=burst.output_tokens_per_s,
+        benchmark=benchmark,
         assumptions=_decoding_assumptions(
             speed.shape,
             engine,

@@ -91,6 +91,18 @@ def predict(
     ] = None,
     quantization: o.QuantizationOption = None,
     kv_cache_dtype: o.KvCacheDtypeOption = None,
+    requests: Annotated[
+        Optional[int],  # noqa: UP045
+        typer.Option(
+            "--requests",
+            help="With --serving: also simulate a benchmark run of this many requests, "
+            "--concurrency of them in flight (closed loop, fixed lengths, as `vllm bench "
+            "serve --max-concurrency C --num-prompts N --request-rate inf`), step by step: "
+            "mean and median TTFT and TPOT and output tokens/s as such a benchmark reports "
+            "them, its first wave arriving together.",
+            show_default=False,
+        ),
+    ] = None,
     json: o.JsonOption = False,
 ) -> None:
     """How fast will it train (or serve) on each GPU? Predicted throughput, ranked.
@@ -127,7 +139,9 @@ def predict(
     each at max(bytes / achievable bandwidth, FLOPs / achievable tensor rate); the prompt is
     prefilled in chunks of the engine's token budget. It gives TTFT, TPOT, output tokens/s as
     concurrency grows and the cost per million output tokens on rented GPUs; --tpot-ms /
-    --ttft-ms find the largest concurrency within those targets.
+    --ttft-ms find the largest concurrency within those targets. Those are the steady state;
+    --requests N simulates a whole benchmark run of N requests instead, to set beside your
+    own benchmark's numbers.
 
     Examples:
 
@@ -142,6 +156,8 @@ def predict(
       whichgpu predict llama-3.1-8b --mode inference --context 4096 --concurrency 8
 
       whichgpu predict llama-3.1-70b --mode inference --serving vllm --gpus 4 --concurrency 32
+
+      whichgpu predict llama-3.1-8b --mode inference --serving vllm --concurrency 16 --requests 320
 
       whichgpu predict resnet50 --calibrate d7f06f92          # a stored bench result
     """
@@ -159,6 +175,7 @@ def predict(
         ttft_ms=ttft_ms,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
+        requests=requests,
     )
     with progress_note("Predicting step times (tracing the step if it is not stored)") as now:
         estimates = answer_predict(request, progress=now)

@@ -530,7 +530,7 @@ class EngineSpeed:
         self.chunk_tokens = chunk_tokens
         self._reduce_s = reduce_s
 
-    def _step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
+    def step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
         """A step running ``tokens`` tokens that attend over ``attended_tokens`` in all
         (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache.
 
@@ -566,7 +566,7 @@ class EngineSpeed:
         """One decode step of ``concurrency`` sequences, each at the generation's average
         length ``context + new_tokens / 2``."""
         length = context + new_tokens / 2
-        return self._step(concurrency, concurrency * length, concurrency * length)
+        return self.step(concurrency, concurrency * length, concurrency * length)
 
     def steady_step(
         self, concurrency: int, context: int, new_tokens: int
@@ -582,7 +582,7 @@ class EngineSpeed:
         prompt = min(wanted, max(self.chunk_tokens - concurrency, 0))
         attended = concurrency * length + prompt * context / 2
         kv_read = concurrency * length + prompt
-        return self._step(concurrency + prompt, attended, kv_read), prompt
+        return self.step(concurrency + prompt, attended, kv_read), prompt
 
     def bandwidth_bound_s(self, concurrency: int, context: int, new_tokens: int) -> float:
         """The decode step's bytes at the full DRAM bandwidth (no compute, no exchange)."""
@@ -621,7 +621,7 @@ class EngineSpeed:
         prefill_s = 0.0
         for tokens, count in ((budget, full), (rest, 1 if rest else 0)):
             if count:  # each prompt token attends over half its prompt on average
-                step = self._step(tokens, tokens * context / 2, tokens)
+                step = self.step(tokens, tokens * context / 2, tokens)
                 prefill_s += count * step.seconds
         tpot = self.decode(concurrency, context, new_tokens).seconds
         wall = prefill_s + max(new_tokens - 1, 0) * tpot
@@ -636,7 +636,7 @@ class EngineSpeed:
         after ``done`` prompt tokens (which it reads from the cache)."""
         attended = others * length + size * (done + size / 2)
         kv_read = others * length + done + size  # the chunk writes its own keys and values
-        return self._step(others + size, attended, kv_read)
+        return self.step(others + size, attended, kv_read)
 
     def point(self, concurrency: int, context: int, new_tokens: int) -> ServingSpeedPoint:
         """TTFT, TPOT and output tokens/s at ``concurrency`` in the steady state (of
@@ -679,7 +679,7 @@ class EngineSpeed:
         tokens = self.prefill_tokens_per_step(concurrency, context)
         attended = tokens * context / 2
         kv_read = tokens + max(context - tokens, 0) / 2
-        return self._step(tokens, attended, kv_read)
+        return self.step(tokens, attended, kv_read)
 
     def prefill_point(self, concurrency: int, context: int) -> ServingSpeedPoint:
         """Prefill-only requests at ``concurrency``: requests/s = tokens per step / (context x

@@ -68,7 +68,49 @@ def serving_speed_view(estimates: Sequence[ThroughputEstimate]) -> RenderableTyp
         f"{first.engine_label}: {first.context} prompt + {first.new_tokens} new tokens per request"
     )
     table = FittedTable(columns, rows, title=title)
-    return Group(table, _curve(served[0][0].gpu_name, first), _notes(first))
+    parts: list[RenderableType] = [table]
+    if first.benchmark is not None:
+        parts.append(_benchmark_table(served))
+    return Group(*parts, _curve(served[0][0].gpu_name, first), _notes(first))
+
+
+def _benchmark_table(served: list[tuple[ThroughputEstimate, ServingSpeed]]) -> RenderableType:
+    """The simulated closed-loop benchmark per GPU (``ServingSpeed.benchmark``)."""
+    columns = [
+        Column("GPU", style="bold", no_wrap=True),
+        Column("mean\nTTFT ms", justify="right"),
+        Column("median\nTTFT ms", justify="right"),
+        Column("mean\nTPOT ms", justify="right"),
+        Column("output\ntokens/s", justify="right"),
+        Column("duration s", justify="right", drop_order=2),
+        Column("running\nat most", justify="right", drop_order=1),
+    ]
+    rows = []
+    first = None
+    for e, s in served:
+        b = s.benchmark
+        if b is None:
+            continue
+        first = first or b
+        rows.append(
+            [
+                e.gpu_name,
+                _ms(b.mean_ttft_s),
+                _ms(b.median_ttft_s),
+                _ms(b.mean_tpot_s),
+                _rate(b.output_tokens_per_s),
+                significant(b.duration_s),
+                str(b.running_limit),
+            ]
+        )
+    assert first is not None
+    title = (
+        f"A benchmark run: {first.requests} requests, {first.concurrency} in flight (closed "
+        "loop, fixed lengths, the first wave arriving together; as vllm bench serve "
+        f"--max-concurrency {first.concurrency} --num-prompts {first.requests} --request-rate "
+        "inf reports it)"
+    )
+    return FittedTable(columns, rows, title=title)
 
 
 NO_TPOT = "—"

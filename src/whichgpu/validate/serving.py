@@ -28,6 +28,13 @@ DATA_DIR = "serving"
 TABLE_FILE = "published.csv"
 """The transcribed measurements."""
 
+LONG_RUN = "long"
+"""The ``requests`` of a run of fixed lengths whose prompt count the source does not state."""
+
+LONG_RUN_WAVES = 40
+"""A ``long`` run is simulated with this many times its concurrency of requests, and its TTFT
+taken after the first wave (``ServingBenchmark.settled_mean_ttft_s``): what it settles to."""
+
 QUANTITIES = {
     "output_tokens_per_s": "output tokens/s",
     "tpot_ms": "TPOT ms",
@@ -65,6 +72,14 @@ class ServingRow:
     concurrency: int | None
     """Requests in flight at once (None: fed at an unbounded rate, so as many as the engine's
     KV cache holds: ``predict`` is asked at the largest concurrency ``fit --serving`` finds)."""
+    requests: int | None
+    """Prompts the benchmark sent in all, for a run of fixed lengths (``predict --requests``
+    simulates that run, and its figure is compared); None where the lengths vary (or, with
+    ``long_run``, the count is not stated), and the steady state at the concurrency is
+    compared."""
+    long_run: bool
+    """A run of fixed lengths at a fixed concurrency whose prompt count is not stated: it is
+    simulated ``LONG_RUN_WAVES`` waves long and its TTFT taken after the first wave."""
     quantity: str
     """``output_tokens_per_s``, ``tpot_ms`` or ``ttft_ms``."""
     statistic: str
@@ -81,10 +96,18 @@ class ServingRow:
         quant = f" {self.quantization}" if self.quantization else ""
         quant += " kv-fp8" if self.kv_cache_dtype == "fp8" else ""
         load = "max" if self.concurrency is None else str(self.concurrency)
+        sent = f" n{self.requests}" if self.requests is not None else ""
+        sent = " long" if self.long_run else sent
         return (
             f"{self.workload}{quant} {self.engine} {self.engine_version}{tp} "
-            f"{self.input_tokens}/{self.output_tokens} c{load}"
+            f"{self.input_tokens}/{self.output_tokens} c{load}{sent}"
         )
+
+    def simulated_requests(self, concurrency: int) -> int | None:
+        """The requests of the benchmark run simulated for the row (None: none is)."""
+        if self.long_run:
+            return LONG_RUN_WAVES * concurrency
+        return self.requests
 
     def run(self, concurrency: int | None = None) -> RunConfig:
         """The inference run ``predict`` is asked about (at ``concurrency`` where the row's is
@@ -123,6 +146,8 @@ def serving_rows() -> list[ServingRow]:
             input_tokens=_int(r["input_tokens"]),
             output_tokens=_int(r["output_tokens"]),
             concurrency=None if r["concurrency"] == "max" else _int(r["concurrency"]),
+            requests=_int(r["requests"]) if r["requests"] not in ("", LONG_RUN) else None,
+            long_run=r["requests"] == LONG_RUN,
             quantity=r["quantity"],
             statistic=r["statistic"],
             value=float(r["value"]),
@@ -142,16 +167,26 @@ def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
         serving=row.engine,
         quantization=cast(Any, row.quantization),
         kv_cache_dtype=row.kv_cache_dtype,
+        requests=row.simulated_requests(concurrency),
         **fit_options(row.run(concurrency)),
     )
     return estimate
 
 
 def _predicted(row: ServingRow, speed: Any) -> float | None:
-    """The prediction of the row's quantity from a ``ServingSpeed``."""
+    """The prediction of the row's quantity from a ``ServingSpeed``: of its simulated
+    benchmark run where the row states the requests sent (the row's statistic, mean or
+    median), else of the steady state at the concurrency."""
+    run = speed.benchmark
     if row.quantity == "output_tokens_per_s":
-        return float(speed.output_tokens_per_s)
-    seconds = speed.tpot_s if row.quantity == "tpot_ms" else speed.ttft_s
+        return float((run or speed).output_tokens_per_s)
+    if run is not None:
+        kind = "tpot" if row.quantity == "tpot_ms" else "ttft"
+        stat = "median" if row.statistic == "median" else "mean"
+        settled = "settled_" if row.long_run and kind == "ttft" else ""
+        seconds = getattr(run, f"{settled}{stat}_{kind}_s")
+    else:
+        seconds = speed.tpot_s if row.quantity == "tpot_ms" else speed.ttft_s
     return None if seconds is None else float(seconds) * 1000
 
 

@@ -56,8 +56,10 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "each row as its publication ran it (engine and version, GPU, model, prompt and output "
         "tokens, concurrency; validate/data/serving/README.md), asked of predict --serving "
         "with the engine's defaults as whichgpu models them (the version whichgpu models, not "
-        "the row's); whichgpu's TTFT and TPOT are those of the steady state at the "
-        "concurrency, a benchmark's means include its first requests' queueing"
+        "the row's); a closed loop of fixed lengths is simulated step by step (predict "
+        "--requests: the stated prompt count, or 40 waves with TTFT after the first where "
+        "none is stated), other rows are compared with the steady state at the concurrency; "
+        "TTFT is the engine's GPU steps only (no HTTP, tokenization or scheduler time)"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -1,0 +1,173 @@
+"""A serving benchmark run simulated step by step (``predict --serving --requests``): the
+scheduler's waves, waiting for a slot, and what a benchmark client reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from whichgpu.estimate.engine_run import closed_loop
+from whichgpu.estimate.engine_speed import EngineRates, EngineSpeed, ModelShape
+from whichgpu.units import GB
+
+
+def _speed(chunk_tokens: int = 2048) -> EngineSpeed:
+    weights = int(16 * GB)
+    shape = ModelShape(
+        layers=32,
+        hidden=4096,
+        q_width=4096,
+        kv_width=1024,
+        intermediate=14336,
+        gated_mlp=True,
+        vocab=128256,
+        matmul_params=weights // 2 - 128256 * 4096,
+        weights_bytes=weights,
+        kv_bytes_per_token=131072,
+        dtype_bytes=2,
+    )
+    rates = EngineRates(
+        bandwidth_bytes_per_s=2.0e12, peak_bandwidth_bytes_per_s=2.0e12, tensor_flops_per_s=250e12
+    )
+    return EngineSpeed(shape, rates, chunk_tokens=chunk_tokens)
+
+
+def test_one_request_at_a_time_is_its_prefill_then_its_decode_steps() -> None:
+    speed = _speed()
+    run = closed_loop(
+        speed, requests=5, concurrency=1, context=1000, new_tokens=64, running_limit=256
+    )
+    prefill = speed.step(1000, 1000 * 1000 / 2, 1000).seconds
+    assert run.mean_ttft_s == pytest.approx(prefill)
+    assert run.median_ttft_s == pytest.approx(prefill)
+    # 63 decode steps after the first token, at lengths 1001 .. 1063
+    decode = sum(speed.step(1, 1000 + j, 1000 + j).seconds for j in range(1, 64)) / 63
+    assert run.mean_tpot_s == pytest.approx(decode, rel=1e-3)
+    assert run.duration_s == pytest.approx(5 * (prefill + 63 * decode), rel=1e-3)
+    assert run.output_tokens_per_s == pytest.approx(5 * 64 / run.duration_s)
+    assert run.steps == 5 * 64
+
+
+def test_an_offline_batch_matches_the_burst_its_last_request_waits_for_every_prompt() -> None:
+    speed = _speed()
+    run = closed_loop(
+        speed, requests=8, concurrency=8, context=1000, new_tokens=128, running_limit=256
+    )
+    burst = speed.burst(8, 1000, 128)
+    # the same four prefill steps; the simulation's chunks attend over their own prompt so far
+    assert run.mean_ttft_s < burst.ttft_s
+    assert run.median_ttft_s < burst.ttft_s
+    assert run.duration_s == pytest.approx(burst.ttft_s + 127 * burst.tpot_s, rel=0.03)
+
+
+def test_fixed_length_waves_spread_out_so_later_requests_wait_less_than_the_first_wave() -> None:
+    speed = _speed()
+    first_wave = closed_loop(
+        speed, requests=16, concurrency=16, context=1000, new_tokens=128, running_limit=256
+    )
+    many = closed_loop(
+        speed, requests=320, concurrency=16, context=1000, new_tokens=128, running_limit=256
+    )
+    assert many.median_ttft_s < first_wave.median_ttft_s
+    assert many.mean_ttft_s < first_wave.mean_ttft_s
+
+
+def test_requests_beyond_the_running_limit_wait_for_a_slot() -> None:
+    speed = _speed()
+    free = closed_loop(
+        speed, requests=64, concurrency=16, context=200, new_tokens=32, running_limit=256
+    )
+    capped = closed_loop(
+        speed, requests=64, concurrency=16, context=200, new_tokens=32, running_limit=4
+    )
+    assert capped.running_limit == 4
+    assert capped.mean_ttft_s > 2 * free.mean_ttft_s  # they queue behind the running four
+    assert capped.output_tokens_per_s < free.output_tokens_per_s
+
+
+def test_one_generated_token_has_no_tpot() -> None:
+    run = closed_loop(
+        _speed(), requests=3, concurrency=3, context=100, new_tokens=1, running_limit=8
+    )
+    assert run.mean_tpot_s is None and run.median_tpot_s is None
+    assert run.output_tokens_per_s == pytest.approx(3 / run.duration_s)
+
+
+def test_a_run_without_requests_or_tokens_is_refused() -> None:
+    with pytest.raises(ValueError):
+        closed_loop(_speed(), requests=0, concurrency=1, context=10, new_tokens=4, running_limit=1)
+
+
+# --- the API and the CLI -------------------------------------------------------------------
+
+
+def test_predict_with_requests_carries_the_simulated_run() -> None:
+    import whichgpu.api as wg
+
+    (est,) = wg.predict(
+        "llama-3.1-8b",
+        gpus=["a100-40gb"],
+        mode="inference",
+        serving="vllm",
+        context=1024,
+        new_tokens=128,
+        concurrency=1,
+        requests=20,
+    )
+    speed = est.serving_speed
+    assert speed is not None and speed.benchmark is not None
+    run = speed.benchmark
+    assert (run.requests, run.concurrency) == (20, 1)
+    # one request at a time: the steady state's TTFT, and about its decode step
+    assert run.mean_ttft_s == pytest.approx(speed.ttft_s, rel=0.01)
+    assert run.mean_tpot_s == pytest.approx(speed.tpot_s, rel=0.02)
+    (plain,) = wg.predict(
+        "llama-3.1-8b",
+        gpus=["a100-40gb"],
+        mode="inference",
+        serving="vllm",
+        context=1024,
+        new_tokens=128,
+        concurrency=1,
+    )
+    assert plain.serving_speed is not None and plain.serving_speed.benchmark is None
+
+
+def test_cli_predict_requests_json_and_table() -> None:
+    from tests.conftest import run_cli
+
+    args = (
+        "predict", "llama-3.1-8b", "--mode", "inference", "--serving", "vllm",
+        "--gpu", "h100-sxm", "--context", "1024", "--new-tokens", "64",
+        "--concurrency", "16", "--requests", "64",
+    )  # fmt: skip
+    done = run_cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)  # stdout is the JSON alone
+    run = doc[0]["serving_speed"]["benchmark"]
+    assert run["requests"] == 64 and run["concurrency"] == 16
+    assert run["mean_ttft_s"] > 0 and run["mean_tpot_s"] > 0
+    assert run["output_tokens_per_s"] == pytest.approx(64 * 64 / run["duration_s"])
+    shown = run_cli(*args)
+    assert shown.returncode == 0, shown.stderr
+    assert "A benchmark run: 64 requests, 16 in flight" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        ((), "--serving"),
+        (("--serving", "vllm", "--requests", "0"), "positive"),
+        (("--serving", "vllm", "--new-tokens", "0"), "--new-tokens 0"),
+    ],
+)
+def test_cli_requests_misuse_is_a_clear_error(extra: tuple[str, ...], says: str) -> None:
+    from tests.conftest import run_cli
+
+    args = ["predict", "llama-3.1-8b", "--mode", "inference", "--gpu", "h100-sxm"]
+    if "--requests" not in extra:
+        args += ["--requests", "10"]
+    done = run_cli(*args, *extra)
+    assert done.returncode == 2
+    assert says in done.stderr and "Traceback" not in done.stderr
