@@ -192,8 +192,13 @@ def test_runs_that_cannot_be_timed_across_nodes_are_refused() -> None:
 def test_predict_across_nodes_names_the_fabric() -> None:
     (row,) = wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=64, sharding="fsdp")
     assert row.n_gpus == 64 and row.link is not None and "8 x 8 over" in row.link
-    note = next(a for a in row.assumptions if "nodes of 8" in a)
+    note = next(a for a in row.assumptions if "nodes of 8 joined by" in a)
     assert "InfiniBand NDR (ib-ndr; the default fabric" in note and "400 Gb/s" in note
+    # the exchange is described across the nodes, not as one node's
+    assert any(
+        a.startswith("64 GPUs in 8 nodes of 8, data parallel (fsdp)") for a in row.assumptions
+    )
+    assert not any("of one node" in a for a in row.assumptions)
     assert row.scaling_efficiency is not None and 0 < row.scaling_efficiency <= 1
     (eight,) = wg.predict("llama-3.1-8b", gpus=["h100-sxm"], gpu_count=8, sharding="fsdp")
     assert not any("nodes of 8" in a for a in eight.assumptions)

@@ -21,6 +21,7 @@ from whichgpu.estimate.data_parallel import (
     gpu_link,
     load_links,
     network_note,
+    node_count,
 )
 from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.paged import paging_seconds, speed_note
@@ -236,11 +237,23 @@ class ThroughputPredictor:
             )
         elif run.gpus > 1:
             links = load_links()
+            across = run.gpus > links.max_gpus_per_node
+            where = (
+                f"{run.gpus} GPUs in {node_count(run.gpus, links)} nodes of "
+                f"{links.max_gpus_per_node}, data parallel ({run.sharding})"
+                if across
+                else f"{run.gpus} GPUs of one node, data parallel ({run.sharding})"
+            )
+            over = (
+                "NVLink/NVSwitch inside each node and the network between them (one ring per "
+                "NIC, the node's NICs together carrying it: the network named below)"
+                if across
+                else "NVLink/NVSwitch (SXM/OAM boards), the bridge (two bridged cards) or PCIe"
+            )
             notes += (
-                f"{run.gpus} GPUs of one node, data parallel ({run.sharding}): each runs the "
-                "one-GPU step on its own batch, then a ring all-reduce of the gradients (16-bit "
-                "where ZeRO or FSDP trains an AMP run, as their mixed precision does) over "
-                "NVLink/NVSwitch (SXM/OAM boards), the bridge (two bridged cards) or PCIe, at the "
+                f"{where}: each runs the one-GPU step on its own batch, then a ring all-reduce "
+                "of the gradients (16-bit where ZeRO or FSDP trains an AMP run, as their mixed "
+                f"precision does) over {over}, at the "
                 "share of the link NCCL reaches in published all_reduce_perf runs ("
                 + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())
                 + "; sources in whichgpu/estimate/data/links.json)",
