@@ -475,9 +475,11 @@ logits of the whole batch exist in any dtype). See ``whichgpu.workloads.hf``."""
 CHECKPOINTING_POLICY_PATTERN = r"^(full|selective|every-[1-9][0-9]*)$"
 """The forms of ``RunConfig.checkpointing_policy``: ``full``, ``selective``, ``every-N``."""
 Method = Literal["full", "lora", "qlora"]
-Sharding = Literal["ddp", "zero2", "zero3", "fsdp"]
+Sharding = Literal["ddp", "zero2", "zero3", "fsdp", "hsdp"]
 """How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
-(gradients and optimizer state split), ``zero3``/``fsdp`` (parameters split too)."""
+(gradients and optimizer state split), ``zero3``/``fsdp`` (parameters split too), ``hsdp``
+(FSDP's hybrid sharding: split as ``fsdp`` among the GPUs of each node, each node a replica;
+on one node the same as ``fsdp``)."""
 ThroughputUnit = Literal["images", "tokens", "sequences", "samples"]
 DEFAULT_NEW_TOKENS = 128
 """Tokens generated per sequence when an inference run of a language model gives none."""

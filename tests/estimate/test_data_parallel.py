@@ -21,7 +21,9 @@ from whichgpu.estimate.data_parallel import (
     get_fabric,
     gpu_link,
     load_links,
+    memory_parallel,
     node_count,
+    shard_group,
 )
 from whichgpu.estimate.throughput import OpTable, split_work
 from whichgpu.units import GB
@@ -307,3 +309,52 @@ def test_pcie_width_is_what_the_machine_gives_each_card_as_cost_build_says() -> 
     assert "x8 (in a desktop)" in two.description  # a desktop's 16 lanes shared by two
     assert "x16 (in a workstation)" in four.description
     assert two.peak_bytes_per_s == pytest.approx(four.peak_bytes_per_s / 2)
+
+
+# --- HSDP: FSDP within each node, replicas across nodes -----------------------------------
+
+
+def test_hsdp_shards_within_one_node_and_is_fsdp_on_one_node() -> None:
+    assert shard_group(64, "hsdp") == 8 and shard_group(4, "hsdp") == 4
+    assert shard_group(64, "fsdp") == 64
+    assert memory_parallel(64, "hsdp").gpus == 8
+    h100 = load_catalog().resolve("h100-sxm")
+    assert h100 is not None
+    one_node = [
+        data_parallel_step(1.0, 0.6, 16 * GB, 32 * GB, h100, 8, how) for how in ("fsdp", "hsdp")
+    ]
+    assert one_node[0].step_time_s == one_node[1].step_time_s
+
+
+def test_hsdp_across_nodes_all_reduces_the_shards_over_the_nics_behind_backward() -> None:
+    h100 = load_catalog().resolve("h100-sxm")
+    assert h100 is not None
+    data = load_links()
+    grads, params = 16 * GB, 16 * GB
+    step = data_parallel_step(1.0, 0.6, grads, params, h100, 64, "hsdp", data)
+    nic = get_fabric(None, data).bytes_per_s_per_gpu * data.bus_efficiency["network"]
+    between = 2 * 7 / 8 * (grads / 8) / nic  # 8 replicas, each GPU's 1/8 shard
+    inside = exchange_bytes(grads, params, 8, "hsdp") / gpu_link(h100, 8, data).bus_bytes_per_s
+    assert step.exchange_s == pytest.approx(inside + between)
+    assert "8 x 8" in step.link.description and "ib-ndr" in step.link.description
+    # a backward too short for the shards' all-reduce: the rest adds to the step
+    short = data_parallel_step(1.0, 0.01, grads, params, h100, 64, "hsdp", data)
+    assert short.exposed_s == pytest.approx(between - 0.01)
+    # a slower fabric exposes more
+    hdr = data_parallel_step(1.0, 0.01, grads, params, h100, 64, "hsdp", data, "ib-hdr")
+    assert hdr.exposed_s > short.exposed_s
+
+
+def test_hsdp_holds_an_eight_gpu_fsdp_share_and_steps_an_eighth_of_the_optimizer() -> None:
+    ask = {"gpus": ["h100-sxm"], "seq_len": 2048, "batch_size": 2}
+    (fsdp8,) = wg.fit("llama-3.2-1b", gpu_count=8, sharding="fsdp", **ask)
+    (hsdp64,) = wg.fit("llama-3.2-1b", gpu_count=64, sharding="hsdp", **ask)
+    (fsdp64,) = wg.fit("llama-3.2-1b", gpu_count=64, sharding="fsdp", **ask)
+    assert hsdp64.peak_allocated_bytes == fsdp8.peak_allocated_bytes
+    assert hsdp64.peak_allocated_bytes > fsdp64.peak_allocated_bytes
+    assert any("HYBRID_SHARD" in a for a in hsdp64.assumptions)
+    (fast,) = wg.predict("llama-3.2-1b", gpu_count=64, sharding="fsdp", **ask)
+    (hybrid,) = wg.predict("llama-3.2-1b", gpu_count=64, sharding="hsdp", **ask)
+    assert hybrid.link is not None and "replicas' all-reduce" in hybrid.link
+    assert hybrid.throughput is not None and fast.throughput is not None
+    assert hybrid.throughput < fast.throughput  # a larger optimizer shard, a second link

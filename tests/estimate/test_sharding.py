@@ -429,5 +429,5 @@ def test_run_config_checks_gpus_and_sharding() -> None:
     assert run_config(gpus=4, sharding="zero2").gpus == 4
     with pytest.raises(UsageError, match="at least 1"):
         run_config(gpus=-1)
-    with pytest.raises(UsageError, match="'ddp', 'zero2', 'zero3' or 'fsdp'"):
+    with pytest.raises(UsageError, match="'ddp', 'zero2', 'zero3', 'fsdp' or 'hsdp'"):
         run_config(sharding="zero9")

@@ -385,9 +385,10 @@ def predictor(chosen: Workload, step: Step) -> ThroughputPredictor:
 def _exchange_state(step: Step) -> StepState | None:
     """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
     data-parallel training, hidden states in tensor-parallel inference."""
+    from whichgpu.estimate.data_parallel import memory_parallel
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
-    from whichgpu.estimate.sharding import Parallel, working_bytes
+    from whichgpu.estimate.sharding import working_bytes
 
     if step.run.gpus <= 1:
         return None
@@ -400,7 +401,7 @@ def _exchange_state(step: Step) -> StepState | None:
         )
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
     parameter_bytes = sum(step.memory.state_sizes("parameter"))
-    if step.memory.plan(Parallel(step.run.gpus, step.run.sharding)).working_parameters:
+    if step.memory.plan(memory_parallel(step.run.gpus, step.run.sharding)).working_parameters:
         # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)

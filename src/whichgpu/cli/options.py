@@ -254,7 +254,8 @@ ShardingOption = Annotated[
         "--sharding",
         help="What the --gpus split: ddp (nothing; DDP adds gradient buckets; default), zero2 "
         "(gradients and optimizer state), zero3 or fsdp (parameters too, gathered a layer at "
-        "a time).",
+        "a time), hsdp (fsdp within each node of 8, each node a replica; the nodes all-reduce "
+        "the gradient shards).",
         rich_help_panel=_RUN,
     ),
 ]

@@ -20,7 +20,9 @@ sends are the ring's, as on one node. Tensor parallel across nodes is not modell
 
 DDP starts reducing a bucket of gradients as soon as backward has produced it, so the exchange
 hides behind backward except for what does not fit in it and for the last bucket, which can
-only start when backward ends; FSDP's gathers hide behind forward and backward alike. The
+only start when backward ends; FSDP's gathers hide behind forward and backward alike. HSDP
+(FSDP's hybrid sharding) runs FSDP inside each node and, between nodes, an all-reduce of each
+GPU's gradient shard among the GPUs holding the same shard, one per node over its own NIC. The
 model counts no slowdown of the compute by the communication kernels that run beside it, so it
 errs optimistic where links are fast and compute is saturated.
 """
@@ -35,6 +37,7 @@ from typing import Any
 
 from whichgpu.catalog.cost_data import build_class_for, pcie_lanes_per_gpu
 from whichgpu.errors import MissingRates, UsageError, option
+from whichgpu.estimate.sharding import Parallel
 from whichgpu.schema import FormFactor, GpuSpec, Interconnect, Sharding
 from whichgpu.units import GB
 
@@ -264,15 +267,31 @@ def _network_link(gpu: GpuSpec, n_gpus: int, data: LinkData, network: str | None
     )
 
 
+def shard_group(n_gpus: int, sharding: Sharding, links: LinkData | None = None) -> int:
+    """GPUs the model state is split over: for ``hsdp`` those of one node (at most
+    ``max_gpus_per_node``), each node a replica; for every other strategy all of them."""
+    if sharding != "hsdp":
+        return n_gpus
+    data = links or load_links()
+    return min(n_gpus, data.max_gpus_per_node)
+
+
+def memory_parallel(n_gpus: int, sharding: Sharding, links: LinkData | None = None) -> Parallel:
+    """What one GPU's memory is split by: ``n_gpus`` and ``sharding``, with HSDP's shard group
+    in place of the GPUs (``shard_group``)."""
+    return Parallel(shard_group(n_gpus, sharding, links), sharding)
+
+
 def exchange_bytes(
     gradient_bytes: int, parameter_bytes: int, n_gpus: int, sharding: Sharding
 ) -> float:
-    """Bytes each GPU sends per step (ring algorithms; 0 on one GPU)."""
+    """Bytes each GPU sends per step among ``n_gpus`` (ring algorithms; 0 on one GPU); for
+    ``hsdp`` within its shard group (``n_gpus`` is that group)."""
     if n_gpus <= 1:
         return 0.0
     share = (n_gpus - 1) / n_gpus
     exchanged = 2 * share * gradient_bytes
-    if sharding in ("zero3", "fsdp"):  # reduce-scatter grads + gather params twice
+    if sharding in ("zero3", "fsdp", "hsdp"):  # reduce-scatter grads + gather params twice
         exchanged = share * gradient_bytes + 2 * share * parameter_bytes
     return exchanged
 
@@ -303,17 +322,69 @@ def data_parallel_step(
     network: str | None = None,
 ) -> DataParallelStep:
     """Step time on each of ``n_gpus`` GPUs like ``gpu`` training together (across nodes over
-    the fabric ``network`` names, None the default)."""
+    the fabric ``network`` names, None the default). HSDP across nodes: ``_hybrid_step``."""
     data = links or load_links()
+    group = shard_group(n_gpus, sharding, data)
+    if group < n_gpus:
+        return _hybrid_step(
+            single_step_s, backward_s, gradient_bytes, parameter_bytes, gpu, n_gpus, data, network
+        )
     link = gpu_link(gpu, n_gpus, data, network)
     exchange_s = exchange_bytes(gradient_bytes, parameter_bytes, n_gpus, sharding) / (
         link.bus_bytes_per_s
     )
-    window_s = single_step_s if sharding in ("zero3", "fsdp") else backward_s
+    window_s = single_step_s if sharding in ("zero3", "fsdp", "hsdp") else backward_s
     last_bucket = min(1.0, data.ddp_bucket_bytes / gradient_bytes) if gradient_bytes else 1.0
     exposed_s = max(exchange_s - window_s, exchange_s * last_bucket)
     return DataParallelStep(
         step_time_s=single_step_s + exposed_s, exchange_s=exchange_s, exposed_s=exposed_s, link=link
+    )
+
+
+def _hybrid_step(
+    single_step_s: float,
+    backward_s: float,
+    gradient_bytes: int,
+    parameter_bytes: int,
+    gpu: GpuSpec,
+    n_gpus: int,
+    data: LinkData,
+    network: str | None,
+) -> DataParallelStep:
+    """HSDP on ``n_gpus`` GPUs in nodes of ``max_gpus_per_node``: inside each node FSDP's
+    reduce-scatter and two gathers over the node's link, hidden behind the whole step as
+    FSDP's are; between the nodes an all-reduce of each GPU's gradient shard among the GPUs
+    holding the same shard (one per node, each over its own NIC), which starts as backward
+    reduce-scatters each unit, so it hides behind backward. The two run on different links at
+    once; what does not hide of either, and the last unit's share of each, adds to the step."""
+    size = data.max_gpus_per_node
+    replicas = -(-n_gpus // size)
+    inside = gpu_link(gpu, size, data)
+    fabric = get_fabric(network, data)
+    nic_bytes_per_s = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
+    inside_s = exchange_bytes(gradient_bytes, parameter_bytes, size, "hsdp")
+    inside_s /= inside.bus_bytes_per_s
+    shard = gradient_bytes / size
+    between_s = 2 * (replicas - 1) / replicas * shard / nic_bytes_per_s
+    last_unit = min(1.0, data.ddp_bucket_bytes / gradient_bytes) if gradient_bytes else 1.0
+    exposed_s = max(
+        inside_s - single_step_s,
+        between_s - backward_s,
+        (inside_s + between_s) * last_unit,
+    )
+    link = Link(
+        kind="network",
+        description=f"{replicas} x {size}: the shards over {inside.description} inside each "
+        f"node, the replicas' all-reduce over {fabric.id} ({fabric.gbit_per_s_per_gpu:,.0f} "
+        "Gb/s per GPU) between them",
+        peak_bytes_per_s=min(inside.peak_bytes_per_s, fabric.bytes_per_s_per_gpu),
+        bus_bytes_per_s=min(inside.bus_bytes_per_s, nic_bytes_per_s),
+    )
+    return DataParallelStep(
+        step_time_s=single_step_s + exposed_s,
+        exchange_s=inside_s + between_s,
+        exposed_s=exposed_s,
+        link=link,
     )
 
 

@@ -35,6 +35,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
+from whichgpu.estimate.data_parallel import memory_parallel
 from whichgpu.estimate.paged import is_paged, memory_note, paged_out_bytes
 from whichgpu.estimate.serving import kv_heads_on_one_gpu, kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
@@ -618,7 +619,7 @@ def estimate_on_gpu(
     outside = outside_allocator(stack, gpus=run.gpus)
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
-    parallel = SINGLE_GPU if tensor else Parallel(run.gpus, run.sharding)
+    parallel = SINGLE_GPU if tensor else memory_parallel(run.gpus, run.sharding)
     heads = kv_head_count or 1
     compiled = compiled_saving is not None and not parallel.gpus > 1
     if tensor and kv_head_count is None:

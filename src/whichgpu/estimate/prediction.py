@@ -22,6 +22,7 @@ from whichgpu.estimate.data_parallel import (
     load_links,
     network_note,
     node_count,
+    shard_group,
 )
 from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.paged import paging_seconds, speed_note
@@ -257,8 +258,9 @@ class ThroughputPredictor:
                 "share of the link NCCL reaches in published all_reduce_perf runs ("
                 + ", ".join(f"{k} {v:.0%}" for k, v in links.bus_efficiency.items())
                 + "; sources in whichgpu/estimate/data/links.json)",
-                "the exchange hides behind backward (behind the whole step for zero3/fsdp) "
-                "except the last gradient bucket; the compute is not slowed by the "
+                "the exchange hides behind backward (behind the whole step for zero3/fsdp, "
+                "and hsdp's gathers inside a node; hsdp's all-reduce between nodes behind "
+                "backward) except the last gradient bucket; the compute is not slowed by the "
                 "communication beside it, so the scaling is an upper bound",
             )
         return notes
@@ -421,7 +423,7 @@ class ThroughputPredictor:
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))
         elif self.run.gpus > 1 and self.run.sharding in SHARDED_OPTIMIZER:
-            table = shard_optimizer(table, self.run.gpus)
+            table = shard_optimizer(table, shard_group(self.run.gpus, self.run.sharding))
         raw = step_time(table, rates, precision, self.params)
         step, capped = _faster(raw, self.factor, peak_limited_s(table, rates, precision))
         assumptions += capped

@@ -48,7 +48,8 @@ class Parallel:
     """How many GPUs train together and what they split between them."""
 
     gpus: int = 1
-    """GPUs of one node, data parallel."""
+    """GPUs the model state is split over (for ``hsdp``, those of one node: its shard group;
+    ``data_parallel.memory_parallel``)."""
     sharding: Sharding = "ddp"
     """Strategy (see docs/memory.md, "Training on N GPUs")."""
 
@@ -153,13 +154,21 @@ def make_plan(
     ``sixteen_bit_working``: the trace is AMP with every parameter fp32 and autocast casting
     them, so ZeRO and FSDP train 16-bit working parameters instead (see the module)."""
     n, how = parallel.gpus, parallel.sharding
-    label = {"ddp": "DDP", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "fsdp": "FSDP (FULL_SHARD)"}
+    label = {
+        "ddp": "DDP",
+        "zero2": "ZeRO-2",
+        "zero3": "ZeRO-3",
+        "fsdp": "FSDP (FULL_SHARD)",
+        "hsdp": "HSDP (FSDP HYBRID_SHARD: sharded within each node, replicated across nodes)",
+    }
     if n == 1:
         note = "one GPU: nothing is split"
         if how != "ddp":
             note += " (FSDP runs as NO_SHARD at world size 1)"
         return ShardingPlan(parallel, (), (), (), False, False, False, (note,))
     head = f"{label[how]} on {n} GPUs; batch per GPU (global batch {n} x batch)"
+    if how == "hsdp":  # n is one node's shard group; the replicas are the other nodes
+        head = f"{label[how]}: shards over the {n} GPUs of a node; batch per GPU"
     working = sixteen_bit_working and how != "ddp"
     precision_note = (
         "mixed precision as DeepSpeed's bf16/fp16 modes and FSDP's MixedPrecision run it: "

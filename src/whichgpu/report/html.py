@@ -547,6 +547,7 @@ _SHARDING_WORDS = {
     "zero2": "ZeRO-2, gradients and optimizer state sharded",
     "zero3": "ZeRO-3, parameters, gradients and optimizer state sharded",
     "fsdp": "FSDP, parameters, gradients and optimizer state sharded",
+    "hsdp": "HSDP, parameters, gradients and optimizer state sharded within each node",
 }
 """What each ``--sharding`` splits across the GPUs, as the header says it."""
 
