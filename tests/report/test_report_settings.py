@@ -119,6 +119,21 @@ def test_cli_report_takes_the_settings(tmp_path: Path, capsys: pytest.CaptureFix
     assert "8 GPUs data parallel (ZeRO-2, gradients and optimizer state sharded)" in header
     assert "global batch = micro-batch x 2 accumulated x 8 GPUs = 64" in header
     capsys.readouterr()
-    # more GPUs than one machine: refused, with where to ask instead
-    assert main([*args, "--gpus", "16", "--network", "ib-hdr", "--out", str(out)]) == 2
-    assert "whichgpu predict --gpus 16 --network" in capsys.readouterr().err
+    # more GPUs than one machine: a cluster of machines of 8, named with its fabric
+    assert main([*args, "--gpus", "16", "--network", "ib-hdr", "--out", str(out)]) == 0
+    header = _header(out.read_text(encoding="utf-8"))
+    assert "16 GPUs in 2 machines of 8 joined by ib-hdr, data parallel (ZeRO-2" in header
+    assert "x 16 GPUs = 128" in header
+
+
+def test_a_cluster_is_ranked_and_its_break_even_is_one_machines() -> None:
+    """Beyond one machine: the ranking's cluster, memory per GPU of it under its sharding,
+    and the break-even of one of its machines (both sides scale with the machines), said."""
+    data = _report(gpu_count=16, sharding="hsdp", acquire="buy")
+    (lead,) = data.ranking.ranking
+    assert (lead.count, lead.machines) == (16, 2)
+    assert data.breakeven_count == 8
+    assert any("the break-even of one machine of 8" in n for n in data.notes)
+    assert data.memory[0].max_batch_size == lead.max_batch_size
+    page = render_html(data)
+    assert "16 GPUs in 2 machines of 8 joined by" in _header(page)

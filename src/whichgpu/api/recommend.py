@@ -149,12 +149,9 @@ def answer_recommend(
     request: RecommendRequest,
     *,
     progress: Callable[[str], None] | None = None,
-    one_machine: bool = False,
 ) -> Ranking:
     """``recommend``'s answer to a typed request (see ``recommend`` for what it means);
-    ``progress`` hears each GPU and count as it is sized. ``one_machine``: the caller prices
-    one machine only (``report``): more GPUs than a machine holds are refused, and ``--gpus
-    auto`` does not go on to clusters."""
+    ``progress`` hears each GPU and count as it is sized."""
     from whichgpu.catalog.cost_data import get_region
     from whichgpu.ranking.rank import rank
 
@@ -162,7 +159,7 @@ def answer_recommend(
     target = request.target
     chosen = select(asked.workload, target.config, target.task, target.model)
     given = run_config(**asked.run_options)
-    counts = gpu_counts(asked.gpu_count, given.mode, given.network, one_machine=one_machine)
+    counts = gpu_counts(asked.gpu_count, given.mode, given.network)
     targets, maker = keep_vendor(resolve_gpus(request.gpus), asked.vendor)
     software = get_stack(request.stack)
     catalog = load_catalog(request.prices)
@@ -210,7 +207,7 @@ def answer_recommend(
 
     sized = size(counts)
     ranking = ranked(sized)
-    if not one_machine and _needs_a_cluster(asked, ranking, engine):
+    if _needs_a_cluster(asked, ranking, engine):
         sized = size(AUTO_CLUSTERS, sized)
         ranking = ranked(sized, (_cluster_note(asked, given.network),))
     if sized.run.mode == "inference" and any(

@@ -138,8 +138,9 @@ def answer_report(
     """``report``'s answer to a typed request (see ``report`` for what it means);
     ``progress`` hears the recommendation's progress."""
     asked = request.recommend
-    # the report's value tables and break-even price one machine
-    ranking = answer_recommend(asked, progress=progress, one_machine=True)
+    # a cluster is ranked as recommend ranks it; the value tables price machines of up to 8
+    # GPUs, and the break-even one machine of the cluster (_breakeven)
+    ranking = answer_recommend(asked, progress=progress)
     target = asked.target
     if target.is_empty:
         target = replace(target, workload=ranking.workload)  # the preset's
@@ -179,7 +180,7 @@ def answer_report(
         value=tuple(tables),
         breakeven=even,
         breakeven_gpu=lead.gpu if even is not None and lead is not None else None,
-        breakeven_count=lead.count if lead is not None else 1,
+        breakeven_count=lead.count // lead.machines if lead is not None else 1,
         results=pivot,
         results_count=n_results,
         notes=tuple(notes),
@@ -337,16 +338,24 @@ def _value_tables(
 
 def _breakeven(ranking: Ranking, catalog: Catalog, notes: list[str]) -> Breakeven | None:
     """Renting against owning the ranking's leader (None without one, or with a note when
-    the catalog cannot answer)."""
+    the catalog cannot answer). A cluster's machines are bought, or rented, each as one
+    machine, so both sides scale with their number and the break-even is one machine's: that
+    machine is answered, and a note says so."""
     from whichgpu import cost
 
     lead = ranking.ranking[0] if ranking.ranking else None
     if lead is None:
         return None
-    try:
-        return cost.breakeven(
-            gpu=lead.gpu, count=lead.count, region=ranking.region, catalog=catalog
+    count = lead.count // lead.machines
+    if lead.machines > 1:
+        notes.append(
+            f"Cloud against own for {lead.label()}: the break-even of one machine of {count}; "
+            f"the {lead.machines} machines multiply its purchase, electricity and rent alike, "
+            "so the hours to break even are the same (the fabric's switches and cables are "
+            "not priced)."
         )
+    try:
+        return cost.breakeven(gpu=lead.gpu, count=count, region=ranking.region, catalog=catalog)
     except WhichGpuError as exc:
         notes.append(f"Cloud against own for {lead.gpu_name}: {exc}")
         return None

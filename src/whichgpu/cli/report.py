@@ -162,7 +162,9 @@ def report(
     and where every number comes from. --format svg writes one chart (--chart) instead.
     With --serving (an engine, as `whichgpu recommend --serving`), the speed section adds the
     engine's TTFT, TPOT, output tokens/s and $ per million output tokens per GPU, with TPOT
-    against concurrency and the cost per million tokens as charts.
+    against concurrency and the cost per million tokens as charts. --gpus 16 (or 8-64) reports
+    on clusters of machines of 8 joined by --network, as `whichgpu recommend` ranks them; the
+    break-even is then one machine's.
 
     Examples:
 
@@ -173,6 +175,8 @@ def report(
       whichgpu report resnet50 --gpu 4090 --gpu 3090 --format svg --chart memory
 
       whichgpu report llama-3.1-8b --mode inference --concurrency 32 --serving vllm --rent
+
+      whichgpu report llama-3.1-8b --gpus 16 --sharding fsdp --rent --tokens 1e10
     """
     from whichgpu.api import ReportRequest, answer_report
     from whichgpu.report.charts import CHARTS, SERVING_CHARTS, chart_svg

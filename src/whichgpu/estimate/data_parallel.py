@@ -165,20 +165,6 @@ def check_gpu_count(
         )
 
 
-def check_one_node(gpus: int, links: LinkData | None = None) -> None:
-    """Refuse more GPUs than one machine holds where the answer prices one machine (``report``,
-    whose value tables and break-even are a machine's); ``recommend`` ranks clusters of
-    machines (``check_gpu_count``), ``predict`` and ``fit`` answer for several nodes."""
-    most = (links or load_links()).max_gpus_per_node
-    if gpus > most:
-        raise UsageError(
-            f"--gpus {gpus}: the report prices one machine, at most {most} GPUs. Ask about one "
-            f"machine (--gpus {most} or fewer); whichgpu recommend --gpus {gpus} ranks clusters "
-            f"of machines of {most}, whichgpu predict --gpus {gpus} --network times them across "
-            "nodes, and whichgpu fit answers per GPU for any count."
-        )
-
-
 @dataclass(frozen=True)
 class Link:
     """The link a GPU exchanges gradients over, in a node of ``n_gpus``."""

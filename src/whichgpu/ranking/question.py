@@ -247,16 +247,13 @@ def gpu_counts(
     spec: int | str | None,
     mode: str = "train",
     network: str | None = None,
-    *,
-    one_machine: bool = False,
 ) -> list[int]:
     """``--gpus``: a count, ``auto`` (``AUTO_COUNTS``: one machine) or a range ``A-B`` (the
     powers of 2 in it). Beyond one machine's 8 the GPUs are a cluster of machines of 8 joined
     by the fabric ``network`` names (None: the default): ``check_gpu_count`` refuses what
     cannot be timed there (a count 8 does not divide, more than 4,096, serving across
-    machines, an unknown fabric), a range's counts included. ``one_machine``: the answer
-    prices one machine only (``report``), and more GPUs are refused (``check_one_node``)."""
-    from whichgpu.estimate.data_parallel import check_gpu_count, check_one_node
+    machines, an unknown fabric), a range's counts included."""
+    from whichgpu.estimate.data_parallel import check_gpu_count
 
     if spec is None:
         counts = [1]
@@ -284,8 +281,6 @@ def gpu_counts(
     if any(n < 1 for n in counts):
         raise UsageError(f"--gpus: counts start at 1, not {spec}.")
     for n in counts:
-        if one_machine:
-            check_one_node(n)
         check_gpu_count(n, mode, network)
     return counts
 

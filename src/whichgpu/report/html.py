@@ -571,7 +571,14 @@ def run_summary(data: ReportData) -> str:
     the GPUs working together with their sharding, and the global batch."""
     run = data.run
     parts = [run.describe()]
-    if run.gpus > 1:
+    lead = data.ranking.ranking[0] if data.ranking.ranking else None
+    if lead is not None and lead.machines > 1:
+        parts.append(
+            f"{run.gpus} GPUs in {lead.machines} machines of {lead.count // lead.machines} "
+            f"joined by {lead.network or 'the default fabric'}, data parallel "
+            f"({_SHARDING_WORDS[run.sharding]})"
+        )
+    elif run.gpus > 1:
         parts.append(f"{run.gpus} GPUs data parallel ({_SHARDING_WORDS[run.sharding]})")
     batch = global_batch_words(data)
     if batch:
