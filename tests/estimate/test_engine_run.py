@@ -86,6 +86,36 @@ def test_requests_beyond_the_running_limit_wait_for_a_slot() -> None:
     assert capped.output_tokens_per_s < free.output_tokens_per_s
 
 
+def test_a_request_sent_as_a_step_ends_joins_the_step_after_the_next_on_a_busy_engine() -> None:
+    """Three requests, two in flight, 1,000-token prompts in a 1,024-token budget, two tokens
+    each: A is prefilled in step 1, B in steps 1-2, so A ends with step 2 while B still runs;
+    C, sent then, misses step 3 (the engine began it) and is prefilled in step 4, alone."""
+    speed = _speed(chunk_tokens=1024)
+    run = closed_loop(speed, requests=3, concurrency=2, context=1000, new_tokens=2, running_limit=8)
+    s1 = speed.step(1024, 1000 * 500 + 24 * 12, 1024).seconds
+    s2 = speed.step(1 + 976, 1001 + 976 * (24 + 488), 1001 + 1000).seconds
+    s3 = speed.step(1, 1001, 1001).seconds  # B's second token, without C
+    s4 = speed.step(1000, 1000 * 500, 1000).seconds  # C's prompt, the engine otherwise idle
+    ttft_a, ttft_b, ttft_c = s1, s1 + s2, s3 + s4
+    assert run.mean_ttft_s == pytest.approx((ttft_a + ttft_b + ttft_c) / 3)
+    assert run.settled_mean_ttft_s == pytest.approx(ttft_c)
+    assert run.duration_s == pytest.approx(s1 + s2 + s3 + s4 + speed.step(1, 1001, 1001).seconds)
+
+
+def test_a_request_arriving_beside_decodes_waits_one_step_not_for_them_to_end() -> None:
+    """A 512-token budget: A is prefilled in steps 1-2, B in steps 2-4, so with 64 tokens each
+    A ends with step 65 and B two steps later. C, sent then, waits out step 66 (B's decode)
+    and is prefilled in steps 67 (beside B's last decode) and 68."""
+    speed = _speed(chunk_tokens=512)
+    run = closed_loop(
+        speed, requests=3, concurrency=2, context=1000, new_tokens=64, running_limit=8
+    )
+    s66 = speed.step(1, 1062, 1062).seconds
+    s67 = speed.step(1 + 511, 1063 + 511 * 255.5, 1063 + 511).seconds
+    s68 = speed.step(489, 489 * (511 + 244.5), 1000).seconds
+    assert run.settled_mean_ttft_s == pytest.approx(s66 + s67 + s68)
+
+
 def test_one_generated_token_has_no_tpot() -> None:
     run = closed_loop(
         _speed(), requests=3, concurrency=3, context=100, new_tokens=1, running_limit=8

@@ -49,9 +49,12 @@ def closed_loop(
     in the order they arrived, each as much as the step's token budget (``speed.chunk_tokens``)
     leaves; a waiting request starts when fewer than ``running_limit`` sequences run. A prompt
     finished in a step yields its first token at the step's end; each later step yields one
-    more. When a request ends the client sends the next, at once, until ``requests`` were sent.
-    A step is timed by ``EngineSpeed``'s step model with every decode at its own length and
-    every prompt chunk attending over its prompt so far."""
+    more. When a request ends the client sends the next, at once, until ``requests`` were sent;
+    it reaches a busy engine after the engine has begun its next step (the last token goes out
+    at the step's end, the new request comes back through HTTP and tokenization), so it joins
+    the step after that; an idle engine starts it at once. A step is timed by
+    ``EngineSpeed``'s step model with every decode at its own length and every prompt chunk
+    attending over its prompt so far."""
     if requests < 1 or concurrency < 1 or context < 1 or new_tokens < 1 or running_limit < 1:
         raise ValueError("a benchmark run needs at least one request, token and slot")
     budget = max(speed.chunk_tokens, 1)
@@ -62,7 +65,10 @@ def closed_loop(
     done: list[_Request] = []
     now, steps = 0.0, 0
     while waiting or prefilling or decoding:
+        busy = bool(prefilling or decoding)
         while waiting and len(prefilling) + len(decoding) < running_limit:
+            if busy and waiting[0].arrival_s >= now > 0:
+                break  # sent as the last step ended: the engine began the next without it
             prefilling.append(waiting.popleft())
         left = budget - len(decoding)
         chunks: list[tuple[_Request, int]] = []
@@ -74,6 +80,8 @@ def closed_loop(
             left -= size
         if not chunks:  # decode only: the same sequences until the first of them ends
             count = min(new_tokens - r.generated for r in decoding)
+            if waiting and len(prefilling) + len(decoding) < running_limit:
+                count = 1  # a request arrived as the last step ended: it joins after this one
             lengths = sum(context + r.generated for r in decoding)
             now += _decode_run_s(speed, len(decoding), lengths, count)
             steps += count
