@@ -175,8 +175,9 @@ def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
 
 def _predicted(row: ServingRow, speed: Any) -> float | None:
     """The prediction of the row's quantity from a ``ServingSpeed``: of its simulated
-    benchmark run where the row states the requests sent (the row's statistic, mean or
-    median), else of the steady state at the concurrency."""
+    benchmark run where the row states the requests sent or is a ``long`` run (the row's
+    statistic, mean or median; a long run's TTFT after its first wave), else of the steady
+    state at the concurrency."""
     run = speed.benchmark
     if row.quantity == "output_tokens_per_s":
         return float((run or speed).output_tokens_per_s)
