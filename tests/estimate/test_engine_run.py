@@ -7,30 +7,14 @@ import json
 
 import pytest
 
+from tests.estimate.test_engine_speed import _rates, _shape
 from whichgpu.estimate.engine_run import closed_loop
-from whichgpu.estimate.engine_speed import EngineRates, EngineSpeed, ModelShape
-from whichgpu.units import GB
+from whichgpu.estimate.engine_speed import EngineSpeed
 
 
 def _speed(chunk_tokens: int = 2048) -> EngineSpeed:
-    weights = int(16 * GB)
-    shape = ModelShape(
-        layers=32,
-        hidden=4096,
-        q_width=4096,
-        kv_width=1024,
-        intermediate=14336,
-        gated_mlp=True,
-        vocab=128256,
-        matmul_params=weights // 2 - 128256 * 4096,
-        weights_bytes=weights,
-        kv_bytes_per_token=131072,
-        dtype_bytes=2,
-    )
-    rates = EngineRates(
-        bandwidth_bytes_per_s=2.0e12, peak_bandwidth_bytes_per_s=2.0e12, tensor_flops_per_s=250e12
-    )
-    return EngineSpeed(shape, rates, chunk_tokens=chunk_tokens)
+    """Llama 3.1 8B's shape on a GPU of 2 TB/s and 250 TFLOP/s (the engine-speed tests')."""
+    return EngineSpeed(_shape(), _rates(tensor=250e12), chunk_tokens=chunk_tokens)
 
 
 def test_one_request_at_a_time_is_its_prefill_then_its_decode_steps() -> None:

@@ -320,11 +320,16 @@ def data_parallel_step(
         link.bus_bytes_per_s
     )
     window_s = single_step_s if sharding in ("zero3", "fsdp", "hsdp") else backward_s
-    last_bucket = min(1.0, data.ddp_bucket_bytes / gradient_bytes) if gradient_bytes else 1.0
-    exposed_s = max(exchange_s - window_s, exchange_s * last_bucket)
+    exposed_s = max(exchange_s - window_s, exchange_s * _last_bucket(gradient_bytes, data))
     return DataParallelStep(
         step_time_s=single_step_s + exposed_s, exchange_s=exchange_s, exposed_s=exposed_s, link=link
     )
+
+
+def _last_bucket(gradient_bytes: int, data: LinkData) -> float:
+    """The share of the exchange that can only start when backward ends: the last bucket
+    (DDP's bucket size, taken for a ZeRO or FSDP unit too) of ``gradient_bytes``."""
+    return min(1.0, data.ddp_bucket_bytes / gradient_bytes) if gradient_bytes else 1.0
 
 
 def _hybrid_step(
@@ -352,11 +357,10 @@ def _hybrid_step(
     inside_s /= inside.bus_bytes_per_s
     shard = gradient_bytes / size
     between_s = 2 * (replicas - 1) / replicas * shard / nic_bytes_per_s
-    last_unit = min(1.0, data.ddp_bucket_bytes / gradient_bytes) if gradient_bytes else 1.0
     exposed_s = max(
         inside_s - single_step_s,
         between_s - backward_s,
-        (inside_s + between_s) * last_unit,
+        (inside_s + between_s) * _last_bucket(gradient_bytes, data),
     )
     link = Link(
         kind="network",
