@@ -147,6 +147,12 @@ def test_numbers_no_option_can_use_are_refused(args: tuple[str, ...]) -> None:
 def test_a_result_id_that_reads_as_a_huge_number_is_still_an_id(tmp_path: Path) -> None:
     result = run_cli("results", "show", "12345e67", "--store", str(tmp_path / "s.db"))
     assert result.returncode == 2 and "No result has the id '12345e67'" in result.stderr
+    # an option's value too, where the option takes a stored result's id
+    store = str(tmp_path / "s.db")
+    for args in (("--calibrate", "49227e32"), ("--calibrate=49227e32",)):
+        result = run_cli("predict", "resnet50", "--gpu", "4090", *args, "--store", store)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert "49227e32" in result.stderr and "not a number" not in result.stderr
 
 
 def test_an_infinite_answer_is_refused_rather_than_written_as_invalid_json() -> None:

@@ -116,17 +116,25 @@ LARGEST_INPUT = 1e18
 ones only overflow the arithmetic into infinities."""
 
 
+NAME_OPTIONS = frozenset({"--calibrate", "--store", "--config", "--prices", "--out", "-o"})
+"""Options whose value is a name (a stored result's id, a file or folder), never a number,
+whatever it looks like: a result id such as ``49227e32`` reads as 4.9e36."""
+
+
 def check_numbers(args: Sequence[str]) -> None:
     """Refuse an option value that is a number no option can use: NaN, an infinity, or one
     beyond ``LARGEST_INPUT`` (each would come out as 'nan' or 'inf' in the answer). Only
     option values are read (``--budget nan``, ``--hours=inf``): a positional argument such as
-    a result id (``12e45f0a``) is a name, whatever it looks like."""
+    a result id (``12e45f0a``) is a name, whatever it looks like, and so is the value of an
+    option that takes names (``NAME_OPTIONS``: ``--calibrate 49227e32``)."""
     for i, arg in enumerate(args):
         if arg.startswith("--") and "=" in arg:
             option, _, value = arg.partition("=")
         elif i > 0 and args[i - 1].startswith("-") and "=" not in args[i - 1]:
             option, value = args[i - 1], arg
         else:
+            continue
+        if option in NAME_OPTIONS:
             continue
         try:
             number = float(value)
