@@ -133,6 +133,8 @@ def test_predict_with_requests_carries_the_simulated_run() -> None:
     assert speed is not None and speed.benchmark is not None
     run = speed.benchmark
     assert (run.requests, run.concurrency) == (20, 1)
+    note = next(a for a in speed.assumptions if a.startswith("benchmark run: 20 requests"))
+    assert "2048-token budget" in note and "step after the next" in note
     # one request at a time: the steady state's TTFT, and about its decode step
     assert run.mean_ttft_s == pytest.approx(speed.ttft_s, rel=0.01)
     assert run.mean_tpot_s == pytest.approx(speed.tpot_s, rel=0.02)
@@ -146,6 +148,7 @@ def test_predict_with_requests_carries_the_simulated_run() -> None:
         concurrency=1,
     )
     assert plain.serving_speed is not None and plain.serving_speed.benchmark is None
+    assert not any(a.startswith("benchmark run") for a in plain.serving_speed.assumptions)
 
 
 def test_cli_predict_requests_json_and_table() -> None:

@@ -16,6 +16,7 @@ from whichgpu.schema import (
     GpuSpec,
     MemoryEstimate,
     RunConfig,
+    ServingBenchmark,
     ServingEngine,
     ServingSpeed,
     SoftwareStack,
@@ -411,7 +412,21 @@ def _decoding_speed(
             quantized=quantized,
             rate_notes=rate_notes,
             burst=burst,
-        ),
+        )
+        + (() if benchmark is None else (_benchmark_note(benchmark, engine),)),
+    )
+
+
+def _benchmark_note(run: ServingBenchmark, engine: ServingEngine) -> str:
+    """What the simulated benchmark run (``--requests``) assumes, in words."""
+    return (
+        f"benchmark run: {run.requests} requests of these fixed lengths, {run.concurrency} in "
+        "flight (the client sends the next as one ends), simulated step by step: the first "
+        "wave arrives together; each step runs the decodes, then the prompts in arrival order "
+        f"within the {engine.prefill_chunk_tokens}-token budget; at most {run.running_limit} "
+        "sequences run (the engine's cap or its KV cache); a request sent as another ends "
+        "joins a busy engine's step after the next; TTFT and TPOT are each request's, as a "
+        "benchmark client measures them, with no HTTP, tokenization or scheduler time"
     )
 
 
