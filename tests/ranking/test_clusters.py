@@ -75,6 +75,22 @@ def test_buying_16_gpus_prices_two_8_gpu_servers_and_their_electricity() -> None
     assert "switches, cables and network cards are not priced" in cluster
 
 
+def test_an_sxm_module_is_said_to_need_a_server_on_one_machine_and_gpus_alone_price() -> None:
+    """The module's caveat joins a bought machine of 8 as a cluster's; pricing the GPUs alone
+    (no machine, so no caveat) works for a cluster too."""
+    for count in (8, 16):
+        ranking = wg.recommend(
+            "llama-3.2-1b", acquire="buy", gpu_count=count, gpus=["h100-sxm"], **ASK
+        )
+        (top,) = ranking.ranking
+        assert any("SXM module: it needs a GPU server's baseboard" in r for r in top.reasons)
+    alone = wg.recommend(
+        "llama-3.2-1b", acquire="buy", gpu_only=True, gpu_count=16, gpus=["h100-sxm"], **ASK
+    )
+    (top,) = alone.ranking
+    assert top.machines == 2 and not any("SXM module" in r for r in top.reasons)
+
+
 def test_counts_a_cluster_cannot_be_made_of_and_serving_across_machines_are_refused() -> None:
     with pytest.raises(UsageError, match="nodes of 8, and 8 does not divide 12"):
         wg.recommend("llama-3.2-1b", gpu_count=12, gpus=["h100-sxm"])

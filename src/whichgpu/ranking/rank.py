@@ -286,14 +286,14 @@ def rank(
                 purchase += base.usd * machines
                 note += f" + {machines} x " if machines > 1 else " + "
                 note += base.describe()
-            if machines > 1:
-                note = f"{machines} machines of {per_machine}: {note}"
                 if module:
                     form = option.gpu.form_factor.value.upper() if option.gpu.form_factor else ""
                     extra.append(
                         f"a {form} module: it needs a GPU server's baseboard (priced as the "
                         "server build class); such boards usually take 4 or 8"
                     )
+            if machines > 1:
+                note = f"{machines} machines of {per_machine}: {note}"
             if price.kind == "launch":
                 extra.append(
                     f"only its launch price ({price.as_of:%Y}) is in the catalog; today's street "
