@@ -366,15 +366,14 @@ def _decoding_speed(
         per_million = hourly * n / (at.output_tokens_per_s * 3600) * 1e6
     ladder = concurrency_ladder(concurrency, limit)
     benchmark = None
-    if requests is not None:
-        caps = [c for c in (engine.max_sequences, limit) if c]
+    if requests is not None:  # the KV limit is already within the engine's cap
         benchmark = closed_loop(
             speed,
             requests=requests,
             concurrency=concurrency,
             context=context,
             new_tokens=new,
-            running_limit=min(caps, default=concurrency),
+            running_limit=limit or engine.max_sequences,
         )
     return ServingSpeed(
         engine=engine.id,

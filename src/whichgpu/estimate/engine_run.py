@@ -29,7 +29,6 @@ class _Request:
     prefilled: int = 0
     generated: int = 0
     first_token_s: float | None = None
-    end_s: float | None = None
     ttft_s: float = 0.0
     tpot_s: float | None = None
 
@@ -105,7 +104,6 @@ def closed_loop(
                     decoding.append(req)
         for req in [r for r in decoding if r.generated >= new_tokens]:
             decoding.remove(req)
-            req.end_s = now
             if new_tokens > 1 and req.first_token_s is not None:
                 req.tpot_s = (now - req.first_token_s) / (new_tokens - 1)
             done.append(req)

@@ -575,7 +575,7 @@ def run_summary(data: ReportData) -> str:
     if lead is not None and lead.machines > 1:
         parts.append(
             f"{run.gpus} GPUs in {lead.machines} machines of {lead.count // lead.machines} "
-            f"joined by {lead.network or 'the default fabric'}, data parallel "
+            f"joined by {lead.network}, data parallel "
             f"({_SHARDING_WORDS[run.sharding]})"
         )
     elif run.gpus > 1:
