@@ -512,7 +512,8 @@ class RunConfig(_Frozen):
     """Gradient accumulation: micro-batches of ``batch_size`` per optimizer step on each GPU.
     Memory is one micro-batch's plus the gradients kept across micro-steps; an optimizer step
     takes ``grad_accum`` forward and backward passes and one update. The global batch is
-    ``batch_size x grad_accum x gpus`` (``global_batch_size``)."""
+    ``batch_size x grad_accum x`` the data-parallel copies (``global_batch_size``). With
+    ``pipeline_parallel`` > 1 these are the micro-batches the pipeline runs in a step."""
     checkpointing: bool = False
     """Gradient (activation) checkpointing, by ``checkpointing_policy``."""
     checkpointing_policy: str = Field(default="full", pattern=CHECKPOINTING_POLICY_PATTERN)
@@ -544,7 +545,21 @@ class RunConfig(_Frozen):
     one node's 8 in nodes of 8 joined by ``network``; inference, one model served tensor
     parallel across them (``batch_size`` sequences in all), within one node."""
     sharding: Sharding = "ddp"
-    """With ``gpus`` > 1: what the GPUs split between them (see ``Sharding``)."""
+    """With ``gpus`` > 1: what the data-parallel GPUs split between them (see ``Sharding``)."""
+    tensor_parallel: int = 1
+    """Training: GPUs of one node that split every layer between them (Megatron-style tensor
+    parallel with sequence parallel: attention heads and MLP columns split, and the
+    activations between them split along the sequence), exchanging activations four times a
+    layer in each micro-step. ``gpus`` is a multiple of ``tensor_parallel x
+    pipeline_parallel``; the rest of the factor is data parallel."""
+    pipeline_parallel: int = 1
+    """Training: stages the layers are split into, each on its own GPUs, with a 1F1B schedule
+    over the step's ``grad_accum`` micro-batches (at least one per stage)."""
+    virtual_stages: int = 1
+    """Training with ``pipeline_parallel`` > 1: chunks of layers each GPU holds, not adjacent
+    (the interleaved 1F1B schedule: Megatron-LM's virtual pipeline, torchtitan's
+    ``Interleaved1F1B``), which cuts the pipeline's bubble by this factor, multiplies its
+    sends by it, and keeps more micro-batches in flight; 1: plain 1F1B."""
     network: str | None = None
     """Training on more GPUs than one node holds: the fabric between the nodes, by its id in
     ``estimate/data/links.json``'s ``fabrics`` (``ib-ndr``, ``ib-hdr``, ``roce-1600``); None =
@@ -554,8 +569,37 @@ class RunConfig(_Frozen):
     def parallelism(self) -> str:
         """How the run's GPUs share it, in words: ``tensor parallel`` for inference (one model
         split across them; ``sharding`` is a training option and stays ``ddp``), else the
-        training's ``sharding`` (``ddp``, ``zero2`` …)."""
-        return "tensor parallel" if self.mode == "inference" else self.sharding
+        training's ``sharding`` (``ddp``, ``zero2`` …), after its model-parallel split where
+        it has one (``tensor parallel 2 x pipeline parallel 4, fsdp``)."""
+        if self.mode == "inference":
+            return "tensor parallel"
+        split = self.model_parallel_words()
+        return f"{split}, {self.sharding}" if split else self.sharding
+
+    def model_parallel(self) -> int:
+        """GPUs that hold one copy of the model between them: ``tensor_parallel x
+        pipeline_parallel`` (1 for inference, whose ``gpus`` are all tensor parallel)."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+    def data_parallel(self) -> int:
+        """Copies of the model training side by side on their own batches: training's
+        ``gpus`` over ``model_parallel`` (1 for inference)."""
+        if self.mode == "inference":
+            return 1
+        return max(1, self.gpus // self.model_parallel())
+
+    def model_parallel_words(self) -> str:
+        """The model-parallel split in words (``tensor parallel 2 x pipeline parallel 4``);
+        empty without one."""
+        parts = []
+        if self.tensor_parallel > 1:
+            parts.append(f"tensor parallel {self.tensor_parallel}")
+        if self.pipeline_parallel > 1:
+            interleaved = (
+                f" ({self.virtual_stages} virtual stages)" if self.virtual_stages > 1 else ""
+            )
+            parts.append(f"pipeline parallel {self.pipeline_parallel}{interleaved}")
+        return " x ".join(parts)
 
     def memory_levers(self) -> tuple[str, ...]:
         """Options not used by this run that make a step need less memory per GPU, in words
@@ -584,11 +628,12 @@ class RunConfig(_Frozen):
 
     def global_batch_size(self, batch_size: int | None = None) -> int | None:
         """Samples per optimizer step over all GPUs: the micro-batch (``batch_size``, else
-        the run's) x ``grad_accum`` x ``gpus``; None when no micro-batch is known."""
+        the run's) x ``grad_accum`` x the data-parallel copies (``gpus`` without a
+        model-parallel split); None when no micro-batch is known."""
         micro = batch_size if batch_size is not None else self.batch_size
         if micro is None:
             return None
-        return micro * self.grad_accum * self.gpus
+        return micro * self.grad_accum * self.data_parallel()
 
     def checkpointing_every_layers(self) -> int | None:
         """Of a checkpointed run, every how many repeated layers one is checkpointed (1 for
@@ -631,6 +676,8 @@ class RunConfig(_Frozen):
                 parts.append(f"gradient accumulation {self.grad_accum}")
             if self.compile:
                 parts.append("torch.compile")
+            if self.model_parallel() > 1:
+                parts.append(self.model_parallel_words())
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")
@@ -1361,11 +1408,13 @@ class MeasuredMemoryCase(_Frozen):
     """What the comparison assumes or why part of it is missing."""
 
 
-ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry", "serving"]
+ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry", "serving", "parallel"]
 """A reference ``validate`` compares with: Lambda's 2020 table, whichgpu's own bench results
 (``validate/data/measured/*.json``), the measurements on an NVIDIA H200 of 2026-11-26 (an
-independent training loop), MosaicML llm-foundry's published MPT training benchmarks, or
-published serving measurements of vLLM and TensorRT-LLM (``validate/data/serving``)."""
+independent training loop), MosaicML llm-foundry's published MPT training benchmarks,
+published serving measurements of vLLM and TensorRT-LLM (``validate/data/serving``), or
+published tensor- and pipeline-parallel training runs of NeMo and Megatron-Bridge
+(``validate/data/parallel``)."""
 
 
 class SourceSummary(_Frozen):

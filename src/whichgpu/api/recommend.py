@@ -322,9 +322,9 @@ def _sized(
     and measurements are reused)."""
     out = into or _Sized([], run_config(**run_options), 1)
     for count in counts:
-        run = run_config(gpus=count, **run_options)
-        check_for_workload(run, chosen.info)
         try:
+            run = run_config(gpus=count, **run_options)  # a split this count cannot hold
+            check_for_workload(run, chosen.info)
             step = prepare(
                 chosen, run, config, progress if out.loaded is None else None, out.loaded
             )

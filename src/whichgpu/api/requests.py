@@ -77,6 +77,9 @@ class RunOptions:
     new_tokens: int | None = None
     concurrency: int | None = None
     sharding: str | None = None
+    tensor_parallel: int | None = None
+    pipeline_parallel: int | None = None
+    virtual_stages: int | None = None
     network: str | None = None
 
     @classmethod

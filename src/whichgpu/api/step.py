@@ -201,7 +201,8 @@ class Step:
     kv_heads: int | None = None
     """The model's key/value heads (inference of a language model), else None."""
     model_config: dict[str, Any] | None = None
-    """The model's ``config.json`` (inference of a language model), else None."""
+    """The model's ``config.json`` (inference of a language model, or training split tensor
+    or pipeline parallel), else None."""
     kv_cache_dtype: str = "auto"
     """How a serving engine stores the KV cache (``--kv-cache-dtype``): ``auto`` in the serving
     dtype (``kv_per_token``), ``fp8`` one byte per element. Plain PyTorch generation keeps its
@@ -292,6 +293,8 @@ def prepare(
         )
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
+    if run.mode == "train" and run.model_parallel() > 1:
+        doc = _model_parallel_config(chosen, run, config)
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
             f"{option('gpu_count')} with {option('mode')} inference serves a language model "
@@ -345,6 +348,33 @@ def _serving_run(
     return run, doc, seq_limit, kv_per_token, kv_head_count
 
 
+def _model_parallel_config(
+    chosen: Workload, run: RunConfig, config: Path | str | None
+) -> dict[str, Any]:
+    """The ``config.json`` of a language model trained tensor or pipeline parallel, whose
+    layers, hidden size and heads the split needs; a model without one, or one the split
+    does not fit (``estimate.model_parallel.plan_refusal``), raises ``NotSplittable``."""
+    from whichgpu.estimate.model_parallel import plan_refusal
+
+    words = run.model_parallel_words()
+    why = (
+        f"{chosen.info.name} cannot train {words} ({option('tensor_parallel')}, "
+        f"{option('pipeline_parallel')})"
+    )
+    try:
+        doc = _config_doc(chosen, config)
+        refusal = plan_refusal(doc, run)
+    except (OSError, KeyError, TypeError, ValueError):
+        raise NotSplittable(
+            f"{why}: the split is modelled for transformer language models whose config.json "
+            "names their layers, hidden size and attention heads, and this workload has none. "
+            f"Use {option('sharding')} fsdp to spread it over the GPUs."
+        ) from None
+    if refusal is not None:
+        raise NotSplittable(f"{why}: {refusal}.")
+    return doc
+
+
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
     """The replays of ``profile``: of a stored profile, shared by every call in this process
     and started from the replays shipped with it (``estimate.replay_cache``)."""
@@ -385,14 +415,15 @@ def predictor(chosen: Workload, step: Step) -> ThroughputPredictor:
 def _exchange_state(step: Step) -> StepState | None:
     """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
     data-parallel training, hidden states in tensor-parallel inference."""
-    from whichgpu.estimate.data_parallel import memory_parallel
+    from whichgpu.estimate.data_parallel import run_parallel
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
-    from whichgpu.estimate.sharding import working_bytes
+    from whichgpu.estimate.sharding import stage_share, working_bytes
 
     if step.run.gpus <= 1:
         return None
-    if step.model_config is not None:  # a language model served tensor parallel
+    inference = step.run.mode == "inference"
+    if inference and step.model_config is not None:  # a language model served tensor parallel
         layers, hidden = layer_shape(step.model_config)
         return StepState(
             layers=layers,
@@ -401,8 +432,20 @@ def _exchange_state(step: Step) -> StepState | None:
         )
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
     parameter_bytes = sum(step.memory.state_sizes("parameter"))
-    if step.memory.plan(memory_parallel(step.run.gpus, step.run.sharding)).working_parameters:
+    if step.memory.plan(run_parallel(step.run)).working_parameters:
         # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)
-    return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
+    if step.model_config is None:
+        return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
+    # split tensor or pipeline parallel: the hidden states it exchanges, in the activations'
+    # dtype (16-bit under AMP and fp8 training, fp32 without it)
+    layers, hidden = layer_shape(step.model_config)
+    element_bytes = 4 if step.run.precision in ("fp32", "tf32") else 2
+    return StepState(
+        gradient_bytes=gradient_bytes,
+        parameter_bytes=parameter_bytes,
+        layers=layers,
+        hidden_bytes_per_token=hidden * element_bytes,
+        stage_share=stage_share(step.memory.state_sizes("parameter"), step.run.pipeline_parallel),
+    )

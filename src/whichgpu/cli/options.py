@@ -259,6 +259,41 @@ ShardingOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+TensorParallelOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--tensor-parallel",
+        help="Training: GPUs of one machine that split every layer between them (Megatron-"
+        "style tensor parallel with sequence parallel; default 1). It must divide the "
+        "model's attention and key/value heads; --gpus is a multiple of it x "
+        "--pipeline-parallel, the rest data parallel. Each GPU holds 1/T of the model state "
+        "and of the activations, and exchanges hidden states 4 times a layer.",
+        rich_help_panel=_RUN,
+    ),
+]
+PipelineParallelOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--pipeline-parallel",
+        help="Training: stages the layers are split into, each on its own GPUs (1F1B "
+        "schedule; default 1). Needs --grad-accum of at least as many micro-batches per step; "
+        "the bubble idles each stage P-1 micro-batch times a step. Typically across machines, "
+        "with --tensor-parallel inside them: --gpus 64 --tensor-parallel 8 --pipeline-parallel "
+        "4 --grad-accum 16.",
+        rich_help_panel=_RUN,
+    ),
+]
+VirtualStagesOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--virtual-stages",
+        help="Training with --pipeline-parallel: chunks of layers each GPU holds (the "
+        "interleaved 1F1B schedule, Megatron-LM's virtual pipeline; default 1). Cuts the "
+        "bubble by this factor, sends this many times as often, and keeps a little more in "
+        "flight. The layers must split into pipeline x virtual equal chunks.",
+        rich_help_panel=_RUN,
+    ),
+]
 NetworkOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(

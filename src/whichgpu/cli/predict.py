@@ -42,6 +42,9 @@ def predict(
     lora_targets: o.LoraTargetsOption = None,
     gpus: o.GpusOption = None,
     sharding: o.ShardingOption = None,
+    tensor_parallel: o.TensorParallelOption = None,
+    pipeline_parallel: o.PipelineParallelOption = None,
+    virtual_stages: o.VirtualStagesOption = None,
     network: o.NetworkOption = None,
     calibrate: Annotated[
         Optional[str],  # noqa: UP045

@@ -38,7 +38,7 @@ from typing import Any
 from whichgpu.catalog.cost_data import build_class_for, pcie_lanes_per_gpu
 from whichgpu.errors import MissingRates, UsageError, option
 from whichgpu.estimate.sharding import Parallel
-from whichgpu.schema import FormFactor, GpuSpec, Interconnect, Sharding
+from whichgpu.schema import FormFactor, GpuSpec, Interconnect, RunConfig, Sharding
 from whichgpu.units import GB
 
 _SWITCHED = (FormFactor.SXM, FormFactor.OAM, FormFactor.SUPERCHIP)
@@ -262,10 +262,33 @@ def shard_group(n_gpus: int, sharding: Sharding, links: LinkData | None = None) 
     return min(n_gpus, data.max_gpus_per_node)
 
 
-def memory_parallel(n_gpus: int, sharding: Sharding, links: LinkData | None = None) -> Parallel:
-    """What one GPU's memory is split by: ``n_gpus`` and ``sharding``, with HSDP's shard group
-    in place of the GPUs (``shard_group``)."""
-    return Parallel(shard_group(n_gpus, sharding, links), sharding)
+def memory_parallel(
+    n_gpus: int,
+    sharding: Sharding,
+    links: LinkData | None = None,
+    *,
+    tensor: int = 1,
+    pipeline: int = 1,
+    virtual: int = 1,
+) -> Parallel:
+    """What one GPU's memory is split by: ``n_gpus`` data-parallel copies and ``sharding``,
+    with HSDP's shard group in place of the GPUs (``shard_group``), each copy split ``tensor``
+    ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU)."""
+    return Parallel(shard_group(n_gpus, sharding, links), sharding, tensor, pipeline, virtual)
+
+
+def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
+    """What one GPU of a training ``run`` holds a share of: its data-parallel copies under
+    its sharding, each split by its tensor- and pipeline-parallel degrees
+    (``memory_parallel``)."""
+    return memory_parallel(
+        run.data_parallel(),
+        run.sharding,
+        links,
+        tensor=run.tensor_parallel,
+        pipeline=run.pipeline_parallel,
+        virtual=run.virtual_stages,
+    )
 
 
 def exchange_bytes(
@@ -306,16 +329,19 @@ def data_parallel_step(
     sharding: Sharding,
     links: LinkData | None = None,
     network: str | None = None,
+    link: Link | None = None,
 ) -> DataParallelStep:
     """Step time on each of ``n_gpus`` GPUs like ``gpu`` training together (across nodes over
-    the fabric ``network`` names, None the default). HSDP across nodes: ``_hybrid_step``."""
+    the fabric ``network`` names, None the default; ``link``: the link they exchange over,
+    where the caller placed them otherwise, as a model-parallel split does). HSDP across
+    nodes: ``_hybrid_step``."""
     data = links or load_links()
     group = shard_group(n_gpus, sharding, data)
     if group < n_gpus:
         return _hybrid_step(
             single_step_s, backward_s, gradient_bytes, parameter_bytes, gpu, n_gpus, data, network
         )
-    link = gpu_link(gpu, n_gpus, data, network)
+    link = link or gpu_link(gpu, n_gpus, data, network)
     exchange_s = exchange_bytes(gradient_bytes, parameter_bytes, n_gpus, sharding) / (
         link.bus_bytes_per_s
     )

@@ -35,7 +35,7 @@ from whichgpu.catalog.query import Catalog
 from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
-from whichgpu.estimate.data_parallel import memory_parallel
+from whichgpu.estimate.data_parallel import run_parallel
 from whichgpu.estimate.paged import is_paged, memory_note, paged_out_bytes
 from whichgpu.estimate.serving import kv_heads_on_one_gpu, kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
@@ -480,13 +480,15 @@ def tensor_parallel_saving(
     return weights * (gpus - 1) // gpus + kv - kv_on_one_gpu(kv, kv_head_count, gpus)
 
 
-def outside_allocator(stack: SoftwareStack, *, gpus: int) -> dict[str, int]:
+def outside_allocator(stack: SoftwareStack, *, gpus: int, groups: int = 1) -> dict[str, int]:
     """What the process holds outside the caching allocator, by name: the CUDA context and
-    NCCL buffers when more than one GPU trains (each from ``stack``). cuDNN's workspaces are
-    served by the allocator (``StepMemory.conv_workspace_bytes``)."""
+    NCCL buffers when more than one GPU trains (each from ``stack``; one set per process
+    group a GPU communicates in, ``groups``: data, tensor and pipeline parallel each have
+    theirs). cuDNN's workspaces are served by the allocator (``StepMemory.
+    conv_workspace_bytes``)."""
     outside = {"cuda_context": stack.cuda_context_bytes}
     if gpus > 1:
-        outside["nccl_buffers"] = stack.nccl_bytes_per_gpu
+        outside["nccl_buffers"] = stack.nccl_bytes_per_gpu * max(1, groups)
     return outside
 
 
@@ -616,12 +618,13 @@ def estimate_on_gpu(
         raise UsageError("A sequence length is needed for this workload (--seq-len).")
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
-    outside = outside_allocator(stack, gpus=run.gpus)
+    groups = sum(n > 1 for n in (run.data_parallel(), run.tensor_parallel, run.pipeline_parallel))
+    outside = outside_allocator(stack, gpus=run.gpus, groups=groups)
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
-    parallel = SINGLE_GPU if tensor else memory_parallel(run.gpus, run.sharding)
+    parallel = SINGLE_GPU if tensor else run_parallel(run)
     heads = kv_head_count or 1
-    compiled = compiled_saving is not None and not parallel.gpus > 1
+    compiled = compiled_saving is not None and not (parallel.gpus > 1 or parallel.model_parallel)
     if tensor and kv_head_count is None:
         raise ValueError("tensor-parallel inference needs the model's KV heads (kv_head_count)")
 
@@ -977,7 +980,10 @@ def _assumptions(stack: SoftwareStack, memory: StepMemory, parallel: Parallel) -
             "run, as a loop that keeps `outputs = model(**batch)` does; the Hugging Face Trainer "
             "frees it after the forward pass, and needs that much less"
         )
-    if parallel.gpus > 1:
+    if parallel.gpus > 1 or parallel.model_parallel:
         out += memory.plan(parallel).assumptions
-        out.append(f"NCCL buffers of {stack.nccl_bytes_per_gpu // MIB} MiB per GPU (an estimate)")
+        out.append(
+            f"NCCL buffers of {stack.nccl_bytes_per_gpu // MIB} MiB per GPU for each process "
+            "group it communicates in (an estimate)"
+        )
     return tuple(out)

@@ -25,6 +25,11 @@ from whichgpu.estimate.data_parallel import (
     shard_group,
 )
 from whichgpu.estimate.memory import split_package_note
+from whichgpu.estimate.model_parallel import (
+    data_parallel_link,
+    model_parallel_note,
+    model_parallel_step,
+)
 from whichgpu.estimate.paged import paging_seconds, speed_note
 from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
@@ -57,7 +62,7 @@ COMPILED_SPEED_NOTE = (
 @dataclass(frozen=True)
 class StepState:
     """What several GPUs exchange: the model state of data-parallel training, the hidden
-    states of tensor-parallel inference."""
+    states of tensor-parallel inference and of tensor- and pipeline-parallel training."""
 
     gradient_bytes: int = 0
     """Gradients of one step."""
@@ -70,6 +75,9 @@ class StepState:
     kv_heads: int = 0
     """Key/value heads of the model (tensor parallel: a GPU reads the KV heads it holds;
     0: unknown, taken as split evenly)."""
+    stage_share: float = 1.0
+    """Pipeline-parallel training: the heaviest stage's share of the model (its parameters
+    and its work; ``sharding.stage_share``); 1 without pipeline stages."""
 
     def attention_bytes_share(self, gpus: int) -> float | None:
         """The share of attention's bytes (its KV reads) one of ``gpus`` tensor-parallel GPUs
@@ -236,14 +244,19 @@ class ThroughputPredictor:
                 "per layer and pass over NVLink/NVSwitch, the bridge or PCIe (each at least "
                 f"{links.all_reduce_floor_s * 1e6:.0f} us: {links.all_reduce_floor_source})",
             )
-        elif run.gpus > 1:
+        elif run.data_parallel() > 1:
             links = load_links()
             across = run.gpus > links.max_gpus_per_node
+            copies = (
+                f", {run.data_parallel()} copies of a {run.model_parallel()}-GPU split "
+                if run.model_parallel() > 1
+                else ", "
+            )
             where = (
                 f"{run.gpus} GPUs in {node_count(run.gpus, links)} nodes of "
-                f"{links.max_gpus_per_node}, data parallel ({run.sharding})"
+                f"{links.max_gpus_per_node}{copies}data parallel ({run.sharding})"
                 if across
-                else f"{run.gpus} GPUs of one node, data parallel ({run.sharding})"
+                else f"{run.gpus} GPUs of one node{copies}data parallel ({run.sharding})"
             )
             over = (
                 "NVLink/NVSwitch inside each node and the network between them (one ring per "
@@ -252,7 +265,8 @@ class ThroughputPredictor:
                 else "NVLink/NVSwitch (SXM/OAM boards), the bridge (two bridged cards) or PCIe"
             )
             notes += (
-                f"{where}: each runs the one-GPU step on its own batch, then a ring all-reduce "
+                f"{where}: each {'copy' if run.model_parallel() > 1 else 'GPU'} runs the "
+                "one-GPU step on its own batch, then a ring all-reduce "
                 "of the gradients (16-bit where ZeRO or FSDP trains an AMP run, as their mixed "
                 f"precision does) over {over}, at the "
                 "share of the link NCCL reaches in published all_reduce_perf runs ("
@@ -269,7 +283,7 @@ class ThroughputPredictor:
         """What a step of gradient accumulation is timed as."""
         run = self.run
         exchange = ""
-        if run.gpus > 1:
+        if run.data_parallel() > 1:
             exchange = (
                 "; every micro-step exchanges as a whole step does (ZeRO/FSDP reduce-scatter "
                 "the gradients of each backward)"
@@ -420,10 +434,17 @@ class ThroughputPredictor:
                 prefill_s=prefill_s,
                 decode_step_s=decode_s if new_tokens else None,
             )
+        copies = self.run.data_parallel()
         if self.run.mode == "inference":
             table = restrict(table, ("forward",))
-        elif self.run.gpus > 1 and self.run.sharding in SHARDED_OPTIMIZER:
-            table = shard_optimizer(table, shard_group(self.run.gpus, self.run.sharding))
+        else:
+            if self.run.model_parallel() > 1:  # this GPU's stage, 1/T of each of its operators
+                table = split_work(
+                    replace(table, counts=table.weights * self.state.stage_share),
+                    self.run.tensor_parallel,
+                )
+            if copies > 1 and self.run.sharding in SHARDED_OPTIMIZER:
+                table = shard_optimizer(table, shard_group(copies, self.run.sharding))
         raw = step_time(table, rates, precision, self.params)
         step, capped = _faster(raw, self.factor, peak_limited_s(table, rates, precision))
         assumptions += capped
@@ -453,37 +474,63 @@ class ThroughputPredictor:
         if paging_s:
             shares["paging"] = paging_s / seconds
         scaling = None
-        if self.run.gpus > 1:
+        split_s = bubble_s = 0.0
+        if self.run.mode == "train" and self.run.model_parallel() > 1:
+            micro_steps = self.run.grad_accum if accumulate else 1
+            micro_s = sum(step.phase_s.get(p, 0.0) for p in ("forward", "backward"))
+            split = model_parallel_step(
+                micro_s / micro_steps,
+                self.run,
+                gpu,
+                tokens=memory.batch_size * (memory.seq_len or 1),
+                hidden_bytes_per_token=self.state.hidden_bytes_per_token,
+                layers=self.state.layers,
+            )
+            split_s, bubble_s = split.added_s, split.bubble_s
+            assumptions += (model_parallel_note(self.run, split, self.state.stage_share),)
+            if split.tensor_link is not None:
+                base["link"] = split.tensor_link.description
+            elif split.stage_link is not None:
+                base["link"] = split.stage_link
+        if self.run.gpus > 1 and self.run.mode == "train":
             backward_s = step.phase_s.get("backward", 0.0)
             exchanges = 1
             if accumulate and self.run.sharding in SHARDED_OPTIMIZER:
                 exchanges = self.run.grad_accum  # every micro-step reduce-scatters (gathers)
             elif accumulate:  # DDP's no_sync: one all-reduce, behind the last backward
                 backward_s /= self.run.grad_accum
-            parallel = data_parallel_step(
-                seconds / exchanges,
-                backward_s / exchanges,
-                self.state.gradient_bytes,
-                self.state.parameter_bytes,
-                gpu,
-                self.run.gpus,
-                self.run.sharding,
-                network=self.run.network,
-            )
+            exposed_s = 0.0
+            if copies > 1:
+                held = self.state.stage_share / self.run.tensor_parallel  # this GPU's state
+                parallel = data_parallel_step(
+                    seconds / exchanges,
+                    backward_s / exchanges,
+                    round(self.state.gradient_bytes * held),
+                    round(self.state.parameter_bytes * held),
+                    gpu,
+                    copies,
+                    self.run.sharding,
+                    network=self.run.network,
+                    link=data_parallel_link(gpu, self.run)
+                    if self.run.model_parallel() > 1
+                    else None,
+                )
+                exposed_s = parallel.exposed_s * exchanges
+                base.setdefault("link", parallel.link.description)
             across = network_note(self.run.gpus, self.run.network)
             if across:
                 assumptions += (across,)
-            exposed_s = parallel.exposed_s * exchanges
-            seconds = step.step_time_s + exposed_s
+            seconds = step.step_time_s + exposed_s + split_s
             scaling = step.step_time_s / seconds
             shares = {k: v * step.step_time_s / seconds for k, v in shares.items()}
-            shares["exchange"] = exposed_s / seconds
-            base["link"] = parallel.link.description
+            shares["exchange"] = (exposed_s + split_s - bubble_s) / seconds
+            if bubble_s:
+                shares["bubble"] = bubble_s / seconds
         if self.run.mode == "train":
             base["global_batch_size"] = self.run.global_batch_size(memory.batch_size)
             base["micro_step_s"] = micro_s
         units = table.units_per_step * (self.run.grad_accum if accumulate else 1)
-        throughput = self.run.gpus * units / seconds
+        throughput = (copies if self.run.mode == "train" else self.run.gpus) * units / seconds
         base["assumptions"] = self._with_tensor_note(assumptions, step)
         return ThroughputEstimate(
             **base,

@@ -125,6 +125,7 @@ def replays_document(
             [replay.live_at_peak.get(c, 0) for c in CATEGORIES],
         ]
         for (batch, seq, workspaces, parallel), replay in replays.items()
+        if not parallel.model_parallel  # the document's rows have no column for the split
     ]
     rows.sort(key=lambda r: (r[3], r[4], r[2], -1 if r[1] is None else r[1], r[0]))
     return {

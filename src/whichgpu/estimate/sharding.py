@@ -14,8 +14,9 @@ The method and its sources: docs/memory.md, "Training on N GPUs" and its "Shardi
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from whichgpu.schema import Phase, Sharding, TensorCategory
 from whichgpu.units import GIB, MIB
@@ -52,6 +53,21 @@ class Parallel:
     ``data_parallel.memory_parallel``)."""
     sharding: Sharding = "ddp"
     """Strategy (see docs/memory.md, "Training on N GPUs")."""
+    tensor: int = 1
+    """GPUs each layer is split over (tensor parallel with sequence parallel), before the
+    data-parallel split: each holds 1/``tensor`` of the model state and of the activations."""
+    pipeline: int = 1
+    """Pipeline stages the layers are split into; a GPU holds its stage's share of the model
+    state (``stage_share``) and, under 1F1B with a micro-batch per stage in flight on the
+    first stage, one micro-batch's activations of every layer."""
+    virtual: int = 1
+    """Chunks of layers per GPU under the interleaved schedule: the first stage then holds
+    ``1 + (P - 1) / (P V)`` times the activations of plain 1F1B."""
+
+    @property
+    def model_parallel(self) -> bool:
+        """Whether the model itself is split (tensor or pipeline parallel)."""
+        return self.tensor > 1 or self.pipeline > 1
 
 
 SINGLE_GPU = Parallel()
@@ -83,11 +99,18 @@ class ShardingPlan:
     working_parameters: bool = False
     """16-bit working parameters replace autocast's casts: the casts are dropped, and whole
     parameters (ZeRO-2) and full gradients are held at 16 bits."""
+    state_share: float = 1.0
+    """Share of every model-state tensor (parameters, their casts, gradients, optimizer state
+    and the optimizer's temporaries) one GPU holds before the data-parallel split: its
+    pipeline stage's share over the tensor-parallel GPUs (1: the whole model)."""
+    activation_share: float = 1.0
+    """Share of every activation, input and forward or backward temporary one GPU holds
+    (1/tensor-parallel GPUs; 1: all)."""
 
     @property
     def identity(self) -> bool:
         """Whether the stream is left as traced."""
-        return self.parallel.gpus == 1
+        return self.parallel.gpus == 1 and self.state_share == 1 and self.activation_share == 1
 
 
 def shard_bytes(nbytes: int, gpus: int) -> int:
@@ -136,6 +159,112 @@ def repeated_block(sizes: Sequence[int]) -> tuple[int, int]:
     return best
 
 
+def stage_share(parameter_bytes: Sequence[int], stages: int) -> float:
+    """Share of the model's parameters on the heaviest of ``stages`` pipeline stages, from the
+    parameter sizes in model order: whole repeated blocks (layers) split as evenly as they go,
+    ``ceil(blocks / stages)`` on the fullest stage, and the rest of the model (the root) split
+    in two: its largest tensor (a language model's embedding) on the first stage and the
+    remainder (its output layer and final norm) on the last; where the output layer shares the
+    embedding's weights, the last stage holds a copy, which the larger part covers. 1 for one
+    stage, or when no block repeats (nothing to split by layer)."""
+    total = sum(parameter_bytes)
+    block, blocks = repeated_block(parameter_bytes)
+    if stages <= 1 or blocks == 0 or total == 0:
+        return 1.0
+    root = total - block * blocks
+    root_sizes = sorted(parameter_bytes, reverse=True)
+    first = min(root_sizes[0], root)
+    heaviest = -(-blocks // stages) * block + max(first, root - first)
+    return min(1.0, heaviest / total)
+
+
+def model_parallel_shares(
+    parallel: Parallel, parameter_bytes: Sequence[int]
+) -> tuple[float, float, tuple[str, ...]]:
+    """``(state_share, activation_share, notes)`` of one GPU of ``parallel``'s tensor- and
+    pipeline-parallel split (see ``ShardingPlan``); ``(1, 1, ())`` without one."""
+    if not parallel.model_parallel:
+        return 1.0, 1.0, ()
+    t, p, v = parallel.tensor, parallel.pipeline, parallel.virtual
+    stage = stage_share(parameter_bytes, p)
+    # the interleaved schedule's first stage holds more micro-batches in flight (Korthikanti
+    # et al., "Reducing Activation Recomputation in Large Transformer Models", arXiv
+    # 2205.05198, section 4.2.3: L (1 + (p - 1) / (p m)) layers' activations, m chunks)
+    in_flight = 1 + (p - 1) / (p * v) if v > 1 else 1.0
+    notes: list[str] = []
+    if t > 1:
+        notes.append(
+            f"tensor parallel over {t} GPUs with sequence parallel (Megatron-LM's "
+            "--sequence-parallel, torchtitan's default): each GPU holds 1/"
+            f"{t} of every layer's weights, gradients and optimizer state (attention heads and "
+            "MLP columns split; the embedding and output layer split by vocabulary) and 1/"
+            f"{t} of every activation (the norms' and residuals' split along the sequence; the "
+            "logits split by vocabulary, the loss computed on the shards)"
+        )
+    if p > 1:
+        notes.append(
+            f"pipeline parallel in {p} stages, 1F1B: the heaviest stage holds {stage:.1%} of "
+            "the model state (its layers, and the embedding or the output layer); the first "
+            f"stage keeps {p} micro-batches' activations of its 1/{p} of the layers, which is "
+            "one micro-batch's activations of every layer, counted here with the embedding's "
+            "and the logits' (which sit on the first and last stage) on the same GPU (safe "
+            "side)"
+        )
+    if v > 1:
+        notes.append(
+            f"interleaved schedule, {v} chunks of layers per GPU: the first stage keeps "
+            f"{in_flight:.3f} times that in flight (Korthikanti et al. 2022, section 4.2.3)"
+        )
+    return stage / t, in_flight / t, tuple(notes)
+
+
+def _model_parallel_bytes(nbytes: int, share: float) -> int:
+    """One GPU's bytes of an ``nbytes`` tensor of which it holds ``share``, padded up."""
+    if share >= 1 or nbytes == 0:
+        return nbytes
+    return -(-math.ceil(nbytes * share) // SHARD_GRANULE_BYTES) * SHARD_GRANULE_BYTES
+
+
+_MODEL_STATE = frozenset(
+    ("parameter", "parameter_cast", "gradient", "optimizer", "paged_optimizer")
+)
+"""Categories a model-parallel split divides like the model state."""
+_PER_SAMPLE = frozenset(("activation", "input", "temporary"))
+"""Categories it divides like the activations (the optimizer's temporaries excepted)."""
+
+
+def model_parallel_sizes(
+    handles: Sequence[int],
+    sizes: Sequence[int],
+    allocs: Sequence[bool],
+    categories: Sequence[TensorCategory],
+    phases: Sequence[Phase],
+    plan: ShardingPlan,
+) -> list[int]:
+    """The sizes of the traced events on one GPU of ``plan``'s model-parallel split: model
+    state by ``state_share``, activations by ``activation_share``; a free takes the size its
+    allocation was given. Buffers stay whole (every GPU holds them)."""
+    if plan.state_share == 1 and plan.activation_share == 1:
+        return list(sizes)
+    given: dict[int, int] = {}
+    out: list[int] = []
+    for handle, size, alloc, category, now in zip(
+        handles, sizes, allocs, categories, phases, strict=True
+    ):
+        if not alloc:
+            out.append(given.pop(handle, size))
+            continue
+        if category in _MODEL_STATE or (category == "temporary" and now == "optimizer"):
+            part = _model_parallel_bytes(size, plan.state_share)
+        elif category in _PER_SAMPLE:
+            part = _model_parallel_bytes(size, plan.activation_share)
+        else:
+            part = size
+        given[handle] = part
+        out.append(part)
+    return out
+
+
 def working_bytes(nbytes: int) -> int:
     """Bytes of the 16-bit working copy of ``nbytes`` of fp32 parameters (or gradients)."""
     return nbytes * WORKING_PARAMETER_BYTES // TRACED_PARAMETER_BYTES
@@ -153,6 +282,25 @@ def make_plan(
     sizes (order they become ready), both in bytes, and the count of trainable parameters.
     ``sixteen_bit_working``: the trace is AMP with every parameter fp32 and autocast casting
     them, so ZeRO and FSDP train 16-bit working parameters instead (see the module)."""
+    state, activations, split_notes = model_parallel_shares(parallel, parameter_bytes)
+    if parallel.model_parallel:
+        plan = make_plan(
+            Parallel(parallel.gpus, parallel.sharding),
+            [_model_parallel_bytes(b, state) for b in parameter_bytes],
+            [_model_parallel_bytes(b, state) for b in gradient_bytes],
+            math.ceil(trainable_params * state),
+            sixteen_bit_working=sixteen_bit_working,
+        )
+        dp_notes = plan.assumptions
+        if parallel.gpus == 1:
+            dp_notes = ("no data-parallel copies: nothing more is split",)
+        return replace(
+            plan,
+            parallel=parallel,
+            state_share=state,
+            activation_share=activations,
+            assumptions=split_notes + dp_notes,
+        )
     n, how = parallel.gpus, parallel.sharding
     label = {
         "ddp": "DDP",
@@ -241,9 +389,12 @@ def rank_events(
     phases: Sequence[Phase],
     plan: ShardingPlan,
 ) -> list[Event]:
-    """The events of one rank under ``plan``, from the traced step's events (parallel lists)."""
+    """The events of one rank under ``plan``, from the traced step's events (parallel lists):
+    first its model-parallel share of each (``model_parallel_sizes``), then the data-parallel
+    strategy's rewrite."""
     if plan.identity:
         return list(zip(handles, sizes, allocs, categories, strict=True))
+    sizes = model_parallel_sizes(handles, sizes, allocs, categories, phases, plan)
     out: list[Event] = []
     added = itertools.count(_ADDED_HANDLES, -1)
     resized: dict[int, int] = {}

@@ -347,6 +347,8 @@ def _memory(data: ReportData) -> str:
     what = "concurrency" if data.run.mode == "inference" else "batch"
     run = data.run
     split = "tensor parallel" if run.mode == "inference" else _SHARDING_WORDS[run.sharding]
+    if run.mode == "train" and run.model_parallel() > 1:
+        split = f"{run.model_parallel_words()}, {split}"
     together = f" of {run.gpus} working together ({split})" if run.gpus > 1 else ""
     intro = (
         f"<p>The largest {what} that fits on each GPU{esc(together)}, and where the memory "
@@ -559,8 +561,12 @@ def global_batch_words(data: ReportData) -> str:
     run = data.run
     if run.mode != "train" or (run.grad_accum == 1 and run.gpus == 1):
         return ""
-    words = f"global batch = micro-batch x {run.grad_accum} accumulated x {run.gpus} GPU"
-    words += "s" if run.gpus > 1 else ""
+    copies = run.data_parallel()
+    if run.model_parallel() > 1:
+        together = f"{copies} data-parallel cop{'ies' if copies > 1 else 'y'}"
+    else:
+        together = f"{copies} GPU{'s' if copies > 1 else ''}"
+    words = f"global batch = micro-batch x {run.grad_accum} accumulated x {together}"
     size = run.global_batch_size()
     return words + (f" = {size}" if size is not None else "")
 
@@ -572,14 +578,17 @@ def run_summary(data: ReportData) -> str:
     run = data.run
     parts = [run.describe()]
     lead = data.ranking.ranking[0] if data.ranking.ranking else None
+    copies = ""
+    if run.mode == "train" and run.model_parallel() > 1:  # describe() names the split
+        copies = f", {run.data_parallel()} copies"
     if lead is not None and lead.machines > 1:
         parts.append(
             f"{run.gpus} GPUs in {lead.machines} machines of {lead.count // lead.machines} "
-            f"joined by {lead.network}, data parallel "
+            f"joined by {lead.network}{copies}, data parallel "
             f"({_SHARDING_WORDS[run.sharding]})"
         )
     elif run.gpus > 1:
-        parts.append(f"{run.gpus} GPUs data parallel ({_SHARDING_WORDS[run.sharding]})")
+        parts.append(f"{run.gpus} GPUs{copies} data parallel ({_SHARDING_WORDS[run.sharding]})")
     batch = global_batch_words(data)
     if batch:
         parts.append(batch)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from typing import Any
 
 from pydantic import ValidationError
 
-from whichgpu.errors import UnsupportedWorkload, UsageError, option
+from whichgpu.errors import NotSplittable, UnsupportedWorkload, UsageError, option
 from whichgpu.schema import CHECKPOINTING_POLICY_PATTERN, RunConfig, WorkloadInfo
 from whichgpu.schema import DEFAULT_NEW_TOKENS as DEFAULT_NEW_TOKENS  # re-exported: its old home
 
@@ -89,6 +90,12 @@ def run_config(**options: Any) -> RunConfig:
         )
     if "checkpointing_policy" in given:
         given["checkpointing_policy"] = _checkpointing_policy(given)
+    split = [given.get(n) for n in ("tensor_parallel", "pipeline_parallel")]
+    if "gpus" not in given and all(isinstance(n, int) and n >= 1 for n in split if n is not None):
+        # a split asked without a GPU count is one copy of the model on as many GPUs
+        given_split = [n for n in split if n is not None]
+        if given_split and (count := math.prod(given_split)) > 1:
+            given["gpus"] = count
     unknown = sorted(set(given) - set(RunConfig.model_fields))
     if unknown:
         raise UsageError(_unknown_option(unknown[0]))
@@ -107,6 +114,9 @@ def run_config(**options: Any) -> RunConfig:
         "concurrency",
         "gpus",
         "grad_accum",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "virtual_stages",
     ):
         value = getattr(run, name)
         if name == "new_tokens" and value == 0:  # prefill-only requests (inference only)
@@ -143,6 +153,13 @@ def run_config(**options: Any) -> RunConfig:
                 f"{option('sharding')} {run.sharding} splits training state; it applies to "
                 f"{option('mode')} train only."
             )
+        for name in ("tensor_parallel", "pipeline_parallel", "virtual_stages"):
+            if name in given and given[name] != 1:
+                raise UsageError(
+                    f"{option(name)} splits a training run; inference on "
+                    f"{option('gpu_count')} N GPUs is served tensor parallel across them "
+                    f"already. Drop {option(name)}."
+                )
         for name in ("optimizer", "optimizer_impl", "loss_kernel", "grad_accum"):
             if name in given:
                 raise UsageError(
@@ -167,6 +184,13 @@ def run_config(**options: Any) -> RunConfig:
         )
     if run.optimizer_impl == "in-backward":
         _check_in_backward(run)
+    if run.virtual_stages > 1 and run.pipeline_parallel == 1:
+        raise UsageError(
+            f"{option('virtual_stages')} interleaves a pipeline's stages; give "
+            f"{option('pipeline_parallel')} 2 or more, or drop it."
+        )
+    if run.model_parallel() > 1:
+        _check_model_parallel(run)
     if run.method == "full" and run.lora_targets:
         raise UsageError(f"{option('lora_targets')} needs {option('method')} lora or qlora.")
     if run.method == "full" and "lora_rank" in given:
@@ -198,6 +222,61 @@ def _check_in_backward(run: RunConfig) -> None:
             "reduce-scattered) across GPUs before an update, which the traced one-GPU step, "
             "updating each parameter with its local gradient in the backward pass, does not "
             "contain. Use one GPU or another implementation."
+        )
+
+
+def _check_model_parallel(run: RunConfig) -> None:
+    """Refuse a tensor- or pipeline-parallel plan that cannot run as asked, or that the
+    estimates do not model, with the reason (what the model's shape must allow is checked
+    against its config, ``estimate.model_parallel.plan_refusal``)."""
+    split = run.model_parallel()
+    words = run.model_parallel_words()
+    if run.gpus % split:
+        raise NotSplittable(
+            f"{words} takes {split} GPUs for one copy of the model, and "
+            f"{option('gpu_count')} {run.gpus} is not a multiple of {split}: use "
+            f"{option('gpu_count')} "
+            + " or ".join(
+                str(n)
+                for n in sorted(
+                    {split * max(1, run.gpus // split), split * (run.gpus // split + 1)}
+                )
+            )
+            + "."
+        )
+    if run.pipeline_parallel > run.grad_accum:
+        raise UsageError(
+            f"{option('pipeline_parallel')} {run.pipeline_parallel} runs a step as micro-batches "
+            f"flowing through {run.pipeline_parallel} stages (1F1B), and needs at least one "
+            f"micro-batch per stage: give {option('grad_accum')} {run.pipeline_parallel} or more "
+            f"(the micro-batches of a step; {option('grad_accum')} {run.grad_accum} would leave "
+            "stages idle for most of it)."
+        )
+    if run.virtual_stages > 1 and run.grad_accum % run.pipeline_parallel:
+        raise UsageError(
+            f"The interleaved schedule ({option('virtual_stages')} {run.virtual_stages}) runs "
+            f"micro-batches in groups of {run.pipeline_parallel}, one per stage: give "
+            f"{option('grad_accum')} a multiple of {run.pipeline_parallel} (Megatron-LM "
+            "requires it too)."
+        )
+    if run.method != "full":
+        raise UsageError(
+            f"{words} is modelled for full training only; {option('method')} {run.method} "
+            "trains a few adapter weights, and a model that needs splitting for LoRA is "
+            f"better served by {option('sharding')} fsdp. Drop {option('tensor_parallel')} and "
+            f"{option('pipeline_parallel')}, or use {option('method')} full."
+        )
+    if run.sharding == "hsdp":
+        raise UsageError(
+            f"{option('sharding')} hsdp with {words} is not modelled (which GPUs of a node "
+            f"form a shard group then depends on the device mesh): use {option('sharding')} "
+            "fsdp (the model state split over every data-parallel copy) or ddp."
+        )
+    if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        raise UsageError(
+            f"{words} is modelled with PyTorch's optimizers; bitsandbytes' 8-bit optimizers "
+            "are not run tensor or pipeline parallel by the frameworks that split models "
+            f"(Megatron-LM, torchtitan). Use {option('optimizer')} adamw."
         )
 
 

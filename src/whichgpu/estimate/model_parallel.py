@@ -1,0 +1,227 @@
+"""Training with the model split across GPUs: what tensor and pipeline parallelism add to a step.
+
+A run of ``gpus`` GPUs with ``tensor_parallel`` T and ``pipeline_parallel`` P holds ``gpus /
+(T x P)`` copies of the model side by side (data parallel, as ``estimate.data_parallel``
+times it); each copy is split into P stages of consecutive layers, and each stage's layers
+over T GPUs of one node. One GPU runs its stage's share of every operator (the heaviest
+stage's, ``sharding.stage_share``) at 1/T of its FLOPs and bytes, and launches every kernel
+of its stage. Tensor parallel with sequence parallel exchanges a micro-batch's hidden states
+four times per layer and micro-step (an all-gather before and a reduce-scatter after the
+attention and the MLP, forward and backward: the volume of four all-reduces), plus two more
+per recomputed layer, over the node's link; nothing of it hides behind compute (no
+asynchronous tensor parallel). The 1F1B pipeline schedule runs a step's M micro-batches in
+``M + P - 1`` micro-batch times, so each stage idles for ``P - 1`` of them (the bubble), and
+sends a micro-batch's hidden states forward and their gradient back at every stage boundary,
+over the NIC when the stages are on different nodes; the interleaved schedule (V chunks of
+layers per GPU) cuts the bubble to ``(P - 1) / V`` and sends V times as often. Where each GPU
+sits follows Megatron-LM's order (tensor parallel innermost, then data parallel, then
+pipeline stages): the data-parallel copies of a GPU exchange over the node's link while they
+fit in one node, and over the network otherwise. What is refused, and why: ``plan_refusal``.
+The method and its sources: docs/throughput.md, "Tensor and pipeline parallel training".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from whichgpu.estimate.data_parallel import (
+    Link,
+    LinkData,
+    all_reduce_s,
+    get_fabric,
+    gpu_link,
+    load_links,
+)
+from whichgpu.estimate.serving import attention_heads, kv_heads, layer_shape
+from whichgpu.schema import GpuSpec, RunConfig
+from whichgpu.units import GB
+
+TENSOR_EXCHANGES_PER_LAYER = 4
+"""All-reduce volumes a tensor-parallel layer exchanges per micro-step: one after the attention
+and one after the MLP in the forward pass, the same two in the backward pass (Narayanan et al.,
+"Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21,
+arXiv 2104.04473, section 3.3; with sequence parallel each is an all-gather and a
+reduce-scatter of the same volume: Korthikanti et al., "Reducing Activation Recomputation in
+Large Transformer Models", arXiv 2205.05198, section 4.2.2)."""
+RECOMPUTED_EXCHANGES_PER_LAYER = 2
+"""The forward pass's two exchanges again, for a layer whose activations are recomputed."""
+
+
+def plan_refusal(
+    config: Mapping[str, Any], run: RunConfig, links: LinkData | None = None
+) -> str | None:
+    """Why the model of ``config`` (a Hugging Face ``config.json``) cannot train under
+    ``run``'s tensor- and pipeline-parallel split as whichgpu models it (None: it can).
+    Tensor parallel stays within one node, whose link carries its per-layer exchanges (the
+    network between nodes is several times slower), and splits the attention heads and the
+    key/value heads evenly (Megatron-LM requires both to divide by it); pipeline parallel
+    needs a layer per stage at least."""
+    data = links or load_links()
+    t, p = run.tensor_parallel, run.pipeline_parallel
+    node = data.max_gpus_per_node
+    if t > node:
+        return (
+            f"tensor parallel {t} would span nodes (a node holds {node} GPUs); its four "
+            "exchanges per layer need the node's own link, so keep it within a node and split "
+            "across nodes by pipeline stages or data parallel"
+        )
+    if t > 1:
+        heads, kv = attention_heads(config), kv_heads(config)
+        if heads % t or kv % t:
+            fits = [n for n in (2, 4, 8) if n <= node and heads % n == 0 and kv % n == 0]
+            return (
+                f"its {heads} attention heads ({kv} key/value heads) do not split evenly over "
+                f"{t} GPUs; tensor-parallel degrees that do: "
+                + (", ".join(str(n) for n in fits) or "none")
+            )
+    if p > 1:
+        layers, _ = layer_shape(config)
+        v = run.virtual_stages
+        if p * v > layers:
+            chunks = f"{p} pipeline stages" + (f" of {v} virtual stages" if v > 1 else "")
+            return f"{chunks} need at least {p * v} layers, and the model has {layers}"
+        if v > 1 and layers % (p * v):
+            return (
+                f"the interleaved schedule splits the {layers} layers into {p} x {v} equal "
+                f"chunks, which {layers} does not divide into (Megatron-LM requires it)"
+            )
+    return None
+
+
+@dataclass(frozen=True)
+class ModelParallelStep:
+    """What tensor and pipeline parallelism add to one optimizer step on one GPU."""
+
+    tensor_s: float
+    """Tensor-parallel exchanges over the step's micro-batches (none hidden)."""
+    send_s: float
+    """Pipeline sends of hidden states and their gradients over the step's micro-batches."""
+    bubble_s: float
+    """The pipeline's idle time: ``P - 1`` micro-batch times of this stage."""
+    tensor_link: Link | None
+    """The link of the tensor-parallel exchanges (None without tensor parallel)."""
+    stage_link: str | None
+    """The link between pipeline stages, in words (None without pipeline parallel)."""
+
+    @property
+    def added_s(self) -> float:
+        """All of it: time the step takes beyond its compute."""
+        return self.tensor_s + self.send_s + self.bubble_s
+
+
+def model_parallel_step(
+    micro_s: float,
+    run: RunConfig,
+    gpu: GpuSpec,
+    *,
+    tokens: int,
+    hidden_bytes_per_token: int,
+    layers: int,
+    links: LinkData | None = None,
+) -> ModelParallelStep:
+    """The tensor-parallel exchanges, pipeline sends and bubble of one optimizer step of
+    ``run`` on ``gpu``: ``micro_s`` is one micro-batch's forward and backward on this GPU
+    (its share of the stage's work), ``tokens`` a micro-batch's tokens, ``layers`` the whole
+    model's (a stage holds ``ceil(layers / P)``)."""
+    data = links or load_links()
+    t, p, m = run.tensor_parallel, run.pipeline_parallel, run.grad_accum
+    v = run.virtual_stages
+    stage_layers = -(-layers // p)
+    micro_bytes = tokens * hidden_bytes_per_token
+    tensor_link = None
+    per_micro_tensor = 0.0
+    if t > 1:
+        tensor_link = gpu_link(gpu, t, data)
+        exchanges = TENSOR_EXCHANGES_PER_LAYER + _recomputed_exchanges(run)
+        per_micro_tensor = (
+            exchanges * stage_layers * all_reduce_s(micro_bytes, t, tensor_link, data)
+        )
+    per_micro_send = 0.0
+    stage_link = None
+    if p > 1:
+        rate, stage_link = _stage_rate(gpu, run, data)
+        # forward: hidden states to the next stage; backward: their gradient to the previous;
+        # interleaved, a micro-batch passes every GPU v times
+        per_micro_send = 2 * v * micro_bytes / rate
+    # interleaved 1F1B: the bubble is (p - 1) micro-batch times of one chunk, 1/v of a stage
+    bubble_s = (p - 1) / v * (micro_s + per_micro_tensor + per_micro_send)
+    return ModelParallelStep(
+        tensor_s=m * per_micro_tensor,
+        send_s=m * per_micro_send,
+        bubble_s=bubble_s,
+        tensor_link=tensor_link,
+        stage_link=stage_link,
+    )
+
+
+def _recomputed_exchanges(run: RunConfig) -> float:
+    """Exchanges per layer that recomputation repeats: the forward's two for every
+    recomputed layer (``full``: all; ``every-N``: one in N); none for ``selective``, which
+    recomputes only the cheap operators between the exchanges."""
+    every = run.checkpointing_every_layers()
+    if every is None or run.checkpointing_policy == "selective":
+        return 0.0
+    return RECOMPUTED_EXCHANGES_PER_LAYER / every
+
+
+def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, str]:
+    """The rate (bytes/s) a pipeline stage sends to the next at, and the link in words: the
+    node's link while the whole run is in one node; the sending GPU's own NIC otherwise (the
+    stages of a run across nodes are whole nodes, or some boundary crosses one)."""
+    if run.gpus <= data.max_gpus_per_node:
+        link = gpu_link(gpu, run.gpus, data)
+        return link.bus_bytes_per_s, link.description
+    fabric = get_fabric(run.network, data)
+    rate = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
+    return rate, f"{fabric.id}, {fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s per GPU"
+
+
+def data_parallel_link(gpu: GpuSpec, run: RunConfig, links: LinkData | None = None) -> Link:
+    """The link a GPU's data-parallel copies exchange gradients over under ``run``'s split:
+    the node's own while tensor-parallel groups x copies fit in one node, else the network,
+    whose NICs in a node carry as many rings side by side as the node holds GPUs of one
+    copy's group (``node / T``, at least one)."""
+    data = links or load_links()
+    node = data.max_gpus_per_node
+    dp, t = run.data_parallel(), run.tensor_parallel
+    inside = gpu_link(gpu, min(node, max(2, dp * t)), data)
+    if dp * t <= node:
+        return inside
+    fabric = get_fabric(run.network, data)
+    per_node = max(1, node // t)
+    share = data.bus_efficiency["network"]
+    nic = per_node * fabric.bytes_per_s_per_gpu
+    bound = "the network" if nic * share < inside.bus_bytes_per_s else "the node's link"
+    return Link(
+        kind="network",
+        description=f"{dp} copies over {fabric.id} ({fabric.gbit_per_s_per_gpu:,.0f} Gb/s per "
+        f"GPU, {per_node} per node in each ring); {bound} sets the pace",
+        peak_bytes_per_s=min(nic, inside.peak_bytes_per_s),
+        bus_bytes_per_s=min(nic * share, inside.bus_bytes_per_s),
+    )
+
+
+def model_parallel_note(run: RunConfig, step: ModelParallelStep, share: float) -> str:
+    """What the prediction assumed of the split, in words (``share``: the heaviest stage's
+    share of the model's work)."""
+    parts = [f"{run.model_parallel_words()} ({run.data_parallel()} data-parallel copies)"]
+    if step.tensor_link is not None:
+        parts.append(
+            f"each GPU runs 1/{run.tensor_parallel} of every operator of its stage and "
+            f"exchanges hidden states {TENSOR_EXCHANGES_PER_LAYER} times a layer (plus the "
+            f"recomputed ones) over {step.tensor_link.description}, none of it hidden behind "
+            "compute (no asynchronous tensor parallel)"
+        )
+    if step.stage_link is not None:
+        p, v, m = run.pipeline_parallel, run.virtual_stages, run.grad_accum
+        schedule = f"interleaved 1F1B ({v} chunks a GPU)" if v > 1 else "1F1B"
+        idle = (p - 1) / v
+        parts.append(
+            f"the heaviest of {p} stages sets the pace ({share:.1%} of the model's work); "
+            f"{schedule} over {m} micro-batches idles {idle:g} micro-batch times a step (a "
+            f"bubble of {idle / (m + idle):.0%}); hidden states cross stages over "
+            f"{step.stage_link}"
+        )
+    return "; ".join(parts)
