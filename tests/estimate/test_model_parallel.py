@@ -225,3 +225,27 @@ def test_cli_fit_and_predict_take_the_split() -> None:
     assert refused.returncode != 0
     assert "do not split evenly over 3 GPUs" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_report_on_a_split_model_shows_the_gpus_together() -> None:
+    from whichgpu.api import report
+    from whichgpu.report.html import render_html
+
+    data = report(
+        "llama-3.2-1b",
+        gpus=["h100-sxm", "a100-sxm4-80gb"],
+        gpu_count=4,
+        tensor_parallel=2,
+        grad_accum=2,
+        batch_size=2,
+        acquire="rent",
+    )
+    assert data.run.tensor_parallel == 2 and data.run.data_parallel() == 2
+    (fastest, *_) = data.speeds
+    (predicted,) = [e for e in data.throughput if e.gpu == fastest.gpu]
+    assert predicted.n_gpus == 4  # the GPUs together, not one GPU's share
+    assert fastest.throughput == pytest.approx(predicted.throughput)
+    page = render_html(data)
+    assert "Throughput of the 4 GPUs together (tensor parallel 2)" in page
+    assert "2 copies data parallel" in page
+    assert any("each GPU's share of the 4 GPUs' speed" in n for n in data.notes)

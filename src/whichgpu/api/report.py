@@ -153,7 +153,17 @@ def answer_report(
     one_gpu = prepare(chosen, ranking.run.model_copy(update={"gpus": 1}), target.config, None)
     measured, _ = measurements(chosen, one_gpu, asked.store, get_stack(asked.stack), [])
     speeds, ref_id = _speed_points(chosen, ranking, speeds_predicted, measured, ref_id, notes)
-    tables = _value_tables(speeds, ref_id, catalog, notes)
+    per_gpu: Sequence[SpeedPoint] = speeds
+    if ranking.run.mode == "train" and ranking.run.model_parallel() > 1:
+        # the speeds are of the ranking's GPUs together; what a dollar buys is per GPU
+        per_gpu = [
+            p.model_copy(update={"throughput": p.throughput / ranking.run.gpus}) for p in speeds
+        ]
+        notes.append(
+            f"Performance per dollar counts each GPU's share of the {ranking.run.gpus} GPUs' "
+            f"speed: the model is split over them ({ranking.run.model_parallel_words()})."
+        )
+    tables = _value_tables(per_gpu, ref_id, catalog, notes)
     lead = ranking.ranking[0] if ranking.ranking else None
     even = _breakeven(ranking, catalog, notes)
     no_results: tuple[None, int, None] = (None, 0, None)
@@ -192,10 +202,15 @@ def _predicted(
     target: Target, ranking: Ranking, shown: Sequence[str], asked: RecommendRequest
 ) -> tuple[ResultList[ThroughputEstimate], ResultList[MemoryEstimate]]:
     """The predicted speeds and the memory of the ``shown`` GPUs, for the run the ranking
-    answered (a preset's options included): the speeds of one GPU each; the memory per GPU
+    answered (a preset's options included): the speeds of one GPU each (of the ranking's GPUs
+    together where the model is split tensor or pipeline parallel); the memory per GPU
     of the ranking's GPU count, so that its sharding (and DDP's gradient buckets) is in it;
     with the question's serving engine, each speed carries the engine's (``serving_speed``)."""
-    run = run_config(**ranking.run.model_dump(exclude_defaults=True, exclude={"gpus"}))
+    # a split model has no one-GPU run: its speeds are of the ranking's GPUs together
+    split = ranking.run.mode == "train" and ranking.run.model_parallel() > 1
+    run = run_config(
+        **ranking.run.model_dump(exclude_defaults=True, exclude=set() if split else {"gpus"})
+    )
     stack = asked.stack
     speeds = answer_predict(
         PredictRequest(
@@ -271,7 +286,7 @@ def _speed_points(
         if not e.fits or e.throughput is None:
             notes.append(f"{e.gpu_name}: does not fit at this run, so it has no speed.")
             continue
-        m = measured.get((e.gpu, 1))
+        m = measured.get((e.gpu, 1)) if e.n_gpus == 1 else None  # one GPU's measurement
         if m is not None and m.throughput:
             rows.append((e, m.throughput, m.throughput, m.throughput, "measured"))
         else:

@@ -184,8 +184,12 @@ def _global_batch(data: ReportData, batch_size: int, count: int) -> Cell:
 
 def _speed(data: ReportData) -> str:
     band = data.provenance.throughput_error_band
+    run = data.run
+    who = "one GPU "
+    if run.mode == "train" and run.model_parallel() > 1:  # no GPU runs the model alone
+        who = f"the {run.gpus} GPUs together ({run.model_parallel_words()}) "
     intro = (
-        "<p>Throughput of one GPU "
+        f"<p>Throughput of {esc(who)}"
         + (
             f"at batch {data.run.batch_size}"
             if data.run.batch_size is not None
