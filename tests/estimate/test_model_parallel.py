@@ -249,3 +249,10 @@ def test_report_on_a_split_model_shows_the_gpus_together() -> None:
     assert "Throughput of the 4 GPUs together (tensor parallel 2)" in page
     assert "2 copies data parallel" in page
     assert any("each GPU's share of the 4 GPUs' speed" in n for n in data.notes)
+
+
+def test_bench_refuses_a_split_it_cannot_run() -> None:
+    from whichgpu.api import bench
+
+    with pytest.raises(UsageError, match="bench measures one GPU"):
+        bench("llama-3.2-1b", gpu_count=2, tensor_parallel=2, device="cpu")

@@ -129,6 +129,13 @@ def answer_bench(
     run = request.run.config(gpus=request.gpu_count)
     if request.compile and not run.compile:  # measured compiled: the result's run says so
         run = run.model_copy(update={"compile": True})
+    if run.model_parallel() > 1:
+        raise UsageError(
+            f"bench measures one GPU, or data-parallel GPUs (DDP); a model split "
+            f"{run.model_parallel_words()} runs through Megatron-LM or torchtitan, whose own "
+            f"timings answer it. Drop {option('tensor_parallel')} and "
+            f"{option('pipeline_parallel')}, or ask predict."
+        )
     check_for_workload(run, chosen.info)
     options = dataclasses.replace(_bench_options(request, chosen, run), torchrun=group)
     ref = WorkloadRef.of(
