@@ -19,7 +19,8 @@ validate_app = typer.Typer(
         "(`fit --fast`) with the traced path. References (--source): lambda2020 (Lambda's 2020 "
         "table), own (whichgpu's own bench results), h200-2026-11 (an NVIDIA H200, "
         "independent training loop), llm-foundry (MosaicML's MPT benchmarks, 8x A100/H100 "
-        "80GB, FSDP).\n\n"
+        "80GB, FSDP), serving (published vLLM and TensorRT-LLM measurements), parallel "
+        "(NVIDIA's published tensor- and pipeline-parallel Llama 3 training).\n\n"
         "Examples:\n\n"
         "  whichgpu validate memory\n\n"
         "  whichgpu validate memory --source h200-2026-11\n\n"
@@ -38,8 +39,8 @@ SourceOption = Annotated[
         metavar="NAME",
         help=(
             "A reference to compare with (repeat for several): lambda2020, own, h200-2026-11, "
-            "llm-foundry. Default: all. llm-foundry traces eight models the first time (a few "
-            "minutes), then answers from the trace cache."
+            "llm-foundry, serving, parallel. Default: all. llm-foundry traces eight models the "
+            "first time (a few minutes), then answers from the trace cache."
         ),
     ),
 ]
@@ -88,9 +89,10 @@ def throughput(json: o.JsonOption = False, source: SourceOption = None) -> None:
     cases: another GPU's measurement of the same model scaled by the ratio of memory
     bandwidths, or of AMP tensor rates. Also the seed guides' stated speed ratios (A100 vs
     V100, RTX 3090 vs RTX 2080 Ti). Then predict against whichgpu's own GPU measurements, the
-    H200 measurements' step times and llm-foundry's published tokens/s per GPU (8-GPU FSDP
-    runs; a run fit refuses is timed as if it fitted). Errors are predicted speed / measured
-    - 1: positive means predicted faster.
+    H200 measurements' step times, llm-foundry's published tokens/s per GPU (8-GPU FSDP
+    runs; a run fit refuses is timed as if it fitted), published serving measurements and
+    NVIDIA's published tensor- and pipeline-parallel training runs. Errors are predicted
+    speed / measured - 1: positive means predicted faster.
 
     Examples:
 

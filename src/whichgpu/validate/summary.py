@@ -16,6 +16,7 @@ SOURCES: tuple[ReferenceSource, ...] = (
     "h200-2026-11",
     "llm-foundry",
     "serving",
+    "parallel",
 )
 """Every reference, in the order the commands print them."""
 
@@ -25,6 +26,7 @@ SOURCE_TITLES: dict[ReferenceSource, str] = {
     "h200-2026-11": "NVIDIA H200, 2026-11-26 and -27 (independent training loop)",
     "llm-foundry": "MosaicML llm-foundry MPT benchmarks (8x A100/H100 80GB, FSDP)",
     "serving": "published serving measurements (vLLM, TensorRT-LLM)",
+    "parallel": "published tensor/pipeline-parallel training (NVIDIA NeMo, Megatron-Bridge)",
 }
 """How the views name each reference."""
 
@@ -60,6 +62,15 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "--requests: the stated prompt count, or 40 waves with TTFT after the first where "
         "none is stated), other rows are compared with the steady state at the concurrency; "
         "TTFT is the engine's GPU steps only (no HTTP, tokenization or scheduler time)"
+    ),
+    "parallel": (
+        "each row's GPUs, TP, PP and virtual stages (interleaved 1F1B), micro-batch, "
+        "grad_accum = global batch / (micro-batch x DP), sequence length and precision "
+        "(validate/data/parallel/README.md); Megatron's distributed optimizer (ZeRO-1) as "
+        "zero2, rows whose notes say FSDP is on as fsdp; activation recomputation is not "
+        "stated, so none; nodes of 8 joined by the default fabric (InfiniBand NDR); left out: "
+        "context or expert parallel, GB200 (its 72-GPU NVLink domain), rows without a "
+        "micro-batch or a tokens/s"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -20,9 +20,11 @@ exceeds the peak of the engines their settings allow are reported and left out (
 be what the table says they are).
 
 Beside it, ``predict`` against runs measured outside that fit: whichgpu's own GPU bench
-results (``validate.measured``), the step times of the H200 measurements (``validate.h200``)
-and llm-foundry's published tokens/s per GPU (``validate.llm_foundry``), with a summary line
-per reference (``sources`` picks which are compared).
+results (``validate.measured``), the step times of the H200 measurements (``validate.h200``),
+llm-foundry's published tokens/s per GPU (``validate.llm_foundry``), published serving
+measurements (``validate.serving``) and published tensor- and pipeline-parallel training
+(``validate.parallel``), with a summary line per reference (``sources`` picks which are
+compared).
 """
 
 from __future__ import annotations
@@ -517,11 +519,13 @@ def validate_throughput(
     """For the chosen references (default: all): out-of-sample errors on the Lambda 2020
     table, the baselines, and the seed ratios; ``predict`` against whichgpu's own GPU
     measurements (``measurements``, default: those shipped in ``validate/data/measured``);
-    against the H200 measurements' step times and llm-foundry's tokens/s per GPU; and a
+    against the H200 measurements' step times, llm-foundry's and the published tensor- and
+    pipeline-parallel runs' tokens/s per GPU and the published serving measurements; and a
     summary line per reference."""
     from whichgpu.validate.h200 import h200_throughput
     from whichgpu.validate.llm_foundry import foundry_throughput, stale_profiles_note
     from whichgpu.validate.measured import compare_throughputs, shipped_measurements, speed_ratios
+    from whichgpu.validate.parallel import left_out_rows, parallel_throughput, split_ratios
     from whichgpu.validate.serving import QUANTITIES, serving_throughput
 
     own = (
@@ -536,6 +540,7 @@ def validate_throughput(
         *(h200_throughput(progress=progress) if "h200-2026-11" in sources else ()),
         *(foundry_throughput(progress=progress) if "llm-foundry" in sources else ()),
         *(serving_throughput(progress=progress) if "serving" in sources else ()),
+        *(parallel_throughput(progress=progress) if "parallel" in sources else ()),
     ]
     lambda_part = _lambda_throughput(params, progress) if "lambda2020" in sources else _NO_LAMBDA
     by_source: list[SourceSummary] = []
@@ -558,15 +563,28 @@ def validate_throughput(
     for source, quantity in (
         ("h200-2026-11", "speed (step time)"),
         ("llm-foundry", "tokens/s per GPU"),
+        ("parallel", "tokens/s per GPU"),
     ):
         if source not in sources:
             continue
         mine = [c for c in references if c.source == source]
+        if source == "parallel":  # the rows left out are listed, not compared
+            mine = [c for c in mine if c.predicted is not None]
         errors = [c.error for c in mine if c.error is not None]
         unfit = sum(not c.fits for c in mine)
         notes = [f"{unfit} of {len(mine)} timed although fit says they do not fit" if unfit else ""]
         if source == "llm-foundry":
             notes.append(stale_profiles_note())
+        if source == "parallel":
+            out = [r for r, _ in left_out_rows()]
+            unlisted = sum(r.tokens_per_s_per_gpu is None for r in out)
+            notes.append(
+                f"{len(out)} rows left out (their notes say why; {unlisted} without a published "
+                "tokens/s not listed)"
+            )
+            ratios = split_ratios(references)
+            if ratios:
+                notes.append("split / data-parallel tokens/s per GPU: " + "; ".join(ratios))
         note = "; ".join(n for n in notes if n)
         by_source.append(error_summary(source, quantity, errors, note))  # type: ignore[arg-type]
     if "serving" in sources:

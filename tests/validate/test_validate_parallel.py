@@ -1,0 +1,184 @@
+"""Published tensor- and pipeline-parallel training against ``predict``
+(``whichgpu.validate.parallel``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from whichgpu.estimate.throughput import load_parameters
+from whichgpu.schema import ReferenceThroughputCase
+from whichgpu.validate.parallel import (
+    ParallelRow,
+    left_out_rows,
+    parallel_rows,
+    parallel_throughput,
+    split_ratios,
+)
+from whichgpu.validate.summary import SOURCE_SETTINGS, SOURCE_TITLES, SOURCES, chosen_sources
+from whichgpu.validate.throughput import validate_throughput
+from whichgpu.validate.timing import UNFIT_NOTE, predict_even_if_unfit
+from whichgpu.workloads import run_config
+
+
+def _row(source: str, model: str, gpu: str, **match: object) -> ParallelRow:
+    """The first row of ``source`` for ``model`` on ``gpu`` (with the fields ``match``)."""
+    return next(
+        r
+        for r in parallel_rows()
+        if (r.source_id, r.model, r.gpu) == (source, model, gpu)
+        and all(getattr(r, k) == v for k, v in match.items())
+    )
+
+
+def test_the_table_parses_with_its_counts_and_empty_cells() -> None:
+    rows = parallel_rows()
+    assert len(rows) == 45
+    assert "parallel" in SOURCES and "parallel" in SOURCE_TITLES and "parallel" in SOURCE_SETTINGS
+    assert chosen_sources(["parallel", "serving"]) == ("serving", "parallel")
+    row = _row("mbridge-perf-25.09", "llama-3.1-70b", "h100-sxm")
+    assert (row.gpus, row.tp, row.pp, row.cp, row.vp, row.ep, row.dp) == (64, 4, 8, 1, 5, 1, 2)
+    assert (row.micro_batch, row.global_batch, row.seq_len) == (1, 128, 8192)
+    assert row.precision == "fp8" and row.tokens_per_s_per_gpu == 1619.0
+    assert row.layout == "TP4 PP8 VP5 DP2" and row.model_parallel
+    longseq = [r for r in rows if r.source_id == "nemo-longseq-25.04rc2"]
+    assert len(longseq) == 8
+    assert all(r.micro_batch is None and r.tokens_per_s_per_gpu is None for r in longseq)
+    assert all(r.vp is None and r.ep is None for r in longseq)
+    for r in rows:  # each row's split covers its GPUs
+        assert r.dp * r.tp * r.pp * (r.cp or 1) == r.gpus, r.case
+
+
+def test_every_row_is_compared_or_left_out_with_a_reason() -> None:
+    rows = parallel_rows()
+    out = left_out_rows(rows)
+    assert all(why for _, why in out)
+    left = {id(r) for r, _ in out}
+    compared = [r for r in rows if id(r) not in left]
+    assert len(compared) + len(out) == len(rows)
+    assert len(compared) == 11
+    assert {r.gpu for r in compared} == {"h100-sxm", "b200"}
+    assert all((r.cp or 1) == 1 and (r.ep or 1) == 1 for r in compared)
+    for r, why in out:
+        if r.gpu == "gb200":
+            assert "72-GPU NVLink domain" in why
+        if r.source_id == "nemo-longseq-25.04rc2":
+            assert "no micro-batch" in why and "no tokens/s" in why
+        if r.model == "mixtral-8x7b":
+            assert "expert parallel 8" in why
+
+
+def test_grad_accum_is_the_global_batch_over_micro_batch_times_dp() -> None:
+    assert _row("mbridge-perf-25.09", "llama-3.1-70b", "h100-sxm").grad_accum() == 64
+    assert _row("mbridge-perf-26.02", "llama-3.1-70b", "h100-sxm").grad_accum() == 128
+    assert _row("mbridge-perf-25.11", "llama-3.1-8b", "h100-sxm").grad_accum() == 16
+    b200 = _row("mbridge-perf-25.11", "llama-3.1-8b", "b200")
+    assert b200.grad_accum() == 8 and not b200.left_out_reasons()
+    run = b200.run()
+    assert (run.grad_accum, run.batch_size, run.data_parallel()) == (8, 2, 8)
+    assert run.global_batch_size() == b200.global_batch == 128
+    split = _row("mbridge-perf-25.09", "llama-3.1-70b", "h100-sxm").run()
+    assert (split.tensor_parallel, split.pipeline_parallel, split.virtual_stages) == (4, 8, 5)
+    assert split.data_parallel() == 2 and split.global_batch_size() == 128
+    uneven = dataclasses.replace(b200, global_batch=100)  # 100 / (2 x 8)
+    assert uneven.grad_accum() is None
+    assert any("not a whole number" in why for why in uneven.left_out_reasons())
+
+
+def test_fsdp_is_read_from_the_notes_else_zero2() -> None:
+    assert _row("mbridge-perf-25.11", "llama-3.1-8b", "h100-sxm").sharding == "fsdp"  # FSDP on
+    assert _row("mbridge-perf-25.11", "llama-3.1-8b", "b200").sharding == "zero2"  # FSDP=0
+    assert _row("mbridge-perf-25.11", "llama-3.1-70b", "gb200").sharding == "fsdp"
+    assert _row("mbridge-perf-26.02", "llama-3.1-70b", "gb200", tp=1).sharding == "fsdp"
+    assert _row("nemo-perf-25.04", "llama-3.1-70b", "gb200").sharding == "fsdp"  # FSDP=1
+    assert _row("nemo-perf-25.04", "llama-3.1-8b", "gb200").sharding == "zero2"  # FSDP=0 (DDP)
+    assert _row("nemo-perf-25.02", "llama-3.1-8b", "b200").sharding == "zero2"  # not mentioned
+
+
+def test_a_context_parallel_row_is_listed_unpredicted_with_why() -> None:
+    row = _row("nemo-perf-24.07", "llama-3.1-8b", "h100-sxm")
+    assert row.cp == 2
+    assert row.left_out_reasons() == ["context parallel 2 is not modelled"]
+    (case,) = parallel_throughput([row])
+    assert case.source == "parallel" and case.predicted is None and case.error is None
+    assert case.measured == 12036.0 and case.note == "left out: context parallel 2 is not modelled"
+    gb200 = _row("mbridge-perf-25.11", "llama-3.1-8b", "gb200")
+    (case,) = parallel_throughput([gb200])
+    assert case.predicted is None and "GB200 NVL72" in case.note
+    longseq = [r for r in parallel_rows() if r.tokens_per_s_per_gpu is None]
+    assert len(longseq) == 8 and parallel_throughput(longseq) == []  # nothing to list them by
+
+
+def test_a_small_model_is_compared_with_predict() -> None:
+    h100 = _row("mbridge-perf-25.11", "llama-3.1-8b", "h100-sxm")
+    b200 = _row("mbridge-perf-25.11", "llama-3.1-8b", "b200")
+    cases = parallel_throughput([h100, b200])
+    assert [c.case for c in cases] == [
+        "mbridge-perf-25.11 llama-3.1-8b DP8",
+        "mbridge-perf-25.11 llama-3.1-8b DP8",
+    ]
+    run = run_config(
+        mode="train",
+        gpus=8,
+        grad_accum=16,
+        seq_len=8192,
+        batch_size=1,
+        precision="fp8",
+        sharding="fsdp",
+    )
+    estimate, fits = predict_even_if_unfit("llama-3.1-8b", "h100-sxm", run)
+    assert estimate.throughput is not None
+    case = cases[0]
+    assert case.predicted is not None and case.error is not None
+    assert case.run == run and case.gpu == "h100-sxm" and case.quantity == "tokens/s per GPU"
+    assert case.predicted == pytest.approx(estimate.throughput / 8)
+    assert case.error == pytest.approx(case.predicted / 14451 - 1)
+    assert case.fits == fits and (UNFIT_NOTE in case.note) == (not fits)
+    assert case.note.startswith("8 GPUs, DP8, micro-batch 1, grad_accum 16, L8192, fp8, fsdp")
+    assert -0.8 < case.error < 0.8  # a prediction of the right order, either way
+    other = cases[1]
+    assert other.run.sharding == "zero2" and other.run.batch_size == 2
+    assert other.predicted is not None and other.predicted > case.predicted  # B200 is faster
+
+
+def _case(row: ParallelRow, predicted: float) -> ReferenceThroughputCase:
+    return ReferenceThroughputCase(
+        source="parallel",
+        case=row.case,
+        workload=row.model,
+        gpu=row.gpu,
+        run=run_config(mode="train", gpus=row.gpus),
+        quantity="tokens/s per GPU",
+        measured=row.tokens_per_s_per_gpu or 0.0,
+        predicted=predicted,
+        error=predicted / (row.tokens_per_s_per_gpu or 1.0) - 1,
+    )
+
+
+def test_the_summary_gives_the_split_over_data_parallel_ratio(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    split = _row("mbridge-perf-25.09", "llama-3.1-70b", "h100-sxm")
+    plain = _row("mbridge-perf-25.09", "llama-3.1-8b", "h100-sxm")
+    lone = _row("mbridge-perf-26.02", "llama-3.1-70b", "h100-sxm")  # no DP row on its page
+    b200 = _row("mbridge-perf-25.09", "llama-3.1-8b", "b200")  # the same case on another GPU
+    assert b200.case == plain.case
+    cases = [_case(split, 800.0), _case(plain, 8000.0), _case(b200, 20000.0), _case(lone, 900.0)]
+    (ratio,) = split_ratios(cases)
+    assert ratio == (
+        "mbridge-perf-25.09 h100-sxm: 70B TP4 PP8 VP5 / 8B DP8 measured "
+        f"{1619 / 14079:.3f}, predicted 0.100"
+    )
+    import whichgpu.validate.parallel as parallel
+
+    monkeypatch.setattr(parallel, "parallel_throughput", lambda progress=None: cases)
+    validation = validate_throughput(load_parameters(), sources=("parallel",))
+    assert validation.sources == ("parallel",) and len(validation.references) == 4
+    (summary,) = validation.summaries_by_source
+    assert summary.source == "parallel" and summary.cases == 4
+    assert summary.mean_error == pytest.approx(
+        sum(c.error for c in cases if c.error is not None) / 4
+    )
+    assert ratio in summary.note and "34 rows left out" in summary.note
+    assert "8 without a published tokens/s not listed" in summary.note
