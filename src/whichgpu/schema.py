@@ -212,6 +212,7 @@ SPEC_FIELDS: tuple[str, ...] = (
     "interconnect",
     "interconnect_gen",
     "interconnect_bandwidth_gbps",
+    "interconnect_domain_gpus",
     "ecc",
     "launch_price_usd",
 )
@@ -339,6 +340,9 @@ class GpuSpec(_Tabular):
     """Generation of that link (``3`` for NVLink 3, …)."""
     interconnect_bandwidth_gbps: float | None = None
     """Total GPU-to-GPU link bandwidth per GPU, both directions, GB/s."""
+    interconnect_domain_gpus: int | None = None
+    """GPUs that one switched NVLink domain joins where it spans more than one 8-GPU machine
+    (GB200 and GB300 NVL72: 72); None: the machine's GPUs."""
     ecc: bool | None = None
     """Whether the memory has ECC."""
     launch_price_usd: float | None = None

@@ -256,3 +256,19 @@ def test_bench_refuses_a_split_it_cannot_run() -> None:
 
     with pytest.raises(UsageError, match="bench measures one GPU"):
         bench("llama-3.2-1b", gpu_count=2, tensor_parallel=2, device="cpu")
+
+
+def test_an_nvlink_domain_larger_than_a_node_keeps_the_exchange_on_nvlink() -> None:
+    from whichgpu.estimate.data_parallel import gpu_link, link_domain, network_note
+
+    catalog = load_catalog()
+    gb200, h100 = catalog.resolve("gb200"), catalog.resolve("h100-sxm")
+    assert link_domain(gb200) == 72 and link_domain(h100) == 8
+    assert gpu_link(gb200, 64).kind == "nvswitch"
+    assert gpu_link(gb200, 144).kind == "network"  # two racks: the network between them
+    assert gpu_link(h100, 64).kind == "network"
+    assert "72-GPU NVLink domain" in network_note(64, None, gpu=gb200)
+    assert "nodes of 8" in network_note(64, None, gpu=h100)
+    split = run_config(gpus=64, tensor_parallel=2, pipeline_parallel=4, grad_accum=8)
+    assert data_parallel_link(gb200, split).kind == "nvswitch"
+    assert data_parallel_link(h100, split).kind == "network"

@@ -180,14 +180,23 @@ class Link:
     """Rate the all-reduce reaches (peak x the link kind's efficiency)."""
 
 
+def link_domain(gpu: GpuSpec, links: LinkData | None = None) -> int:
+    """Most GPUs like ``gpu`` that reach each other over its own link: its switched NVLink
+    domain where the catalog gives one larger than a node (``interconnect_domain_gpus``:
+    GB200 NVL72's 72), else a node's ``max_gpus_per_node``."""
+    data = links or load_links()
+    return max(data.max_gpus_per_node, gpu.interconnect_domain_gpus or 0)
+
+
 def gpu_link(
     gpu: GpuSpec, n_gpus: int, links: LinkData | None = None, network: str | None = None
 ) -> Link:
-    """The link ``n_gpus`` GPUs like ``gpu`` exchange gradients over: in one node, the GPUs'
-    own; across nodes (``network``: the fabric's id, None the default), the slower of the
-    in-node link and the fabric, whose NICs in a node carry the ring together."""
+    """The link ``n_gpus`` GPUs like ``gpu`` exchange gradients over: within one node (or one
+    NVLink domain larger than a node, ``link_domain``), the GPUs' own; across nodes
+    (``network``: the fabric's id, None the default), the slower of the in-node link and the
+    fabric, whose NICs in a node carry the ring together."""
     data = links or load_links()
-    if n_gpus > data.max_gpus_per_node:
+    if n_gpus > link_domain(gpu, data):
         return _network_link(gpu, n_gpus, data, network)
     fast = gpu.interconnect in _FAST_LINKS and gpu.interconnect_bandwidth_gbps
     if fast and gpu.interconnect_bandwidth_gbps is not None:
@@ -414,11 +423,20 @@ def all_reduce_s(nbytes: float, n_gpus: int, link: Link, links: LinkData | None 
     return max(moved, data.all_reduce_floor_s)
 
 
-def network_note(n_gpus: int, network: str | None, links: LinkData | None = None) -> str:
-    """The assumption a run across nodes rests on, in words (empty on one node)."""
+def network_note(
+    n_gpus: int, network: str | None, links: LinkData | None = None, gpu: GpuSpec | None = None
+) -> str:
+    """The assumption a run across nodes rests on, in words (empty on one node); with
+    ``gpu``, a run within its NVLink domain larger than a node says so instead."""
     data = links or load_links()
     if n_gpus <= data.max_gpus_per_node:
         return ""
+    if gpu is not None and n_gpus <= link_domain(gpu, data):
+        return (
+            f"{n_gpus} GPUs of one {link_domain(gpu, data)}-GPU NVLink domain ({gpu.name}): "
+            "the exchanges run over NVLink across its machines, not over the network (which "
+            "the notes above assume for nodes of 8)"
+        )
     return (
         f"{n_gpus} GPUs in {node_count(n_gpus, data)} nodes of {data.max_gpus_per_node} joined "
         f"by {fabric_note(network, data)}"

@@ -32,6 +32,7 @@ from whichgpu.estimate.data_parallel import (
     all_reduce_s,
     get_fabric,
     gpu_link,
+    link_domain,
     load_links,
 )
 from whichgpu.estimate.serving import attention_heads, kv_heads, layer_shape
@@ -168,9 +169,10 @@ def _recomputed_exchanges(run: RunConfig) -> float:
 
 def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, str]:
     """The rate (bytes/s) a pipeline stage sends to the next at, and the link in words: the
-    node's link while the whole run is in one node; the sending GPU's own NIC otherwise (the
-    stages of a run across nodes are whole nodes, or some boundary crosses one)."""
-    if run.gpus <= data.max_gpus_per_node:
+    node's link while the whole run is in one node (or one NVLink domain, ``link_domain``);
+    the sending GPU's own NIC otherwise (the stages of a run across nodes are whole nodes, or
+    some boundary crosses one)."""
+    if run.gpus <= link_domain(gpu, data):
         link = gpu_link(gpu, run.gpus, data)
         return link.bus_bytes_per_s, link.description
     fabric = get_fabric(run.network, data)
@@ -180,14 +182,15 @@ def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, st
 
 def data_parallel_link(gpu: GpuSpec, run: RunConfig, links: LinkData | None = None) -> Link:
     """The link a GPU's data-parallel copies exchange gradients over under ``run``'s split:
-    the node's own while tensor-parallel groups x copies fit in one node, else the network,
+    the node's own while tensor-parallel groups x copies fit in one node (or one NVLink
+    domain, ``link_domain``), else the network,
     whose NICs in a node carry as many rings side by side as the node holds GPUs of one
     copy's group (``node / T``, at least one)."""
     data = links or load_links()
     node = data.max_gpus_per_node
     dp, t = run.data_parallel(), run.tensor_parallel
-    inside = gpu_link(gpu, min(node, max(2, dp * t)), data)
-    if dp * t <= node:
+    inside = gpu_link(gpu, min(link_domain(gpu, data), max(2, dp * t)), data)
+    if dp * t <= link_domain(gpu, data):
         return inside
     fabric = get_fabric(run.network, data)
     per_node = max(1, node // t)

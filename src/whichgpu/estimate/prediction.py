@@ -517,7 +517,7 @@ class ThroughputPredictor:
                 )
                 exposed_s = parallel.exposed_s * exchanges
                 base.setdefault("link", parallel.link.description)
-            across = network_note(self.run.gpus, self.run.network)
+            across = network_note(self.run.gpus, self.run.network, gpu=gpu)
             if across:
                 assumptions += (across,)
             seconds = step.step_time_s + exposed_s + split_s

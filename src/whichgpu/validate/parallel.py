@@ -4,8 +4,8 @@ Llama 3 pre-training: GPUs, TP, PP, virtual pipeline, micro-batch, global batch,
 length, precision and the tokens/s per GPU reached) is asked of ``predict`` with the same split
 (timed as if it fitted where ``fit`` refuses it, ``timing.predict_even_if_unfit``), and the
 tokens/s per GPU compared (error positive: predicted faster); rows whose settings whichgpu does
-not model (context or expert parallel, GB200's 72-GPU NVLink domain, no micro-batch or tokens/s
-stated) are listed with the reason they are left out. Megatron's distributed optimizer shards
+not model (context or expert parallel, no micro-batch or tokens/s stated) are listed with the
+reason they are left out. Megatron's distributed optimizer shards
 optimizer state and master weights (ZeRO-1), for which whichgpu's nearest strategy is
 ``zero2``; rows whose notes say FSDP is on run as ``fsdp``. The folder's README says where
 each row comes from and how it is read.
@@ -37,10 +37,9 @@ TABLE_FILE = "published.csv"
 QUANTITY = "tokens/s per GPU"
 """What the rows measure, as the views name it."""
 
-UNMODELLED_GPUS = {
-    "gb200": "GB200 NVL72: its 72-GPU NVLink domain is not modelled",
-}
-"""Catalog GPUs whose rows are left out, and why."""
+UNMODELLED_GPUS: dict[str, str] = {}
+"""Catalog GPUs whose rows are left out, and why (none: GB200 NVL72's 72-GPU NVLink domain is
+the catalog's ``interconnect_domain_gpus``)."""
 
 _FSDP_ON = re.compile(r"\bFSDP(?:=(?!0\b)\d+| on\b| over\b)")
 """Notes that say FSDP is on (``FSDP=1``, ``FSDP=64``, ``FSDP on``, ``FSDP over 64 GPUs``;

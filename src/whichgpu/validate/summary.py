@@ -68,8 +68,8 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "grad_accum = global batch / (micro-batch x DP), sequence length and precision "
         "(validate/data/parallel/README.md); Megatron's distributed optimizer (ZeRO-1) as "
         "zero2, rows whose notes say FSDP is on as fsdp; activation recomputation is not "
-        "stated, so none; nodes of 8 joined by the default fabric (InfiniBand NDR); left out: "
-        "context or expert parallel, GB200 (its 72-GPU NVLink domain), rows without a "
+        "stated, so none; nodes of 8 joined by the default fabric (InfiniBand NDR), GB200 within "
+        "its 72-GPU NVLink domain; left out: context or expert parallel, rows without a "
         "micro-batch or a tokens/s"
     ),
 }
