@@ -22,6 +22,7 @@ from whichgpu.estimate.sharding import (
     model_parallel_sizes,
     rank_events,
     stage_share,
+    stage_work_share,
 )
 from whichgpu.workloads import run_config
 from whichgpu.workloads.hf import read_config
@@ -42,6 +43,15 @@ def test_stage_share_puts_whole_layers_and_the_larger_end_on_the_heaviest_stage(
     assert stage_share(TIED, 4) == pytest.approx((2 * 300 + 1000) / sum(TIED))
     assert stage_share(UNTIED, 1) == 1.0
     assert stage_share([5, 7, 11], 2) == 1.0  # nothing repeats: nothing to split by layer
+
+
+def test_the_last_stage_with_the_output_layer_sets_the_pipelines_pace() -> None:
+    # work: 8 layers of 300 and the output layer (1000); the embedding's lookup does none
+    assert stage_work_share(UNTIED, 4) == pytest.approx((2 * 300 + 1008) / (8 * 300 + 1008))
+    # tied: the output product runs with the embedding's weights
+    assert stage_work_share(TIED, 4) == pytest.approx((2 * 300 + 1000) / (8 * 300 + 1000))
+    assert stage_work_share(UNTIED, 1) == 1.0
+    assert stage_work_share(UNTIED, 4) > stage_share(UNTIED, 4)  # no lookup in the work
 
 
 def test_one_gpu_of_the_split_holds_its_share_of_state_and_of_activations() -> None:

@@ -418,7 +418,7 @@ def _exchange_state(step: Step) -> StepState | None:
     from whichgpu.estimate.data_parallel import run_parallel
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
-    from whichgpu.estimate.sharding import stage_share, working_bytes
+    from whichgpu.estimate.sharding import stage_share, stage_work_share, working_bytes
 
     if step.run.gpus <= 1:
         return None
@@ -442,10 +442,12 @@ def _exchange_state(step: Step) -> StepState | None:
     # dtype (16-bit under AMP and fp8 training, fp32 without it)
     layers, hidden = layer_shape(step.model_config)
     element_bytes = 4 if step.run.precision in ("fp32", "tf32") else 2
+    sizes, stages = step.memory.state_sizes("parameter"), step.run.pipeline_parallel
     return StepState(
         gradient_bytes=gradient_bytes,
         parameter_bytes=parameter_bytes,
         layers=layers,
         hidden_bytes_per_token=hidden * element_bytes,
-        stage_share=stage_share(step.memory.state_sizes("parameter"), step.run.pipeline_parallel),
+        stage_share=stage_share(sizes, stages),
+        stage_work_share=stage_work_share(sizes, stages),
     )

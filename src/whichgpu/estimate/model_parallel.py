@@ -3,9 +3,9 @@
 A run of ``gpus`` GPUs with ``tensor_parallel`` T and ``pipeline_parallel`` P holds ``gpus /
 (T x P)`` copies of the model side by side (data parallel, as ``estimate.data_parallel``
 times it); each copy is split into P stages of consecutive layers, and each stage's layers
-over T GPUs of one node. One GPU runs its stage's share of every operator (the heaviest
-stage's, ``sharding.stage_share``) at 1/T of its FLOPs and bytes, and launches every kernel
-of its stage. Tensor parallel with sequence parallel exchanges a micro-batch's hidden states
+over T GPUs of one node. One GPU runs its stage's share of every operator (the busiest
+stage's, ``sharding.stage_work_share``) at 1/T of its FLOPs and bytes, and launches every
+kernel of its stage. Tensor parallel with sequence parallel exchanges a micro-batch's hidden states
 four times per layer and micro-step (an all-gather before and a reduce-scatter after the
 attention and the MLP, forward and backward: the volume of four all-reduces), plus two more
 per recomputed layer, over the node's link; nothing of it hides behind compute (no
@@ -222,8 +222,8 @@ def model_parallel_note(run: RunConfig, step: ModelParallelStep, share: float) -
         schedule = f"interleaved 1F1B ({v} chunks a GPU)" if v > 1 else "1F1B"
         idle = (p - 1) / v
         parts.append(
-            f"the heaviest of {p} stages sets the pace ({share:.1%} of the model's work); "
-            f"{schedule} over {m} micro-batches idles {idle:g} micro-batch times a step (a "
+            f"the busiest of {p} stages (the last) sets the pace ({share:.1%} of the model's "
+            f"work); {schedule} over {m} micro-batches idles {idle:g} micro-batch times a step (a "
             f"bubble of {idle / (m + idle):.0%}); hidden states cross stages over "
             f"{step.stage_link}"
         )

@@ -76,8 +76,11 @@ class StepState:
     """Key/value heads of the model (tensor parallel: a GPU reads the KV heads it holds;
     0: unknown, taken as split evenly)."""
     stage_share: float = 1.0
-    """Pipeline-parallel training: the heaviest stage's share of the model (its parameters
-    and its work; ``sharding.stage_share``); 1 without pipeline stages."""
+    """Pipeline-parallel training: the heaviest stage's share of the model's parameters
+    (``sharding.stage_share``: what its GPUs exchange); 1 without pipeline stages."""
+    stage_work_share: float = 1.0
+    """Pipeline-parallel training: the busiest stage's share of the model's work
+    (``sharding.stage_work_share``: what sets the pipeline's pace); 1 without stages."""
 
     def attention_bytes_share(self, gpus: int) -> float | None:
         """The share of attention's bytes (its KV reads) one of ``gpus`` tensor-parallel GPUs
@@ -440,7 +443,7 @@ class ThroughputPredictor:
         else:
             if self.run.model_parallel() > 1:  # this GPU's stage, 1/T of each of its operators
                 table = split_work(
-                    replace(table, counts=table.weights * self.state.stage_share),
+                    replace(table, counts=table.weights * self.state.stage_work_share),
                     self.run.tensor_parallel,
                 )
             if copies > 1 and self.run.sharding in SHARDED_OPTIMIZER:
@@ -487,7 +490,7 @@ class ThroughputPredictor:
                 layers=self.state.layers,
             )
             split_s, bubble_s = split.added_s, split.bubble_s
-            assumptions += (model_parallel_note(self.run, split, self.state.stage_share),)
+            assumptions += (model_parallel_note(self.run, split, self.state.stage_work_share),)
             if split.tensor_link is not None:
                 base["link"] = split.tensor_link.description
             elif split.stage_link is not None:

@@ -178,6 +178,26 @@ def stage_share(parameter_bytes: Sequence[int], stages: int) -> float:
     return min(1.0, heaviest / total)
 
 
+def stage_work_share(parameter_bytes: Sequence[int], stages: int) -> float:
+    """Share of the model's matrix work on the busiest of ``stages`` pipeline stages, from the
+    parameter sizes in model order (as ``stage_share``): a layer's work goes with its weights,
+    the embedding's lookup does none, and the output layer's product is the last stage's,
+    with its own weights or, where it shares the embedding's (the rest of the model beyond the
+    embedding is less than half of it), with those. So the last stage, with ``ceil(blocks /
+    stages)`` blocks and the output layer, is the busiest. 1 for one stage, or when no block
+    repeats."""
+    total = sum(parameter_bytes)
+    block, blocks = repeated_block(parameter_bytes)
+    if stages <= 1 or blocks == 0 or total == 0:
+        return 1.0
+    root = total - block * blocks
+    first = min(max(parameter_bytes), root)
+    rest = root - first
+    output = first if rest < first / 2 else rest  # tied: the embedding's weights again
+    work = block * blocks + output
+    return min(1.0, (-(-blocks // stages) * block + output) / work) if work else 1.0
+
+
 def model_parallel_shares(
     parallel: Parallel, parameter_bytes: Sequence[int]
 ) -> tuple[float, float, tuple[str, ...]]:
