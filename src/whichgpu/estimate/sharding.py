@@ -167,15 +167,25 @@ def stage_share(parameter_bytes: Sequence[int], stages: int) -> float:
     remainder (its output layer and final norm) on the last; where the output layer shares the
     embedding's weights, the last stage holds a copy, which the larger part covers. 1 for one
     stage, or when no block repeats (nothing to split by layer)."""
-    total = sum(parameter_bytes)
-    block, blocks = repeated_block(parameter_bytes)
-    if stages <= 1 or blocks == 0 or total == 0:
+    parts = _model_parts(parameter_bytes)
+    if stages <= 1 or parts is None:
         return 1.0
-    root = total - block * blocks
-    root_sizes = sorted(parameter_bytes, reverse=True)
-    first = min(root_sizes[0], root)
-    heaviest = -(-blocks // stages) * block + max(first, root - first)
-    return min(1.0, heaviest / total)
+    block, blocks, first, rest = parts
+    heaviest = -(-blocks // stages) * block + max(first, rest)
+    return min(1.0, heaviest / sum(parameter_bytes))
+
+
+def _model_parts(parameter_bytes: Sequence[int]) -> tuple[int, int, int, int] | None:
+    """``(block, blocks, first, rest)`` of a model's parameter sizes in model order: its
+    repeated block's bytes and count (``repeated_block``), and the rest of the model split
+    into its largest tensor (a language model's embedding) and the remainder; None when no
+    block repeats."""
+    block, blocks = repeated_block(parameter_bytes)
+    if blocks == 0:
+        return None
+    root = sum(parameter_bytes) - block * blocks
+    first = min(max(parameter_bytes), root)
+    return block, blocks, first, root - first
 
 
 def stage_work_share(parameter_bytes: Sequence[int], stages: int) -> float:
@@ -186,16 +196,12 @@ def stage_work_share(parameter_bytes: Sequence[int], stages: int) -> float:
     embedding is less than half of it), with those. So the last stage, with ``ceil(blocks /
     stages)`` blocks and the output layer, is the busiest. 1 for one stage, or when no block
     repeats."""
-    total = sum(parameter_bytes)
-    block, blocks = repeated_block(parameter_bytes)
-    if stages <= 1 or blocks == 0 or total == 0:
+    parts = _model_parts(parameter_bytes)
+    if stages <= 1 or parts is None:
         return 1.0
-    root = total - block * blocks
-    first = min(max(parameter_bytes), root)
-    rest = root - first
+    block, blocks, first, rest = parts
     output = first if rest < first / 2 else rest  # tied: the embedding's weights again
-    work = block * blocks + output
-    return min(1.0, (-(-blocks // stages) * block + output) / work) if work else 1.0
+    return min(1.0, (-(-blocks // stages) * block + output) / (block * blocks + output))
 
 
 def model_parallel_shares(
