@@ -282,3 +282,10 @@ def test_an_nvlink_domain_larger_than_a_node_keeps_the_exchange_on_nvlink() -> N
     split = run_config(gpus=64, tensor_parallel=2, pipeline_parallel=4, grad_accum=8)
     assert data_parallel_link(gb200, split).kind == "nvswitch"
     assert data_parallel_link(h100, split).kind == "network"
+
+
+def test_a_split_traces_the_same_one_gpu_step() -> None:
+    from whichgpu.workloads.profile_cache import traced_run
+
+    split = run_config(gpus=8, tensor_parallel=2, pipeline_parallel=2, grad_accum=4)
+    assert traced_run(split) == traced_run(run_config(grad_accum=4))

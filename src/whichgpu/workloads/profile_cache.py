@@ -157,8 +157,8 @@ def distribution_version(distribution: str) -> str | None:
 
 
 def traced_run(run: RunConfig) -> RunConfig:
-    """``run`` without what a trace does not depend on: the sizes, the GPUs and the sharding
-    (and, for inference, the concurrency and the context, with the generated tokens made
+    """``run`` without what a trace does not depend on: the sizes, the GPUs, the sharding and
+    the tensor- or pipeline-parallel split (and, for inference, the concurrency and the context, with the generated tokens made
     explicit); of gradient accumulation only whether there is any (every count above one
     traces the same micro-step; the eager step stands for a compiled one, whose difference
     ``trace.compiled`` derives) — the same for every question the profile answers."""
@@ -167,6 +167,9 @@ def traced_run(run: RunConfig) -> RunConfig:
         "seq_len": None,
         "gpus": 1,
         "sharding": "ddp",
+        "tensor_parallel": 1,
+        "pipeline_parallel": 1,
+        "virtual_stages": 1,
         "network": None,
         "compile": False,
         "grad_accum": min(run.grad_accum, 2),
