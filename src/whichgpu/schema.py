@@ -564,6 +564,11 @@ class RunConfig(_Frozen):
     (the interleaved 1F1B schedule: Megatron-LM's virtual pipeline, torchtitan's
     ``Interleaved1F1B``), which cuts the pipeline's bubble by this factor, multiplies its
     sends by it, and keeps more micro-batches in flight; 1: plain 1F1B."""
+    fp8_all_gather: bool = False
+    """Training in ``fp8`` under ``zero3``/``fsdp``/``hsdp``: FSDP gathers the converted linear
+    layers' weights in fp8, one byte a weight instead of two (torchao's
+    ``enable_fsdp_float8_all_gather``, torchtitan's ``--float8.enable_fsdp_float8_all_gather``):
+    smaller gathered units, half the gathers' bytes for those weights."""
     network: str | None = None
     """Training on more GPUs than one node holds: the fabric between the nodes, by its id in
     ``estimate/data/links.json``'s ``fabrics`` (``ib-ndr``, ``ib-hdr``, ``roce-1600``); None =
@@ -680,6 +685,8 @@ class RunConfig(_Frozen):
                 parts.append(f"gradient accumulation {self.grad_accum}")
             if self.compile:
                 parts.append("torch.compile")
+            if self.fp8_all_gather:
+                parts.append("fp8 all-gather")
             if self.model_parallel() > 1:
                 parts.append(self.model_parallel_words())
         tokens = seq_len or self.seq_len

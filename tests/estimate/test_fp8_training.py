@@ -138,3 +138,65 @@ def test_speedup_against_published_torchao_h100() -> None:
     speedup = out["fp8"].throughput / out["bf16"].throughput
     error = speedup / row["speedup"] - 1
     assert abs(error) <= row["tolerance_relative"], f"speedup {speedup:.3f}, error {error:+.1%}"
+
+
+def test_fp8_all_gather_gathers_the_blocks_at_one_byte() -> None:
+    from whichgpu.estimate.memory import StepMemory
+    from whichgpu.estimate.sharding import (
+        TRACED_PARAMETER_BYTES,
+        repeated_block,
+        working_bytes,
+    )
+
+    asked = {
+        "gpus": ["h100-sxm"],
+        "gpu_count": 8,
+        "sharding": "fsdp",
+        "precision": "fp8",
+        "seq_len": 2048,
+        "batch_size": 2,
+    }
+    (plain,) = fit("llama-3.2-1b", **asked)
+    (fp8_gather,) = fit("llama-3.2-1b", fp8_all_gather=True, **asked)
+    profile = fp8_profile(load_stem("llama-3.2-1b_train_bf16_adamw"))
+    block, _ = repeated_block(StepMemory(profile).state_sizes("parameter"))
+    # the current and the prefetched block, each gathered at 1 byte a weight instead of 2
+    saved = 2 * (working_bytes(block) - block // TRACED_PARAMETER_BYTES)
+    assert plain.peak_allocated_bytes - fp8_gather.peak_allocated_bytes == pytest.approx(
+        saved, rel=0.01
+    )
+    assert any("fp8 all-gather" in a for a in fp8_gather.assumptions)
+    assert "fp8 all-gather" in fp8_gather.run.describe()
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"precision": "bf16", "sharding": "fsdp", "gpu_count": 8}, "needs precision fp8"),
+        ({"precision": "fp8", "sharding": "ddp", "gpu_count": 8}, "gathers no parameters"),
+        ({"precision": "fp8", "sharding": "fsdp"}, "one data-parallel copy"),
+    ],
+)
+def test_fp8_all_gather_refused_where_nothing_is_gathered_in_fp8(
+    options: dict[str, object], says: str
+) -> None:
+    with pytest.raises(UsageError, match=says):
+        fit("llama-3.2-1b", gpus=["h100-sxm"], fp8_all_gather=True, **options)  # type: ignore[arg-type]
+
+
+def test_fp8_all_gather_halves_the_blocks_gathered_bytes() -> None:
+    from whichgpu.api.step import _exchange_state, prepare
+    from whichgpu.estimate.sharding import fp8_gathered_share
+    from whichgpu.workloads import run_config
+    from whichgpu.workloads.registry import get_workload
+
+    chosen = get_workload("llama-3.2-1b")
+    asked = {"gpus": 8, "sharding": "fsdp", "precision": "fp8", "seq_len": 2048}
+    plain = _exchange_state(prepare(chosen, run_config(**asked), None, None))
+    step = prepare(chosen, run_config(fp8_all_gather=True, **asked), None, None)
+    gathered = _exchange_state(step)
+    assert plain is not None and gathered is not None
+    share = fp8_gathered_share(step.memory.state_sizes("parameter"))
+    assert 0.7 < share < 0.85  # 16 layers of a 1.24B model; the tied embedding stays 16-bit
+    assert gathered.parameter_bytes == pytest.approx(plain.parameter_bytes * (1 - share / 2))
+    assert gathered.gradient_bytes == plain.gradient_bytes  # reduce-scattered in 16 bits

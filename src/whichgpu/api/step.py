@@ -418,7 +418,12 @@ def _exchange_state(step: Step) -> StepState | None:
     from whichgpu.estimate.data_parallel import run_parallel
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
-    from whichgpu.estimate.sharding import stage_share, stage_work_share, working_bytes
+    from whichgpu.estimate.sharding import (
+        fp8_gathered_share,
+        stage_share,
+        stage_work_share,
+        working_bytes,
+    )
 
     if step.run.gpus <= 1:
         return None
@@ -436,6 +441,9 @@ def _exchange_state(step: Step) -> StepState | None:
         # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)
+    if step.run.fp8_all_gather:  # the blocks' weights gathered at 1 byte, not 2
+        share = fp8_gathered_share(step.memory.state_sizes("parameter"))
+        parameter_bytes = round(parameter_bytes * (1 - share / 2))
     if step.model_config is None:
         return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
     # split tensor or pipeline parallel: the hidden states it exchanges, in the activations'

@@ -259,6 +259,16 @@ ShardingOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+Fp8AllGatherOption = Annotated[
+    bool,
+    typer.Option(
+        "--fp8-all-gather",
+        help="Training with --precision fp8 and --sharding fsdp (zero3, hsdp): FSDP gathers "
+        "the converted linear layers' weights in fp8, 1 byte a weight instead of 2 (torchao's "
+        "enable_fsdp_float8_all_gather): smaller gathered layers, half their gathers' bytes.",
+        rich_help_panel=_RUN,
+    ),
+]
 TensorParallelOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(

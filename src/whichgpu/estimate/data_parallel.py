@@ -279,11 +279,15 @@ def memory_parallel(
     tensor: int = 1,
     pipeline: int = 1,
     virtual: int = 1,
+    fp8_gather: bool = False,
 ) -> Parallel:
     """What one GPU's memory is split by: ``n_gpus`` data-parallel copies and ``sharding``,
     with HSDP's shard group in place of the GPUs (``shard_group``), each copy split ``tensor``
-    ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU)."""
-    return Parallel(shard_group(n_gpus, sharding, links), sharding, tensor, pipeline, virtual)
+    ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU);
+    ``fp8_gather``: FSDP gathers the blocks' weights in fp8."""
+    return Parallel(
+        shard_group(n_gpus, sharding, links), sharding, tensor, pipeline, virtual, fp8_gather
+    )
 
 
 def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
@@ -297,6 +301,7 @@ def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
         tensor=run.tensor_parallel,
         pipeline=run.pipeline_parallel,
         virtual=run.virtual_stages,
+        fp8_gather=run.fp8_all_gather,
     )
 
 

@@ -33,6 +33,8 @@ TRACED_PARAMETER_BYTES = 4
 """Element size of the parameters of an AMP trace (fp32)."""
 WORKING_PARAMETER_BYTES = 2
 """Element size of ZeRO's and FSDP's mixed-precision working parameters (bf16/fp16)."""
+FP8_GATHERED_BYTES = 1
+"""Element size of a weight FSDP gathers in fp8 (``Parallel.fp8_gather``)."""
 
 Event = tuple[int, int, bool, TensorCategory]
 """One allocation or free as the allocator replays it: handle, bytes, alloc, category."""
@@ -63,6 +65,9 @@ class Parallel:
     virtual: int = 1
     """Chunks of layers per GPU under the interleaved schedule: the first stage then holds
     ``1 + (P - 1) / (P V)`` times the activations of plain 1F1B."""
+    fp8_gather: bool = False
+    """ZeRO-3/FSDP gather the repeated blocks' weights in fp8 (fp8 training's all-gather):
+    one byte a weight in the gathered units."""
 
     @property
     def model_parallel(self) -> bool:
@@ -173,6 +178,16 @@ def stage_share(parameter_bytes: Sequence[int], stages: int) -> float:
     block, blocks, first, rest = parts
     heaviest = -(-blocks // stages) * block + max(first, rest)
     return min(1.0, heaviest / sum(parameter_bytes))
+
+
+def fp8_gathered_share(parameter_bytes: Sequence[int]) -> float:
+    """Share of the model's parameters FSDP gathers in fp8 under fp8 all-gather: its repeated
+    blocks (layers), whose linear weights fp8 training converts; 0 when none repeats."""
+    parts = _model_parts(parameter_bytes)
+    if parts is None:
+        return 0.0
+    block, blocks, _, _ = parts
+    return block * blocks / sum(parameter_bytes)
 
 
 def _model_parts(parameter_bytes: Sequence[int]) -> tuple[int, int, int, int] | None:
@@ -311,7 +326,7 @@ def make_plan(
     state, activations, split_notes = model_parallel_shares(parallel, parameter_bytes)
     if parallel.model_parallel:
         plan = make_plan(
-            Parallel(parallel.gpus, parallel.sharding),
+            replace(parallel, tensor=1, pipeline=1, virtual=1),
             [_model_parallel_bytes(b, state) for b in parameter_bytes],
             [_model_parallel_bytes(b, state) for b in gradient_bytes],
             math.ceil(trainable_params * state),
@@ -389,9 +404,22 @@ def make_plan(
         )
     else:
         unit = "no repeated block found: every parameter counts as one root unit"
-    gathered = tuple(half(b) for b in (root, block, block) if b)
+    # fp8 all-gather: the blocks' linear weights (nearly all of a block) gathered in fp8; the
+    # root (embedding, output layer), which fp8 training leaves in 16 bits, as before
+    unit_block = (
+        block * FP8_GATHERED_BYTES // TRACED_PARAMETER_BYTES if parallel.fp8_gather else half(block)
+    )
+    gathered = tuple(b for b in (half(root), unit_block, unit_block) if b)
     unsharded = tuple(half(b) for b in (grad_root, grad_block) if b)
     bits = "16-bit " if working else ""
+    fp8_note = (
+        (
+            "fp8 all-gather: the blocks' weights gathered at 1 byte each (their norms' few "
+            "weights counted so too), the root at 16 bits",
+        )
+        if parallel.fp8_gather
+        else ()
+    )
     notes = (
         head,
         *((precision_note,) if working else ()),
@@ -401,6 +429,7 @@ def make_plan(
         f"current and the prefetched block ({_gib(sum(gathered))} GiB)",
         f"unsharded {bits}gradients through backward: the root's plus one block's "
         f"({_gib(sum(unsharded))} GiB) until their reduce-scatter",
+        *fp8_note,
     )
     each_pass: Added = tuple((b, "parameter") for b in gathered)
     each_backward: Added = tuple((b, "gradient") for b in unsharded)

@@ -157,11 +157,12 @@ def distribution_version(distribution: str) -> str | None:
 
 
 def traced_run(run: RunConfig) -> RunConfig:
-    """``run`` without what a trace does not depend on: the sizes, the GPUs, the sharding and
-    the tensor- or pipeline-parallel split (and, for inference, the concurrency and the context, with the generated tokens made
-    explicit); of gradient accumulation only whether there is any (every count above one
-    traces the same micro-step; the eager step stands for a compiled one, whose difference
-    ``trace.compiled`` derives) — the same for every question the profile answers."""
+    """``run`` without what a trace does not depend on: the sizes, the GPUs, the sharding, the
+    tensor- or pipeline-parallel split and fp8 all-gather (and, for inference, the concurrency
+    and the context, with the generated tokens made explicit); of gradient accumulation only
+    whether there is any (every count above one traces the same micro-step; the eager step
+    stands for a compiled one, whose difference ``trace.compiled`` derives) — the same for
+    every question the profile answers."""
     update: dict[str, Any] = {
         "batch_size": None,
         "seq_len": None,
@@ -170,6 +171,7 @@ def traced_run(run: RunConfig) -> RunConfig:
         "tensor_parallel": 1,
         "pipeline_parallel": 1,
         "virtual_stages": 1,
+        "fp8_all_gather": False,
         "network": None,
         "compile": False,
         "grad_accum": min(run.grad_accum, 2),

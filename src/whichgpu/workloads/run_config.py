@@ -184,6 +184,8 @@ def run_config(**options: Any) -> RunConfig:
         )
     if run.optimizer_impl == "in-backward":
         _check_in_backward(run)
+    if run.fp8_all_gather:
+        _check_fp8_all_gather(run)
     if run.virtual_stages > 1 and run.pipeline_parallel == 1:
         raise UsageError(
             f"{option('virtual_stages')} interleaves a pipeline's stages; give "
@@ -222,6 +224,27 @@ def _check_in_backward(run: RunConfig) -> None:
             "reduce-scattered) across GPUs before an update, which the traced one-GPU step, "
             "updating each parameter with its local gradient in the backward pass, does not "
             "contain. Use one GPU or another implementation."
+        )
+
+
+def _check_fp8_all_gather(run: RunConfig) -> None:
+    """Refuse fp8 all-gather where nothing is gathered in fp8: without fp8 training, without
+    a sharding that gathers parameters, or with no other data-parallel GPU to gather from."""
+    flag = option("fp8_all_gather")
+    if run.precision != "fp8":
+        raise UsageError(
+            f"{flag} gathers fp8 training's converted weights in fp8; it needs "
+            f"{option('precision')} fp8."
+        )
+    if run.sharding not in ("zero3", "fsdp", "hsdp"):
+        raise UsageError(
+            f"{flag} changes what FSDP gathers; {option('sharding')} {run.sharding} gathers no "
+            f"parameters. Use {option('sharding')} fsdp (or zero3, hsdp), or drop {flag}."
+        )
+    if run.data_parallel() < 2:
+        raise UsageError(
+            f"{flag}: with one data-parallel copy FSDP gathers nothing; give "
+            f"{option('gpu_count')} 2 or more data-parallel GPUs, or drop {flag}."
         )
 
 
