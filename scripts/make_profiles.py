@@ -45,6 +45,12 @@ checkpointing (`whichgpu recommend --for llm-finetune`; the product's student ex
 LoRA with it."""
 
 
+PIPELINED = {"llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b"}
+"""Workloads whose training with gradient accumulation is stored too: a pipeline-parallel run
+(`--pipeline-parallel`) needs micro-batches, so its step is the accumulating one, and the
+published many-GPU runs `validate --source parallel` compares are of these models."""
+
+
 H200_MEASURED = {"llama-3.2-1b": {"checkpointing": True}}
 """A run of the H200 measurements of 2026-11-26 that no other rule stores, so that `validate`
 answers it from a stored profile instead of tracing it after each update. (GPT-2 fp32, the
@@ -65,6 +71,8 @@ def stored_runs(workload: Workload) -> list[RunConfig]:
         runs.append(run_config(precision="fp32"))
     if workload.info.family == "seed_translation":
         runs.append(run_config(precision="fp16"))  # fairseq's recipes train with --fp16
+    if workload.info.name in PIPELINED:
+        runs.append(run_config(grad_accum=2))
     extra = H200_MEASURED.get(workload.info.name)
     if extra is not None and run_config(**extra) not in runs:
         runs.append(run_config(**extra))

@@ -41,7 +41,15 @@ OUT = (
     / replay_cache.REPLAYS_DIR
 )
 
-_RUN_FIELDS = ("mode", "precision", "optimizer", "checkpointing", "method", "lora_rank")
+_RUN_FIELDS = (
+    "mode",
+    "precision",
+    "optimizer",
+    "checkpointing",
+    "method",
+    "lora_rank",
+    "grad_accum",
+)
 
 
 def run_options(run: RunConfig) -> dict[str, Any]:
