@@ -188,7 +188,6 @@ def test_predicted_speed_counts_the_copies_and_names_the_bubble() -> None:
         ),
         ({"gpus": 2, "virtual_stages": 2}, "interleaves a pipeline"),
         ({"gpus": 2, "tensor_parallel": 2, "method": "lora"}, "full training only"),
-        ({"gpus": 16, "tensor_parallel": 2, "sharding": "hsdp"}, "hsdp"),
         ({"gpus": 2, "tensor_parallel": 2, "optimizer": "adamw-8bit"}, "8-bit"),
         ({"mode": "inference", "gpus": 2, "tensor_parallel": 2}, "tensor parallel across them"),
     ],
@@ -289,3 +288,29 @@ def test_a_split_traces_the_same_one_gpu_step() -> None:
 
     split = run_config(gpus=8, tensor_parallel=2, pipeline_parallel=2, grad_accum=4)
     assert traced_run(split) == traced_run(run_config(grad_accum=4))
+
+
+def test_hsdp_shards_over_the_copies_that_share_a_node(h100) -> None:  # type: ignore[no-untyped-def]
+    from whichgpu.estimate.data_parallel import data_parallel_step, run_parallel, shard_group
+
+    run = run_config(gpus=32, tensor_parallel=2, sharding="hsdp")  # 16 copies, 4 per node
+    assert shard_group(run.data_parallel(), "hsdp", tensor=2) == 4
+    assert run_parallel(run).gpus == 4
+    step = data_parallel_step(1.0, 0.5, 8 * 2**30, 8 * 2**30, h100, 16, "hsdp", tensor=2)
+    assert step.link.description.startswith("4 x 4:")  # 4 replicas of 4-GPU shard groups
+    (one,) = fit(
+        "llama-3.2-1b",
+        gpus=["h100-sxm"],
+        batch_size=2,
+        **run.model_dump(include={"tensor_parallel", "sharding"}),
+        gpu_count=32,
+    )
+    (flat,) = fit(
+        "llama-3.2-1b",
+        gpus=["h100-sxm"],
+        batch_size=2,
+        tensor_parallel=2,
+        sharding="fsdp",
+        gpu_count=8,  # 4 copies: FSDP over the same 4 as each node's shard group
+    )
+    assert one.breakdown["optimizer"] == flat.breakdown["optimizer"]

@@ -262,13 +262,17 @@ def _network_link(gpu: GpuSpec, n_gpus: int, data: LinkData, network: str | None
     )
 
 
-def shard_group(n_gpus: int, sharding: Sharding, links: LinkData | None = None) -> int:
-    """GPUs the model state is split over: for ``hsdp`` those of one node (at most
-    ``max_gpus_per_node``), each node a replica; for every other strategy all of them."""
+def shard_group(
+    n_gpus: int, sharding: Sharding, links: LinkData | None = None, *, tensor: int = 1
+) -> int:
+    """GPUs the model state is split over, of ``n_gpus`` data-parallel ones: for ``hsdp``
+    those of one node (at most ``max_gpus_per_node``, or its ``1/tensor`` where each copy
+    splits its layers over ``tensor`` GPUs of the node), each node a replica; for every other
+    strategy all of them."""
     if sharding != "hsdp":
         return n_gpus
     data = links or load_links()
-    return min(n_gpus, data.max_gpus_per_node)
+    return min(n_gpus, max(1, data.max_gpus_per_node // tensor))
 
 
 def memory_parallel(
@@ -286,7 +290,12 @@ def memory_parallel(
     ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU);
     ``fp8_gather``: FSDP gathers the blocks' weights in fp8."""
     return Parallel(
-        shard_group(n_gpus, sharding, links), sharding, tensor, pipeline, virtual, fp8_gather
+        shard_group(n_gpus, sharding, links, tensor=tensor),
+        sharding,
+        tensor,
+        pipeline,
+        virtual,
+        fp8_gather,
     )
 
 
@@ -344,16 +353,25 @@ def data_parallel_step(
     links: LinkData | None = None,
     network: str | None = None,
     link: Link | None = None,
+    tensor: int = 1,
 ) -> DataParallelStep:
     """Step time on each of ``n_gpus`` GPUs like ``gpu`` training together (across nodes over
     the fabric ``network`` names, None the default; ``link``: the link they exchange over,
-    where the caller placed them otherwise, as a model-parallel split does). HSDP across
-    nodes: ``_hybrid_step``."""
+    where the caller placed them otherwise, as a model-parallel split does; ``tensor``: the
+    GPUs each copy splits its layers over, which share its node). HSDP across nodes:
+    ``_hybrid_step``."""
     data = links or load_links()
-    group = shard_group(n_gpus, sharding, data)
+    group = shard_group(n_gpus, sharding, data, tensor=tensor)
     if group < n_gpus:
         return _hybrid_step(
-            single_step_s, backward_s, gradient_bytes, parameter_bytes, gpu, n_gpus, data, network
+            single_step_s,
+            backward_s,
+            gradient_bytes,
+            parameter_bytes,
+            gpu,
+            (n_gpus, group),
+            data,
+            network,
         )
     link = link or gpu_link(gpu, n_gpus, data, network)
     exchange_s = exchange_bytes(gradient_bytes, parameter_bytes, n_gpus, sharding) / (
@@ -378,19 +396,21 @@ def _hybrid_step(
     gradient_bytes: int,
     parameter_bytes: int,
     gpu: GpuSpec,
-    n_gpus: int,
+    gpus_and_group: tuple[int, int],
     data: LinkData,
     network: str | None,
 ) -> DataParallelStep:
-    """HSDP on ``n_gpus`` GPUs in nodes of ``max_gpus_per_node``: inside each node FSDP's
+    """HSDP on ``n_gpus`` data-parallel GPUs in shard groups of ``group`` per node
+    (``gpus_and_group``; a node's ``max_gpus_per_node``, fewer where each copy is split tensor
+    parallel over GPUs of the node): inside each node FSDP's
     reduce-scatter and two gathers over the node's link, hidden behind the whole step as
     FSDP's are; between the nodes an all-reduce of each GPU's gradient shard among the GPUs
     holding the same shard (one per node, each over its own NIC), which starts as backward
     reduce-scatters each unit, so it hides behind backward. The two run on different links at
     once; what does not hide of either, and the last unit's share of each, adds to the step."""
-    size = data.max_gpus_per_node
+    n_gpus, size = gpus_and_group
     replicas = -(-n_gpus // size)
-    inside = gpu_link(gpu, size, data)
+    inside = gpu_link(gpu, max(size, 2), data)
     fabric = get_fabric(network, data)
     nic_bytes_per_s = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
     inside_s = exchange_bytes(gradient_bytes, parameter_bytes, size, "hsdp")

@@ -447,7 +447,8 @@ class ThroughputPredictor:
                     self.run.tensor_parallel,
                 )
             if copies > 1 and self.run.sharding in SHARDED_OPTIMIZER:
-                table = shard_optimizer(table, shard_group(copies, self.run.sharding))
+                group = shard_group(copies, self.run.sharding, tensor=self.run.tensor_parallel)
+                table = shard_optimizer(table, group)
         raw = step_time(table, rates, precision, self.params)
         step, capped = _faster(raw, self.factor, peak_limited_s(table, rates, precision))
         assumptions += capped
@@ -517,6 +518,7 @@ class ThroughputPredictor:
                     link=data_parallel_link(gpu, self.run)
                     if self.run.model_parallel() > 1
                     else None,
+                    tensor=self.run.tensor_parallel,
                 )
                 exposed_s = parallel.exposed_s * exchanges
                 base.setdefault("link", parallel.link.description)

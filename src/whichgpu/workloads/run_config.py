@@ -289,12 +289,6 @@ def _check_model_parallel(run: RunConfig) -> None:
             f"better served by {option('sharding')} fsdp. Drop {option('tensor_parallel')} and "
             f"{option('pipeline_parallel')}, or use {option('method')} full."
         )
-    if run.sharding == "hsdp":
-        raise UsageError(
-            f"{option('sharding')} hsdp with {words} is not modelled (which GPUs of a node "
-            f"form a shard group then depends on the device mesh): use {option('sharding')} "
-            "fsdp (the model state split over every data-parallel copy) or ddp."
-        )
     if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         raise UsageError(
             f"{words} is modelled with PyTorch's optimizers; bitsandbytes' 8-bit optimizers "
