@@ -588,6 +588,8 @@ class RunConfig(_Frozen):
     def model_parallel(self) -> int:
         """GPUs that hold one copy of the model between them: ``tensor_parallel x
         pipeline_parallel`` (1 for inference, whose ``gpus`` are all tensor parallel)."""
+        if self.mode == "inference":
+            return 1
         return self.tensor_parallel * self.pipeline_parallel
 
     def data_parallel(self) -> int:

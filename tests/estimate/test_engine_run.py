@@ -119,16 +119,15 @@ def test_a_run_without_requests_or_tokens_is_refused() -> None:
 def test_predict_with_requests_carries_the_simulated_run() -> None:
     import whichgpu.api as wg
 
-    (est,) = wg.predict(
-        "llama-3.1-8b",
-        gpus=["a100-40gb"],
-        mode="inference",
-        serving="vllm",
-        context=1024,
-        new_tokens=128,
-        concurrency=1,
-        requests=20,
-    )
+    asked = {
+        "gpus": ["a100-40gb"],
+        "mode": "inference",
+        "serving": "vllm",
+        "context": 1024,
+        "new_tokens": 128,
+        "concurrency": 1,
+    }
+    (est,) = wg.predict("llama-3.1-8b", requests=20, **asked)  # type: ignore[arg-type]
     speed = est.serving_speed
     assert speed is not None and speed.benchmark is not None
     run = speed.benchmark
@@ -138,15 +137,7 @@ def test_predict_with_requests_carries_the_simulated_run() -> None:
     # one request at a time: the steady state's TTFT, and about its decode step
     assert run.mean_ttft_s == pytest.approx(speed.ttft_s, rel=0.01)
     assert run.mean_tpot_s == pytest.approx(speed.tpot_s, rel=0.02)
-    (plain,) = wg.predict(
-        "llama-3.1-8b",
-        gpus=["a100-40gb"],
-        mode="inference",
-        serving="vllm",
-        context=1024,
-        new_tokens=128,
-        concurrency=1,
-    )
+    (plain,) = wg.predict("llama-3.1-8b", **asked)  # type: ignore[arg-type]
     assert plain.serving_speed is not None and plain.serving_speed.benchmark is None
     assert not any(a.startswith("benchmark run") for a in plain.serving_speed.assumptions)
 

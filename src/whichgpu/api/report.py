@@ -154,7 +154,7 @@ def answer_report(
     measured, _ = measurements(chosen, one_gpu, asked.store, get_stack(asked.stack), [])
     speeds, ref_id = _speed_points(chosen, ranking, speeds_predicted, measured, ref_id, notes)
     per_gpu: Sequence[SpeedPoint] = speeds
-    if ranking.run.mode == "train" and ranking.run.model_parallel() > 1:
+    if ranking.run.model_parallel() > 1:
         # the speeds are of the ranking's GPUs together; what a dollar buys is per GPU
         per_gpu = [
             p.model_copy(update={"throughput": p.throughput / ranking.run.gpus}) for p in speeds
@@ -207,7 +207,7 @@ def _predicted(
     of the ranking's GPU count, so that its sharding (and DDP's gradient buckets) is in it;
     with the question's serving engine, each speed carries the engine's (``serving_speed``)."""
     # a split model has no one-GPU run: its speeds are of the ranking's GPUs together
-    split = ranking.run.mode == "train" and ranking.run.model_parallel() > 1
+    split = ranking.run.model_parallel() > 1
     run = run_config(
         **ranking.run.model_dump(exclude_defaults=True, exclude=set() if split else {"gpus"})
     )

@@ -293,7 +293,7 @@ def prepare(
         )
     elif chosen.info.is_sequence_model and run.seq_len is None:
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
-    if run.mode == "train" and run.model_parallel() > 1:
+    if run.model_parallel() > 1:
         doc = _model_parallel_config(chosen, run, config)
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
@@ -420,7 +420,6 @@ def _exchange_state(step: Step) -> StepState | None:
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
     from whichgpu.estimate.sharding import (
         fp8_gathered_share,
-        stage_share,
         stage_work_share,
         working_bytes,
     )
@@ -435,27 +434,27 @@ def _exchange_state(step: Step) -> StepState | None:
             hidden_bytes_per_token=hidden * serving_dtype_bytes(step.run.precision),
             kv_heads=step.kv_heads or 0,
         )
+    sizes = step.memory.state_sizes("parameter")
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
-    parameter_bytes = sum(step.memory.state_sizes("parameter"))
-    if step.memory.plan(run_parallel(step.run)).working_parameters:
+    parameter_bytes = sum(sizes)
+    plan = step.memory.plan(run_parallel(step.run))
+    if plan.working_parameters:
         # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)
     if step.run.fp8_all_gather:  # the blocks' weights gathered at 1 byte, not 2
-        share = fp8_gathered_share(step.memory.state_sizes("parameter"))
-        parameter_bytes = round(parameter_bytes * (1 - share / 2))
+        parameter_bytes = round(parameter_bytes * (1 - fp8_gathered_share(sizes) / 2))
     if step.model_config is None:
         return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
     # split tensor or pipeline parallel: the hidden states it exchanges, in the activations'
     # dtype (16-bit under AMP and fp8 training, fp32 without it)
     layers, hidden = layer_shape(step.model_config)
     element_bytes = 4 if step.run.precision in ("fp32", "tf32") else 2
-    sizes, stages = step.memory.state_sizes("parameter"), step.run.pipeline_parallel
     return StepState(
         gradient_bytes=gradient_bytes,
         parameter_bytes=parameter_bytes,
         layers=layers,
         hidden_bytes_per_token=hidden * element_bytes,
-        stage_share=stage_share(sizes, stages),
-        stage_work_share=stage_work_share(sizes, stages),
+        state_share=plan.state_share,
+        stage_work_share=stage_work_share(sizes, step.run.pipeline_parallel),
     )

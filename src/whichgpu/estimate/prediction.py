@@ -75,9 +75,10 @@ class StepState:
     kv_heads: int = 0
     """Key/value heads of the model (tensor parallel: a GPU reads the KV heads it holds;
     0: unknown, taken as split evenly)."""
-    stage_share: float = 1.0
-    """Pipeline-parallel training: the heaviest stage's share of the model's parameters
-    (``sharding.stage_share``: what its GPUs exchange); 1 without pipeline stages."""
+    state_share: float = 1.0
+    """Tensor- or pipeline-parallel training: the share of the model state one GPU holds
+    before the data-parallel split (``ShardingPlan.state_share``: of its gradients and
+    parameters, what it exchanges with its copies); 1 without a split."""
     stage_work_share: float = 1.0
     """Pipeline-parallel training: the busiest stage's share of the model's work
     (``sharding.stage_work_share``: what sets the pipeline's pace); 1 without stages."""
@@ -479,7 +480,7 @@ class ThroughputPredictor:
             shares["paging"] = paging_s / seconds
         scaling = None
         split_s = bubble_s = 0.0
-        if self.run.mode == "train" and self.run.model_parallel() > 1:
+        if self.run.model_parallel() > 1:
             micro_steps = self.run.grad_accum if accumulate else 1
             micro_s = sum(step.phase_s.get(p, 0.0) for p in ("forward", "backward"))
             split = model_parallel_step(
@@ -505,12 +506,11 @@ class ThroughputPredictor:
                 backward_s /= self.run.grad_accum
             exposed_s = 0.0
             if copies > 1:
-                held = self.state.stage_share / self.run.tensor_parallel  # this GPU's state
                 parallel = data_parallel_step(
                     seconds / exchanges,
                     backward_s / exchanges,
-                    round(self.state.gradient_bytes * held),
-                    round(self.state.parameter_bytes * held),
+                    round(self.state.gradient_bytes * self.state.state_share),
+                    round(self.state.parameter_bytes * self.state.state_share),
                     gpu,
                     copies,
                     self.run.sharding,

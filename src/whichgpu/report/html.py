@@ -186,7 +186,7 @@ def _speed(data: ReportData) -> str:
     band = data.provenance.throughput_error_band
     run = data.run
     who = "one GPU "
-    if run.mode == "train" and run.model_parallel() > 1:  # no GPU runs the model alone
+    if run.model_parallel() > 1:  # no GPU runs the model alone
         who = f"the {run.gpus} GPUs together ({run.model_parallel_words()}) "
     intro = (
         f"<p>Throughput of {esc(who)}"
@@ -351,7 +351,7 @@ def _memory(data: ReportData) -> str:
     what = "concurrency" if data.run.mode == "inference" else "batch"
     run = data.run
     split = "tensor parallel" if run.mode == "inference" else _SHARDING_WORDS[run.sharding]
-    if run.mode == "train" and run.model_parallel() > 1:
+    if run.model_parallel() > 1:
         split = f"{run.model_parallel_words()}, {split}"
     together = f" of {run.gpus} working together ({split})" if run.gpus > 1 else ""
     intro = (
@@ -583,7 +583,7 @@ def run_summary(data: ReportData) -> str:
     parts = [run.describe()]
     lead = data.ranking.ranking[0] if data.ranking.ranking else None
     copies = ""
-    if run.mode == "train" and run.model_parallel() > 1:  # describe() names the split
+    if run.model_parallel() > 1:  # describe() names the split
         copies = f", {run.data_parallel()} copies"
     if lead is not None and lead.machines > 1:
         parts.append(

@@ -748,7 +748,7 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
     prefill_only = serving and first.run.new_tokens == 0  # one forward pass over the prompts
     copies = first.run.data_parallel()
     gpus = f", {first.n_gpus} GPUs data parallel ({first.run.sharding})" if many else ""
-    if first.run.mode == "train" and first.run.model_parallel() > 1:  # split: say the copies
+    if first.run.model_parallel() > 1:  # split: say the copies
         gpus = f", {first.n_gpus} GPUs, {copies} data-parallel copies ({first.run.sharding})"
     if first.run.mode == "inference":
         what = f"  inference, {first.run.precision}"

@@ -90,11 +90,10 @@ def run_config(**options: Any) -> RunConfig:
         )
     if "checkpointing_policy" in given:
         given["checkpointing_policy"] = _checkpointing_policy(given)
-    split = [given.get(n) for n in ("tensor_parallel", "pipeline_parallel")]
-    if "gpus" not in given and all(isinstance(n, int) and n >= 1 for n in split if n is not None):
-        # a split asked without a GPU count is one copy of the model on as many GPUs
-        given_split = [n for n in split if n is not None]
-        if given_split and (count := math.prod(given_split)) > 1:
+    split = [given.get(n, 1) for n in ("tensor_parallel", "pipeline_parallel")]
+    if "gpus" not in given and all(isinstance(n, int) and n >= 1 for n in split):
+        count = math.prod(split)
+        if count > 1:  # a split without a GPU count: one copy of the model on as many GPUs
             given["gpus"] = count
     unknown = sorted(set(given) - set(RunConfig.model_fields))
     if unknown:
