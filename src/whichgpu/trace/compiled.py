@@ -21,6 +21,7 @@ walk of the graphs and its storage bookkeeping, which a split would have to repe
 from __future__ import annotations
 
 import contextlib
+import importlib
 import operator
 import time
 import warnings
@@ -380,6 +381,9 @@ def _partition(
 
     decompositions: dict[Any, Callable[..., Any]] | None = None
     if partitioner == "min-cut":
+        # some of inductor's decompositions (max pooling's) call into its lowering module,
+        # which compile_fx has imported by the time inductor runs them
+        importlib.import_module("torch._inductor.lowering")
         from torch._inductor.decomposition import select_decomp_table
 
         decompositions = dict(select_decomp_table())
