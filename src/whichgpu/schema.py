@@ -904,7 +904,9 @@ class ProfileSummary(_Frozen):
 
 
 class SoftwareStack(_Frozen):
-    """What a process holds on a GPU besides the tensors PyTorch's caching allocator serves."""
+    """What a process holds on a GPU besides the tensors PyTorch's caching allocator serves,
+    and the two speed figures that depend on the stack's software (attention on Hopper, and
+    attention under ``torch.compile``)."""
 
     id: str
     """Stack id (``pytorch2-cuda12``)."""
@@ -930,7 +932,11 @@ class SoftwareStack(_Frozen):
     """The rate of the stack's attention kernels on Hopper (compute capability 9.x), as a
     percentage of the rate a kernel written for Hopper reaches there: 100 where its kernels use
     Hopper's warpgroup matrix instructions, less where they are Ampere's, which Hopper runs
-    at a fraction of its tensor peak. The only speed figure of a stack; the rest is memory."""
+    at a fraction of its tensor peak."""
+    compiled_causal_mask: bool = False
+    """Whether the stack's transformers builds a dense causal mask while ``torch.compile``
+    traces a model (transformers before 5.18), so a compiled step runs masked attention that
+    computes every block, where eager passes ``is_causal`` and skips half of them."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 

@@ -1,5 +1,6 @@
-"""Software stacks: the memory a process holds outside PyTorch's allocator, and the one speed
-figure that depends on the stack's kernels (its attention on Hopper), as sourced data.
+"""Software stacks: the memory a process holds outside PyTorch's allocator, and the speed
+figures that depend on the stack's software (its attention on Hopper; whether a compiled step's
+attention is masked), as sourced data.
 
 Read from ``data/v1/stacks/*.yaml``; every value is a scalar or ``{value, source, confidence,
 note}`` like the GPU records, and sources come from the same source table. Sizes are written in
@@ -29,6 +30,8 @@ _VALUE_FIELDS = {
     "nccl_mib_per_gpu": ("nccl_bytes_per_gpu", MIB),
     "hopper_attention_percent": ("hopper_attention_percent", 1),
 }
+_FLAG_FIELDS = ("compiled_causal_mask",)
+"""Yes/no fields: ``value: true`` or ``false``."""
 
 
 def parse_stack(
@@ -36,7 +39,7 @@ def parse_stack(
 ) -> SoftwareStack:
     """Validate one stack record."""
     where = f"{path}: stack '{record.get('id', '?')}'"
-    unknown = set(record) - {"id", "label", "default"} - set(_VALUE_FIELDS)
+    unknown = set(record) - {"id", "label", "default"} - set(_VALUE_FIELDS) - set(_FLAG_FIELDS)
     if unknown:
         raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
     fields: dict[str, Any] = {k: record[k] for k in ("id", "label", "default") if k in record}
@@ -46,6 +49,14 @@ def parse_stack(
             raise CatalogError(f"{where}: field '{raw_name}' is missing.")
         value, prov = _split_value(record[raw_name], None, sources, f"{where}, field '{raw_name}'")
         fields[name] = round(float(value) * scale)
+        provenance[name] = prov
+    for name in _FLAG_FIELDS:
+        if name not in record:
+            raise CatalogError(f"{where}: field '{name}' is missing.")
+        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
+        if not isinstance(value, bool):
+            raise CatalogError(f"{where}, field '{name}': write true or false, not {value!r}.")
+        fields[name] = value
         provenance[name] = prov
     try:
         return SoftwareStack(**fields, provenance=provenance)
