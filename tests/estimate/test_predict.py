@@ -232,13 +232,16 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
         ("llama-3.2-1b", "h200-sxm", 64),
     ]
     assert doc["measured_summary"] is not None
-    # compiled runs are shown, left out of the error (their speed is not modelled)
+    # compiled runs are predicted compiled, with the masked attention of their transformers
+    # 5.17 (--stack pytorch2-cuda12-transformers-5.17), and counted
     compiled = [m for m in doc["measured"] if m["run"]["compile"]]
-    assert len(compiled) == 3 and all(m["error"] is None for m in compiled)
-    assert doc["measured_summary"]["cases"] == len(doc["measured"]) - 3
+    assert len(compiled) == 3 and all(abs(m["error"]) < 0.1 for m in compiled)
+    assert all("transformers 5.17.0 builds a dense causal mask" in m["note"] for m in compiled)
+    assert doc["measured_summary"]["cases"] == len(doc["measured"])
     ratios = doc["speed_ratios"]
     assert len(ratios) == 3 and any(r.startswith("fp8 over bf16") for r in ratios)
     assert any("measured 1.194x, predicted 1.1" in r for r in ratios)
+    assert sum("compiled over eager" in r and "predicted 1." in r for r in ratios) == 2
     text = run_cli("validate", "throughput", *own).stdout
     assert "own GPU measurements (out of sample)" in text and "Speed ratios: " in text
 
@@ -260,7 +263,18 @@ def test_own_gpu_measurements_are_compared_with_predict_of_the_same_run() -> Non
     assert first.low is not None and first.high is not None
     assert first.low <= first.predicted <= first.high
     assert first.measured_mfu == 0.412 and first.predicted_mfu == direct.mfu and not first.note
-    assert "torch.compile" in cases[1].note
+    # the compiled run is predicted compiled (fused kernels in place of eager's operators),
+    # on the stack of its transformers 4.46.3, which masks a compiled step's attention
+    second = cases[1]
+    assert second.run.compile and second.predicted is not None and first.predicted is not None
+    assert second.predicted > first.predicted and second.error is not None
+    assert "--stack pytorch2-cuda12-transformers-5.17" in second.note
+    # calibrating on it corrects the compiled prediction, not the eager one
+    (calibrated,) = predict(
+        "resnet50", gpus=["rtx-4090"], compile=True, batch_size=256, calibrate=compiled
+    )
+    assert calibrated.throughput == pytest.approx(1700.0)
+    assert f"against {second.predicted:,.0f} predicted" in (calibrated.calibrated_on or "")
     assert cases[2].predicted is None and cases[2].error is None
     assert "does not fit on rtx-4090" in cases[2].note
     # validate throughput summarises them beside Lambda's table

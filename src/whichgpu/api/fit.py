@@ -149,7 +149,7 @@ def answer_fit(
             catalog,
             asked.software,
             method=step.method,
-            compiled_saving=step.compiled_saving,
+            compiled_saving=step.compiled,
             seq_limit=step.seq_limit,
             shorter_seq_when_unfit=True,
             kv_per_token_bytes=step.kv_per_token,

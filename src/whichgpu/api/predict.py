@@ -207,7 +207,7 @@ def _speeds(
 
     step, targets = asked.step, asked.targets
     alone = len(targets) == 1
-    timer = predictor(asked.chosen, step)
+    timer = predictor(asked.chosen, step, asked.software)
     catalog = load_catalog()
     out: list[ThroughputEstimate] = []
     unfit = 0
@@ -300,7 +300,7 @@ def _sized_on_gpu(
         catalog,
         asked.software,
         method=step.method,
-        compiled_saving=step.compiled_saving,
+        compiled_saving=step.compiled,
         search_seq_len=False,
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
@@ -433,11 +433,16 @@ def calibration_of(
         catalog,
         software,
         method=step.method,
-        compiled_saving=step.compiled_saving,
+        compiled_saving=step.compiled,
         search_seq_len=False,
     )
     alone = ThroughputPredictor(
-        step.profile, one_gpu, family=chosen.info.family, method=step.method
+        step.profile,
+        one_gpu,
+        family=chosen.info.family,
+        method=step.method,
+        compiled_kernels=None if step.compiled is None else step.compiled.kernels,
+        compiled_causal_mask=software.compiled_causal_mask,
     )
     prediction = alone.on_gpu(reference, gpu_rates(reference, software), at_batch)
     if prediction.throughput is None:

@@ -342,7 +342,7 @@ def _sized(
             )
         if into is None and count == counts[0] and engine is None:
             out.measured, out.calibration = measurements(chosen, step, store, software, out.notes)
-        timer = predictor(chosen, step)
+        timer = predictor(chosen, step, software)
         out.units_per_sample = (
             (step.run.new_tokens or step.run.context or 1)
             if timer.serving
@@ -397,7 +397,7 @@ def _option(
         catalog,
         software,
         method=step.method,
-        compiled_saving=step.compiled_saving,
+        compiled_saving=step.compiled,
         search_seq_len=False,
         shorter_seq_when_unfit=True,
         kv_per_token_bytes=step.kv_per_token,

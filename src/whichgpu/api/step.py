@@ -9,11 +9,14 @@ prepared step into the throughput model's ``ThroughputPredictor``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from whichgpu.api.catalog import resolve_gpus
 from whichgpu.api.requests import Target
@@ -30,6 +33,7 @@ from whichgpu.workloads.registry import get_workload
 from whichgpu.workloads.run_config import inference_context
 
 if TYPE_CHECKING:
+    from whichgpu.estimate.compiled import FusedKernels
     from whichgpu.estimate.memory import StepMemory
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
 
@@ -124,14 +128,15 @@ def is_registered(workload: Workload) -> bool:
         return False
 
 
-class CompiledSaving:
-    """The bytes of activations a compiled training step does not save for its backward pass,
-    by batch and sequence length: AOTAutograd's min-cut partition of the step against the
-    default partition (``trace.compiled``), traced on fake tensors at batch 1 and 2 of the
-    run's length on first use, and taken as linear in the tokens (batch x length) from there,
-    as a step's saved activations are (fused attention keeps no score matrix). Not
-    proportional: a small part does not grow with the batch, which a proportional reading of
-    one trace would count once per sample, overstating the saving."""
+class CompiledStep:
+    """What ``torch.compile`` changes in a training step, by batch and sequence length, from
+    AOTAutograd's partitions of the step on fake tensors (``trace.compiled``), traced at batch
+    1 and 2 of the run's length on first use and taken as linear in the tokens (batch x
+    length) from there: the bytes of activations the compiled step does not save for its
+    backward pass (calling it; fused attention keeps no score matrix), and the kernels its
+    fusible operators run as (``kernels``). Not proportional: a small part of each does not
+    grow with the batch (the weights' casts), which a proportional reading of one trace would
+    count once per sample."""
 
     def __init__(
         self,
@@ -152,38 +157,113 @@ class CompiledSaving:
         self._workload = workload
         self._run = run
         self._progress = progress
-        self._traced: tuple[int, int] | None = None
-        """Bytes not saved at batch 1 and at batch 2 of the run's length."""
+        self._traced: tuple[_CompiledTrace, _CompiledTrace] | None = None
+        """The step at batch 1 and at batch 2 of the run's length."""
 
-    def __call__(self, batch_size: int, seq_len: int | None) -> int:
-        """Bytes not saved at ``batch_size`` x ``seq_len``."""
-        length = self._run.seq_len
+    def _traces(self) -> tuple[_CompiledTrace, _CompiledTrace]:
         if self._traced is None:
-            saved = []
+            traced = []
             for batch in (1, 2):
                 if self._progress is not None:
                     self._progress(f"partitioning the compiled step at batch {batch}")
-                saved.append(_not_saved(self._workload, self._run, batch))
-            self._traced = (saved[0], saved[1])
-        one, two = self._traced
-        tokens = batch_size * (seq_len / length if seq_len and length else 1.0)
-        return max(0, round(one + (two - one) * (tokens - 1)))
+                traced.append(_compiled_trace(self._workload, self._run, batch))
+            self._traced = (traced[0], traced[1])
+        return self._traced
+
+    def _tokens(self, batch_size: int, seq_len: int | None) -> float:
+        """``batch_size`` x ``seq_len`` in samples of the traced length."""
+        length = self._run.seq_len
+        return batch_size * (seq_len / length if seq_len and length else 1.0)
+
+    def __call__(self, batch_size: int, seq_len: int | None) -> int:
+        """Bytes not saved at ``batch_size`` x ``seq_len``."""
+        one, two = (t.not_saved_bytes for t in self._traces())
+        return max(0, round(one + (two - one) * (self._tokens(batch_size, seq_len) - 1)))
+
+    def kernels(self, batch_size: int, seq_len: int | None) -> FusedKernels:
+        """The fused kernels of the compiled step at ``batch_size`` x ``seq_len``: each
+        phase's bytes and work linear in the tokens through the two traces, shared among its
+        kernels as at batch 2."""
+        from whichgpu.estimate.compiled import FusedKernels
+
+        one, two = self._traces()
+        x = self._tokens(batch_size, seq_len)
+        phases: list[str] = []
+        moved: list[float] = []
+        flops: list[float] = []
+        pairs = ((one.bytes, two.bytes, moved), (one.flops, two.flops, flops))
+        for phase in _PHASES:
+            for at_one, at_two, out in pairs:
+                total_one, each = sum(at_one[phase]), at_two[phase]
+                total_two = sum(each)
+                total = max(0.0, total_one + (total_two - total_one) * (x - 1))
+                out.extend(v * total / total_two if total_two else 0.0 for v in each)
+            phases.extend([phase] * len(two.bytes[phase]))
+        return FusedKernels(tuple(phases), np.array(moved), np.array(flops))
 
 
-_NOT_SAVED: dict[tuple[str, str, int], int] = {}
-"""``_not_saved``'s answers in this process, by workload name, run and batch."""
+@dataclass(frozen=True)
+class _CompiledTrace:
+    """What one trace of the compiled step gives (``CompiledStep``)."""
+
+    not_saved_bytes: int
+    """Activations the min-cut partition does not save against the default one."""
+    bytes: dict[str, tuple[int, ...]]
+    """Per phase, each fused kernel's DRAM bytes."""
+    flops: dict[str, tuple[int, ...]]
+    """Per phase, each fused kernel's vector work."""
 
 
-def _not_saved(workload: Workload, run: RunConfig, batch_size: int) -> int:
-    """Bytes the compiled step does not save at ``batch_size`` (memoised: seconds to trace)."""
-    from whichgpu.trace.compiled import compiled_activations
+_COMPILED_TRACES: dict[tuple[str, str, int], _CompiledTrace] = {}
+"""``_compiled_trace``'s answers in this process, by workload name, run and batch."""
 
-    key = (workload.info.name, run.model_dump_json(), batch_size)
-    found = _NOT_SAVED.get(key)
+
+def _compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> _CompiledTrace:
+    """The compiled step at ``batch_size``: memoised, and kept in the trace cache
+    (``workloads.profile_cache``) for the next question, as a profile is (seconds to minutes
+    to trace)."""
+    from whichgpu.workloads.profile_cache import cached_compiled, keep_compiled
+
+    memo = (workload.info.name, run.model_dump_json(), batch_size)
+    found = _COMPILED_TRACES.get(memo)
+    if found is not None:
+        return found
+    named = is_registered(workload)
+    kept = cached_compiled(workload, run, batch_size, named=named)
+    if kept is not None:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            found = _CompiledTrace(
+                not_saved_bytes=int(kept["not_saved_bytes"]),
+                bytes={p: tuple(int(v) for v in kept["bytes"][p]) for p in _PHASES},
+                flops={p: tuple(int(v) for v in kept["flops"][p]) for p in _PHASES},
+            )
     if found is None:
+        from whichgpu.trace.compiled import compiled_activations
+
         traced = compiled_activations(workload, run, batch_size, run.seq_len)
-        found = _NOT_SAVED[key] = traced.saved_bytes_difference
+        cut = traced.min_cut
+        found = _CompiledTrace(
+            not_saved_bytes=traced.saved_bytes_difference,
+            bytes={p: tuple(k.bytes for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
+            flops={p: tuple(k.flops for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
+        )
+        keep_compiled(
+            workload,
+            run,
+            batch_size,
+            {
+                "not_saved_bytes": found.not_saved_bytes,
+                "bytes": {p: list(v) for p, v in found.bytes.items()},
+                "flops": {p: list(v) for p, v in found.flops.items()},
+            },
+            named=named,
+        )
+    _COMPILED_TRACES[memo] = found
     return found
+
+
+_PHASES: tuple[Literal["forward"], Literal["backward"]] = ("forward", "backward")
+"""The phases of a compiled step's partition."""
 
 
 @dataclass(frozen=True)
@@ -207,8 +287,8 @@ class Step:
     """How a serving engine stores the KV cache (``--kv-cache-dtype``): ``auto`` in the serving
     dtype (``kv_per_token``), ``fp8`` one byte per element. Plain PyTorch generation keeps its
     cache in the serving dtype whatever this says."""
-    compiled_saving: CompiledSaving | None = None
-    """With ``run.compile``: the activations the compiled step does not save, by size."""
+    compiled: CompiledStep | None = None
+    """With ``run.compile``: what compilation changes in the step, by size."""
 
     def engine_kv_per_token(self) -> int | None:
         """KV-cache bytes per token in a serving engine's cache (``kv_cache_dtype``): of an
@@ -304,7 +384,7 @@ def prepare(
         )
     memory = _step_memory(chosen, run, profile)
     # fp8's saving is its bf16 AMP step's (the same graph but for the linear layers' casts)
-    compiled = CompiledSaving(chosen, fp8.base_run(run), progress) if run.compile else None
+    compiled = CompiledStep(chosen, fp8.base_run(run), progress) if run.compile else None
     return Step(
         run,
         profile,
@@ -314,7 +394,7 @@ def prepare(
         kv_per_token,
         kv_head_count,
         doc,
-        compiled_saving=compiled,
+        compiled=compiled,
     )
 
 
@@ -396,12 +476,16 @@ def keep_replays() -> None:
     keep_new_replays()
 
 
-def predictor(chosen: Workload, step: Step) -> ThroughputPredictor:
-    """The throughput predictor of ``step``: what its GPUs exchange, and for a mixture of
-    experts served, how its tokens are routed."""
+def predictor(
+    chosen: Workload, step: Step, software: SoftwareStack | None = None
+) -> ThroughputPredictor:
+    """The throughput predictor of ``step``: what its GPUs exchange, for a mixture of experts
+    served, how its tokens are routed, and for a compiled step, its fused kernels and whether
+    the ``software`` (default: the default stack) runs its attention masked."""
     from whichgpu.estimate.prediction import ThroughputPredictor
     from whichgpu.estimate.serving import routed_experts
 
+    stack = software or get_stack()
     return ThroughputPredictor(
         step.profile,
         step.run,
@@ -409,6 +493,8 @@ def predictor(chosen: Workload, step: Step) -> ThroughputPredictor:
         method=step.method,
         state=_exchange_state(step),
         routed=None if step.model_config is None else routed_experts(step.model_config),
+        compiled_kernels=None if step.compiled is None else step.compiled.kernels,
+        compiled_causal_mask=stack.compiled_causal_mask,
     )
 
 

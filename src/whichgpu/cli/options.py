@@ -42,8 +42,9 @@ StackOption = Annotated[
     typer.Option(
         "--stack",
         help=(
-            "Software stack: the memory it holds outside PyTorch's allocator and how fast its "
-            "attention runs on Hopper (pytorch2-cuda12, lambda-2020, llm-foundry-2023)."
+            "Software stack: the memory it holds outside PyTorch's allocator, how fast its "
+            "attention runs on Hopper and whether a compiled step masks it (pytorch2-cuda12, "
+            "pytorch2-cuda12-transformers-5.17, lambda-2020, llm-foundry-2023)."
         ),
         show_default="pytorch2-cuda12",
     ),
@@ -185,9 +186,10 @@ CompileOption = Annotated[
     bool,
     typer.Option(
         "--compile",
-        help="The step runs under torch.compile (default mode): the activations inductor "
-        "recomputes instead of saving are left out of the forward and backward passes' peak "
-        "(derived from AOTAutograd's partition of the step on fake tensors; training, one GPU).",
+        help="The step runs under torch.compile (default mode; training): the activations "
+        "inductor recomputes instead of saving leave the forward and backward passes' peak, "
+        "and their non-matrix operators run as the kernels inductor fuses them into (both from "
+        "AOTAutograd's partition of the step on fake tensors; memory on one GPU).",
         rich_help_panel=_RUN,
     ),
 ]

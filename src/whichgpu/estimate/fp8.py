@@ -41,6 +41,14 @@ RECIPE = (
 )
 
 
+AMAX_OP = "whichgpu.fp8_amax"
+"""The operator name of a cast's max-abs reduction (it writes the scale)."""
+CAST_OP = "whichgpu.fp8_cast"
+"""The operator name of a cast's scaled copy to fp8."""
+CAST_OPS = (AMAX_OP, CAST_OP)
+"""The operators ``fp8_profile`` inserts: timed as ``torch.compile`` builds them already."""
+
+
 class Fp8Refused(UsageError):
     """fp8 training cannot run on a GPU (or for a run); the message says why."""
 
@@ -314,8 +322,8 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
             op
             for elements in gemm.casts
             for op in (
-                cast_op("whichgpu.fp8_amax", "reduction", phase, elements, scale_bytes),
-                cast_op("whichgpu.fp8_cast", "elementwise", phase, elements, elements),
+                cast_op(AMAX_OP, "reduction", phase, elements, scale_bytes),
+                cast_op(CAST_OP, "elementwise", phase, elements, elements),
             )
         ]
 

@@ -12,9 +12,13 @@ instead of the training fit's. Other models' inference is one forward pass.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
+from whichgpu.estimate.compiled import FusedKernels, compiled_table
 from whichgpu.estimate.data_parallel import (
     all_reduce_s,
     data_parallel_step,
@@ -35,6 +39,7 @@ from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     SHARDED_OPTIMIZER,
     GpuRates,
+    OpTable,
     PerfParameters,
     StepTime,
     error_band,
@@ -51,12 +56,29 @@ from whichgpu.estimate.throughput import (
 )
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
+from whichgpu.units import GB
 
-COMPILED_SPEED_NOTE = (
-    "torch.compile: its speed is not modelled, the step is timed as eager (on an H200, "
-    "whichgpu's bench measured compiled Llama training 12-21 % faster: docs/throughput.md)"
-)
-"""What a prediction of a compiled run says of its time (its memory is the compiled step's)."""
+
+def compiled_speed_note(eager: OpTable, kernels: FusedKernels, *, masked: bool) -> str:
+    """What the time of a compiled step assumes, with its numbers (``estimate.compiled``)."""
+    fused = eager.fusible if eager.fusible is not None else np.zeros(len(eager.kinds), bool)
+    weights = eager.weights[fused]
+    eager_gb = float((eager.bytes_moved[fused] * weights).sum()) / GB
+    note = (
+        f"torch.compile (inductor, default mode): the forward and backward passes' "
+        f"{weights.sum():,.0f} non-matrix operators ({eager_gb:,.1f} GB of DRAM traffic in "
+        f"eager) run as {len(kernels.phases):,} fused kernels "
+        f"({kernels.total_bytes / GB:,.1f} GB; AOTAutograd's min-cut partition traced on fake "
+        "tensors, grouped as inductor fuses), each timed as an operator (bytes at the fitted "
+        "memory efficiency, the launch floor); matrix products, attention and the optimizer "
+        "step as eager; no CUDA graphs"
+    )
+    if masked:
+        note += (
+            "; attention with a dense causal mask, as transformers before 5.18 builds it "
+            "under torch.compile (this stack): every block computed, twice eager's causal work"
+        )
+    return note
 
 
 @dataclass(frozen=True)
@@ -134,6 +156,8 @@ class ThroughputPredictor:
         state: StepState | None = None,
         params: PerfParameters | None = None,
         routed: tuple[int, int] | None = None,
+        compiled_kernels: Callable[[int, int | None], FusedKernels] | None = None,
+        compiled_causal_mask: bool = False,
     ) -> None:
         self.profile = profile
         self.run = run
@@ -159,6 +183,12 @@ class ThroughputPredictor:
         self.state = state or StepState()
         self.routed = routed
         """A mixture-of-experts model's (experts per token, experts per layer), else None."""
+        if run.compile and run.mode == "train" and compiled_kernels is None:
+            raise ValueError("a compiled training run needs its fused kernels")
+        self.compiled_kernels = compiled_kernels
+        """A compiled training step's fused kernels by (batch, length) (``api.step``)."""
+        self.compiled_causal_mask = compiled_causal_mask
+        """Whether the stack's compiled attention runs with a dense causal mask."""
         self.serving = "kv_cache" in profile.choices
         self.inference = load_inference_parameters() if run.mode == "inference" else None
         self.unit = "tokens/s" if self.serving else f"{profile.throughput_unit}/s"
@@ -196,7 +226,9 @@ class ThroughputPredictor:
             (
                 "eager PyTorch as measured in the fitted runs of today's software ("
                 + ", ".join(params.today_sources)
-                + "): torch.compile, fused optimizers or hand-fused kernels run faster "
+                + "): "
+                + ("" if run.compile else "torch.compile, ")
+                + "fused optimizers or hand-fused kernels run faster "
                 "(predict --calibrate corrects one workload by a measurement)"
             )
             if params.today_sources
@@ -365,12 +397,15 @@ class ThroughputPredictor:
         assumptions += split_package_note(gpu)
         assumptions += half_precision_note(gpu, self.run.precision)
         assumptions += power_limit_note(gpu, rates)
-        if self.run.compile:
-            assumptions += (COMPILED_SPEED_NOTE,)
         base = self._base(gpu, memory, assumptions)
         if not memory.fits:
             return self._no_speed(base)
         table = op_table(self.profile, memory.batch_size, memory.seq_len)
+        if self.compiled_kernels is not None and self.run.mode == "train":
+            kernels = self.compiled_kernels(memory.batch_size, memory.seq_len)
+            masked = self.compiled_causal_mask
+            assumptions += (compiled_speed_note(table, kernels, masked=masked),)
+            table = compiled_table(table, kernels, masked_attention=masked)
         precision = self.run.precision
         if self.serving and self.inference is not None:
             n = self.run.gpus  # tensor parallel: each GPU runs every operator on 1/n of it

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.errors import MissingRates
+from whichgpu.estimate.fp8 import CAST_OPS
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, Precision, SoftwareStack
 from whichgpu.units import GB, tflops_to_flops
@@ -34,6 +35,8 @@ Engine = Literal["tensor", "tf32", "vector"]
 
 MATRIX_KINDS = ("gemm", "conv", "attention")
 """Operator kinds that run on the matrix engines; all others are bandwidth bound."""
+FUSED_PHASES = ("forward", "backward")
+"""The phases of a training step ``torch.compile`` compiles (the optimizer step runs eager)."""
 EXPERT_OPS = ("aten._grouped_mm",)
 """The operators that run a mixture-of-experts layer's experts (transformers' grouped
 experts: one grouped GEMM over the experts the tokens were routed to)."""
@@ -367,6 +370,9 @@ class OpTable:
     of their engine's rate (None: none)."""
     serial: SerialWork | None = None
     """The bf16 batch norms' per-channel loops (``native_batch_norm_serial``; None: none)."""
+    fusible: npt.NDArray[np.bool_] | None = None
+    """Which operators a compiled step fuses into inductor's kernels (``FUSED_PHASES``, not a
+    matrix engine's, not an fp8 cast; ``estimate.compiled``); None: none."""
 
     @property
     def weights(self) -> npt.NDArray[np.float64]:
@@ -424,6 +430,7 @@ def merge_repeats(table: OpTable) -> OpTable:
         if table.serial is not None
         else [(0.0, 0.0)] * len(table.kinds)
     )
+    fusible = table.fusible.tolist() if table.fusible is not None else [False] * len(table.kinds)
     keys = list(
         zip(
             table.kinds,
@@ -434,19 +441,20 @@ def merge_repeats(table: OpTable) -> OpTable:
             experts,
             misaligned,
             serial,
+            fusible,
             strict=True,
         )
     )
-    first: dict[tuple[str, str, float, float, str, bool, bool, tuple[float, float]], int] = {}
+    first: dict[tuple[str, str, float, float, str, bool, bool, tuple[float, float], bool], int] = {}
     counts: dict[int, float] = {}
     for i, key in enumerate(keys):
         row = first.setdefault(key, i)
         counts[row] = counts.get(row, 0.0) + float(table.weights[i])
     rows = np.array(sorted(counts), dtype=np.intp)
-    return _select(table, rows, np.array([counts[i] for i in rows]))
+    return select_rows(table, rows, np.array([counts[i] for i in rows]))
 
 
-def _select(
+def select_rows(
     table: OpTable, rows: npt.NDArray[np.intp], counts: npt.NDArray[np.float64] | None
 ) -> OpTable:
     """The operators ``rows`` of ``table``, each standing for ``counts`` of them."""
@@ -466,6 +474,7 @@ def _select(
         is_experts=None if table.is_experts is None else table.is_experts[rows],
         misaligned=None if table.misaligned is None else table.misaligned[rows],
         serial=None if table.serial is None else table.serial.rows(rows),
+        fusible=None if table.fusible is None else table.fusible[rows],
     )
 
 
@@ -495,6 +504,8 @@ class _OpColumns:
     norms: list[tuple[int, tuple[int, ...], int]]
     """``(row, polynomial indices of (N, C, S), passes)`` of the bf16 batch norms that run
     PyTorch's native kernels (``NATIVE_BATCH_NORM_PASSES``)."""
+    fusible: npt.NDArray[np.bool_]
+    """``OpTable.fusible``."""
 
 
 _COLUMNS: dict[int, tuple[ScalableProfile, _OpColumns]] = {}
@@ -536,6 +547,13 @@ def _op_columns(profile: ScalableProfile) -> _OpColumns:
             and op.dtype == "bfloat16"
             and op.name in NATIVE_BATCH_NORM_PASSES
         ],
+        fusible=np.array(
+            [
+                op.kind not in MATRIX_KINDS and op.phase in FUSED_PHASES and op.name not in CAST_OPS
+                for op in ops
+            ],
+            dtype=bool,
+        ),
     )
     if len(_COLUMNS) >= 16:
         _COLUMNS.clear()
@@ -579,6 +597,7 @@ def op_table(profile: ScalableProfile, batch_size: int, seq_len: int | None) -> 
         is_experts=columns.is_experts,
         misaligned=misaligned,
         serial=_serial_work(columns, values),
+        fusible=columns.fusible,
     )
 
 
@@ -799,7 +818,7 @@ def shard_optimizer(table: OpTable, parts: int) -> OpTable:
 def restrict(table: OpTable, phases: tuple[str, ...]) -> OpTable:
     """The operators of ``table`` that run in ``phases``."""
     rows = np.flatnonzero(np.isin(table.phases, phases))
-    return _select(table, rows, None if table.counts is None else table.counts[rows])
+    return select_rows(table, rows, None if table.counts is None else table.counts[rows])
 
 
 @dataclass(frozen=True)

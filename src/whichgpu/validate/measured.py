@@ -12,8 +12,10 @@ the same run is predicted and compared:
   largest batch whose traced peak stays under the cap.
 
 Throughput (``compare_throughputs``, for ``validate throughput``): each CUDA measurement of a
-catalog GPU against ``predict``'s throughput of the same run on that GPU. The predictor's
-constants are fitted on Lambda's 2020 table only, so these cases are out of sample.
+catalog GPU against ``predict``'s throughput of the same run on that GPU, with the software
+stack of the result's transformers (``stack_of``: a compiled step's attention depends on it).
+The predictor's constants are fitted on Lambda's 2020 table only, so these cases are out of
+sample.
 
 The CPU cases check the tracer against real execution (the step's tensors, their sizes and
 lifetimes); only the GPU cases check the allocator model and the overheads outside it. For
@@ -54,6 +56,24 @@ MEASURED_DIR = "measured"
 CPU_KERNEL_DIR = "cpu-kernels"
 """Folder, under ``MEASURED_DIR``, of the profiles traced with the CPU's kernels for the CPU
 measurements (file stems: ``stored.profile_key``)."""
+
+
+MASK_FIXED_TRANSFORMERS = (5, 18)
+"""The first transformers release whose compiled models pass ``is_causal`` to SDPA, not a
+dense mask (``SoftwareStack.compiled_causal_mask``)."""
+MASKED_STACK = "pytorch2-cuda12-transformers-5.17"
+"""The stack of a result measured with an earlier transformers."""
+
+
+def stack_of(result: BenchResult) -> str | None:
+    """The software stack ``result`` ran on, as far as a prediction depends on it: the
+    masked-attention stack where its transformers is older than ``MASK_FIXED_TRANSFORMERS``,
+    else the default (None)."""
+    version = result.environment.libraries.get("transformers")
+    if version is None:
+        return None
+    parts = [int(p) for p in version.split(".")[:2] if p.isdigit()]
+    return MASKED_STACK if tuple(parts) < MASK_FIXED_TRANSFORMERS else None
 
 
 def measured_dir() -> Traversable:
@@ -262,18 +282,19 @@ def compare_throughputs(
             differs.append("measured channels-last")
         try:
             with _workload_of(result) as named:
-                (estimate,) = predict(**named, gpus=[result.gpu], **_fit_options(result.run))
+                (estimate,) = predict(
+                    **named, gpus=[result.gpu], stack=stack_of(result), **_fit_options(run)
+                )
         except UsageError as exc:
             cases.append(MeasuredThroughputCase(**base, predicted=None, note=str(exc)))
             continue
         predicted = estimate.throughput
-        if predicted is not None and result.compiled:  # shown, left out of the error
-            note = (
-                f"measured under torch.compile, whose speed predict does not model: its eager "
-                f"figure is {predicted / result.throughput - 1:+.1%} of this"
+        if result.compiled and stack_of(result) is not None:
+            version = result.environment.libraries["transformers"]
+            differs.append(
+                f"predicted with --stack {stack_of(result)}: its transformers {version} builds "
+                "a dense causal mask under torch.compile"
             )
-            cases.append(MeasuredThroughputCase(**base, predicted=predicted, note=note))
-            continue
         if predicted is None or estimate.throughput_unit != result.throughput_unit:
             note = (
                 f"predict: batch {result.batch_size} does not fit on {result.gpu}"
@@ -330,8 +351,10 @@ def speed_ratios(cases: Sequence[MeasuredThroughputCase]) -> list[str]:
                 out.append(line)
             elif fast.run.precision == slow.run.precision and fast.run.compile > slow.run.compile:
                 seen.add(pair)
-                out.append(
-                    f"compiled over eager, {size}, {fast.run.precision}: measured "
-                    f"{measured:.3f}x, predicted 1.000x (compilation's speed is not modelled)"
-                )
+                line = f"compiled over eager, {size}, {fast.run.precision}: "
+                line += f"measured {measured:.3f}x"
+                if fast.predicted and slow.predicted:
+                    predicted = fast.predicted / slow.predicted
+                    line += f", predicted {predicted:.3f}x ({predicted / measured - 1:+.1%})"
+                out.append(line)
     return out

@@ -79,6 +79,6 @@ def _timed_as_if_fitting(
         method=step.method,
         search_seq_len=False,
     )
-    return _predictor(chosen, step).on_gpu(
+    return _predictor(chosen, step, software).on_gpu(
         spec, gpu_rates(spec, software), memory.model_copy(update={"fits": True})
     )

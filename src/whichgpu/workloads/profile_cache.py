@@ -267,6 +267,58 @@ def keep_profile(
     return path
 
 
+COMPILED_KEY = "compiled_partition"
+"""The key field that marks a compiled step's partition (``trace.compiled``), by batch and
+length, where a profile's key has none."""
+
+
+def _compiled_key(
+    workload: Workload, run: RunConfig, batch_size: int, *, named: bool
+) -> dict[str, Any] | None:
+    key = _active_key(workload, run, named=named)
+    if key is None:
+        return None
+    return key | {COMPILED_KEY: {"batch_size": batch_size, "seq_len": run.seq_len}}
+
+
+def cached_compiled(
+    workload: Workload, run: RunConfig, batch_size: int, *, named: bool
+) -> dict[str, Any] | None:
+    """What ``keep_compiled`` kept of the compiled step of ``workload`` for ``run`` at
+    ``batch_size`` x ``run.seq_len``, or None (none kept, the cache is off, or unreadable)."""
+    key = _compiled_key(workload, run, batch_size, named=named)
+    if key is None:
+        return None
+    path = cache_path(key)
+    try:
+        with gzip.open(path, "rb") as fh:
+            doc = json.loads(fh.read())
+        if doc.get("key") != key or not isinstance(doc.get("compiled"), dict):
+            return None
+    except (OSError, EOFError, ValueError, TypeError):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return dict(doc["compiled"])
+
+
+def keep_compiled(
+    workload: Workload, run: RunConfig, batch_size: int, found: Mapping[str, Any], *, named: bool
+) -> Path | None:
+    """Keep ``found`` (JSON-ready), what a trace of the compiled step at ``batch_size`` gave;
+    returns the file, or None when the cache is off or the file cannot be written. The compiled
+    partition of a large model takes minutes to trace, like its profile."""
+    key = _compiled_key(workload, run, batch_size, named=named)
+    if key is None:
+        return None
+    path = cache_path(key)
+    try:
+        write_json_gz_atomically(path, {"key": key, "compiled": dict(found)})
+    except OSError:
+        return None
+    return path
+
+
 def forget_unused(folder: Path, days: float = UNUSED_DAYS) -> list[Path]:
     """Delete the cache's files in ``folder`` that were not used for ``days`` (a profile's
     replays go with it); returns what was deleted. Errors leave a file where it is."""
@@ -294,7 +346,7 @@ def _delete_older(path: Path, cutoff: float) -> bool:
 
 @dataclass(frozen=True)
 class KeptTrace:
-    """One profile in the trace cache."""
+    """One profile in the trace cache, or a compiled step's partition (``COMPILED_KEY``)."""
 
     path: Path
     """The profile's file (its replays, if any, lie beside it)."""
@@ -335,6 +387,9 @@ def _kept_trace(path: Path) -> KeptTrace | None:
         with gzip.open(path, "rb") as fh:
             key = json.loads(fh.read())["key"]
         run = RunConfig.model_validate(key["run"]).describe()
+        if COMPILED_KEY in key:
+            at = key[COMPILED_KEY]
+            run += f"; torch.compile's partition at {at['batch_size']} x {at['seq_len']}"
         current = key["version"] == CACHE_VERSION and all(
             key.get(name) == value for name, value in _environment().items()
         )
