@@ -18,6 +18,7 @@ from whichgpu.estimate.compiled import MASKED_ATTENTION_WORK, FusedKernels, comp
 from whichgpu.estimate.fp8 import CAST_OP
 from whichgpu.estimate.throughput import OpTable, gpu_rates, load_parameters, step_time
 from whichgpu.trace.compiled import compiled_activations
+from whichgpu.validate.timing import predict_even_if_unfit
 from whichgpu.workloads import run_config
 from whichgpu.workloads.user import config_workload
 
@@ -146,14 +147,14 @@ def test_kernels_are_linear_in_the_tokens_through_two_traces(
     from whichgpu.api import step as step_module
 
     traces = {
-        1: step_module._CompiledTrace(
+        1: step_module.CompiledTrace(
             10, {"forward": (6, 4), "backward": (10,)}, {"forward": (1, 1), "backward": (2,)}
         ),
-        2: step_module._CompiledTrace(
+        2: step_module.CompiledTrace(
             16, {"forward": (9, 7), "backward": (18,)}, {"forward": (2, 2), "backward": (4,)}
         ),
     }
-    monkeypatch.setattr(step_module, "_compiled_trace", lambda workload, run, batch: traces[batch])
+    monkeypatch.setattr(step_module, "compiled_trace", lambda workload, run, batch: traces[batch])
     compiled = CompiledStep(config_workload(TINY_LLAMA), run_config(seq_len=64), None)
     assert compiled(4, 64) == 10 + 6 * 3  # saved bytes: 10 at one sample, 6 more a sample
     at_four = compiled.kernels(4, 64)
@@ -195,3 +196,50 @@ def test_cli_predict_compile_json() -> None:
     assert any(a.startswith("torch.compile (inductor, default mode)") for a in row["assumptions"])
     listed = run_cli("cache", "list")
     assert "torch.compile's partition at 1 x 64" in listed.stdout, listed.stdout
+
+
+def test_stored_partitions_answer_without_a_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_trace(*args: object, **kwargs: object) -> object:
+        raise AssertionError("traced, although the partition is stored")
+
+    monkeypatch.setattr("whichgpu.trace.compiled.compiled_activations", no_trace)
+    _COMPILED_TRACES.clear()
+    # whichgpu's own H200 run, and Llama 3.1 8B at a common length
+    for workload, gpus in (("llama-3.2-1b", 1), ("llama-3.1-8b", 8)):
+        (estimate,) = predict(
+            workload,
+            gpus=["h200-sxm"],
+            gpu_count=gpus,
+            sharding="fsdp",
+            compile=True,
+            batch_size=1,
+            seq_len=2048,
+        )
+        assert any(a.startswith("torch.compile (inductor") for a in estimate.assumptions)
+    # NVIDIA's published Llama 3 70B runs (validate --source parallel), timed unfit
+    run = run_config(
+        mode="train", gpus=64, sharding="fsdp", compile=True, batch_size=1, seq_len=8192
+    )
+    estimate, _ = predict_even_if_unfit("llama-3.1-70b", "h100-sxm", run)
+    assert estimate.throughput is not None
+
+
+def test_a_stored_partition_is_what_a_trace_gives() -> None:
+    from whichgpu.api.step import CompiledTrace
+    from whichgpu.profiles.stored import load_stored_compiled
+    from whichgpu.workloads import get_workload
+
+    run = run_config(mode="train", precision="bf16", seq_len=2048)
+    stored = load_stored_compiled("llama-3.2-1b", run, 1)
+    assert stored is not None
+    traced = compiled_activations(get_workload("llama-3.2-1b"), run, 1, 2048)
+    cut = traced.min_cut
+    phases = ("forward", "backward")
+    fresh = CompiledTrace(
+        not_saved_bytes=traced.saved_bytes_difference,
+        bytes={p: tuple(k.bytes for k in cut.kernels(p) if k.kind == "fused") for p in phases},
+        flops={p: tuple(k.flops for k in cut.kernels(p) if k.kind == "fused") for p in phases},
+    )
+    # scripts/make_compiled.py wrote it with this torch and transformers: run it after a
+    # change to the tracer, the partitioner's grouping or the lock
+    assert CompiledTrace.from_json(stored) == fresh

@@ -9,7 +9,6 @@ prepared step into the throughput model's ``ThroughputPredictor``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -157,16 +156,16 @@ class CompiledStep:
         self._workload = workload
         self._run = run
         self._progress = progress
-        self._traced: tuple[_CompiledTrace, _CompiledTrace] | None = None
+        self._traced: tuple[CompiledTrace, CompiledTrace] | None = None
         """The step at batch 1 and at batch 2 of the run's length."""
 
-    def _traces(self) -> tuple[_CompiledTrace, _CompiledTrace]:
+    def _traces(self) -> tuple[CompiledTrace, CompiledTrace]:
         if self._traced is None:
             traced = []
             for batch in (1, 2):
                 if self._progress is not None:
                     self._progress(f"partitioning the compiled step at batch {batch}")
-                traced.append(_compiled_trace(self._workload, self._run, batch))
+                traced.append(compiled_trace(self._workload, self._run, batch))
             self._traced = (traced[0], traced[1])
         return self._traced
 
@@ -203,7 +202,7 @@ class CompiledStep:
 
 
 @dataclass(frozen=True)
-class _CompiledTrace:
+class CompiledTrace:
     """What one trace of the compiled step gives (``CompiledStep``)."""
 
     not_saved_bytes: int
@@ -213,15 +212,37 @@ class _CompiledTrace:
     flops: dict[str, tuple[int, ...]]
     """Per phase, each fused kernel's vector work."""
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready document (``from_json`` reads it back)."""
+        return {
+            "not_saved_bytes": self.not_saved_bytes,
+            "bytes": {p: list(v) for p, v in self.bytes.items()},
+            "flops": {p: list(v) for p, v in self.flops.items()},
+        }
 
-_COMPILED_TRACES: dict[tuple[str, str, int], _CompiledTrace] = {}
-"""``_compiled_trace``'s answers in this process, by workload name, run and batch."""
+    @staticmethod
+    def from_json(doc: dict[str, Any]) -> CompiledTrace | None:
+        """``to_json``'s document read back, or None if it is not one."""
+        try:
+            return CompiledTrace(
+                not_saved_bytes=int(doc["not_saved_bytes"]),
+                bytes={p: tuple(int(v) for v in doc["bytes"][p]) for p in _PHASES},
+                flops={p: tuple(int(v) for v in doc["flops"][p]) for p in _PHASES},
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
 
 
-def _compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> _CompiledTrace:
-    """The compiled step at ``batch_size``: memoised, and kept in the trace cache
+_COMPILED_TRACES: dict[tuple[str, str, int], CompiledTrace] = {}
+"""``compiled_trace``'s answers in this process, by workload name, run and batch."""
+
+
+def compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> CompiledTrace:
+    """The compiled step at ``batch_size``: stored for a few named runs
+    (``profiles.stored.load_stored_compiled``), else traced and kept in the trace cache
     (``workloads.profile_cache``) for the next question, as a profile is (seconds to minutes
-    to trace)."""
+    to trace); memoised."""
+    from whichgpu.profiles.stored import load_stored_compiled
     from whichgpu.workloads.profile_cache import cached_compiled, keep_compiled
 
     memo = (workload.info.name, run.model_dump_json(), batch_size)
@@ -229,35 +250,22 @@ def _compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> _Com
     if found is not None:
         return found
     named = is_registered(workload)
-    kept = cached_compiled(workload, run, batch_size, named=named)
+    kept = load_stored_compiled(workload.info.name, run, batch_size) if named else None
+    if kept is None:
+        kept = cached_compiled(workload, run, batch_size, named=named)
     if kept is not None:
-        with contextlib.suppress(KeyError, TypeError, ValueError):
-            found = _CompiledTrace(
-                not_saved_bytes=int(kept["not_saved_bytes"]),
-                bytes={p: tuple(int(v) for v in kept["bytes"][p]) for p in _PHASES},
-                flops={p: tuple(int(v) for v in kept["flops"][p]) for p in _PHASES},
-            )
+        found = CompiledTrace.from_json(kept)
     if found is None:
         from whichgpu.trace.compiled import compiled_activations
 
         traced = compiled_activations(workload, run, batch_size, run.seq_len)
         cut = traced.min_cut
-        found = _CompiledTrace(
+        found = CompiledTrace(
             not_saved_bytes=traced.saved_bytes_difference,
             bytes={p: tuple(k.bytes for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
             flops={p: tuple(k.flops for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
         )
-        keep_compiled(
-            workload,
-            run,
-            batch_size,
-            {
-                "not_saved_bytes": found.not_saved_bytes,
-                "bytes": {p: list(v) for p, v in found.bytes.items()},
-                "flops": {p: list(v) for p, v in found.flops.items()},
-            },
-            named=named,
-        )
+        keep_compiled(workload, run, batch_size, found.to_json(), named=named)
     _COMPILED_TRACES[memo] = found
     return found
 

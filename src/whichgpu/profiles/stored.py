@@ -3,17 +3,21 @@
 Named workloads ship one ``ScalableProfile`` (``whichgpu.profiles.scalable``) per stored run
 configuration, as package data in ``whichgpu/workloads/profiles/<key>.json.gz`` (written by
 ``scripts/make_profiles.py``); ``profile_key`` names the file of a run. Also the name of the
-replays kept beside a profile file (``estimate.replay_cache``). Pure Python; never imports
-torch, nor numpy until a profile is read.
+replays kept beside a profile file (``estimate.replay_cache``), and the compiled steps'
+partitions stored for a few runs (``compiled/``, written by ``scripts/make_compiled.py``,
+read by ``api.step.CompiledStep``). Pure Python; never imports torch, nor numpy until a
+profile is read.
 """
 
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
+import json
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from whichgpu.schema import DEFAULT_NEW_TOKENS, RunConfig
 
@@ -90,6 +94,39 @@ def load_stem(stem: str) -> ScalableProfile | None:
         profile = ScalableProfile.load(path)
     profile.events.flags.writeable = False
     return profile
+
+
+COMPILED_DIR = "compiled"
+"""Folder, under the stored profiles, of the stored partitions of compiled steps."""
+
+
+def compiled_stem(workload: str, run: RunConfig) -> str:
+    """File stem of a stored compiled step's partition: the run's profile key (gradient
+    accumulation left out: the partition is of the forward pass and loss) and its length."""
+    return f"{profile_key(workload, run.model_copy(update={'grad_accum': 1}))}_L{run.seq_len}"
+
+
+@functools.lru_cache(maxsize=16)
+def _stored_compiled(stem: str) -> dict[str, Any] | None:
+    ref = profiles_dir().joinpath(COMPILED_DIR).joinpath(stem + ".json.gz")
+    if not ref.is_file():
+        return None
+    with ref.open("rb") as raw, gzip.open(raw) as fh:
+        doc: dict[str, Any] = json.loads(fh.read())
+    return doc
+
+
+def load_stored_compiled(workload: str, run: RunConfig, batch_size: int) -> dict[str, Any] | None:
+    """What the trace of ``workload``'s compiled step for ``run`` at ``batch_size`` x
+    ``run.seq_len`` gave, as ``scripts/make_compiled.py`` stored it, or None if nothing is
+    stored for it (only training of the whole model at a stored length)."""
+    if run.mode != "train" or not storable(run) or run.seq_len is None:
+        return None
+    doc = _stored_compiled(compiled_stem(workload, run))
+    if doc is None:
+        return None
+    found = doc.get("batches", {}).get(str(batch_size))
+    return dict(found) if isinstance(found, dict) else None
 
 
 def stored_digest(stem: str) -> str | None:

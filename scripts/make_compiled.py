@@ -1,0 +1,72 @@
+"""Trace the compiled step of a few named training runs and store their partitions.
+
+``predict --compile`` and ``fit --compile`` need AOTAutograd's min-cut partition of the step
+at batch 1 and 2 of the run's length (``api.step.CompiledStep``): seconds for a small model,
+minutes for a 70B one on every fresh machine. This stores them, as package data, for the runs
+whichgpu's own validation asks about (``validate throughput``: its H200 measurements of Llama
+3.2 1B at 2,048 tokens and NVIDIA's published Llama 3 runs at 8,192) and the common lengths of
+Llama 3.1 8B. Run from the repository root with the torch extra installed:
+
+    python scripts/make_compiled.py
+
+Writes ``src/whichgpu/workloads/profiles/compiled/<stem>.json.gz``
+(``profiles.stored.compiled_stem``) with the versions of torch and transformers traced with,
+and prints each trace's time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.metadata
+import json
+import sys
+import time
+from pathlib import Path
+
+from whichgpu.api.step import compiled_trace
+from whichgpu.profiles.stored import COMPILED_DIR, compiled_stem
+from whichgpu.workloads import get_workload, run_config
+
+OUT = (
+    Path(__file__).resolve().parent.parent
+    / "src"
+    / "whichgpu"
+    / "workloads"
+    / "profiles"
+    / COMPILED_DIR
+)
+
+STORED = (
+    ("llama-3.2-1b", 2048),
+    ("llama-3.1-8b", 2048),
+    ("llama-3.1-8b", 4096),
+    ("llama-3.1-8b", 8192),
+    ("llama-3.1-70b", 8192),
+)
+"""(workload, sequence length) of the stored bf16 AMP training runs (fp8 runs take their bf16
+step's partition)."""
+
+
+def main() -> int:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, length in STORED:
+        workload = get_workload(name)
+        run = run_config(mode="train", precision="bf16", seq_len=length)
+        started = time.perf_counter()
+        batches = {str(b): compiled_trace(workload, run, b).to_json() for b in (1, 2)}
+        doc = {
+            "workload": name,
+            "run": run.model_dump(mode="json"),
+            "versions": {lib: importlib.metadata.version(lib) for lib in ("torch", "transformers")},
+            "batches": batches,
+        }
+        path = OUT / f"{compiled_stem(name, run)}.json.gz"
+        with gzip.open(path, "wt", encoding="utf-8", compresslevel=9) as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+        seconds = time.perf_counter() - started
+        print(f"{path.name}: {seconds:.0f} s, {path.stat().st_size / 1024:.0f} KiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
