@@ -121,6 +121,7 @@ def test_a_small_model_is_compared_with_predict() -> None:
         batch_size=1,
         precision="fp8",
         sharding="fsdp",
+        compile=True,  # Transformer Engine's fused kernels, as a compiled step's
     )
     estimate, fits = predict_even_if_unfit("llama-3.1-8b", "h100-sxm", run)
     assert estimate.throughput is not None
@@ -132,6 +133,8 @@ def test_a_small_model_is_compared_with_predict() -> None:
     assert case.fits == fits and (UNFIT_NOTE in case.note) == (not fits)
     assert case.note.startswith("8 GPUs, DP8, micro-batch 1, grad_accum 16, L8192, fp8, fsdp")
     assert -0.8 < case.error < 0.8  # a prediction of the right order, either way
+    assert case.note.endswith("fused kernels as --compile") or UNFIT_NOTE in case.note
+    assert any(a.startswith("torch.compile (inductor") for a in estimate.assumptions)
     other = cases[1]
     assert other.run.sharding == "zero2" and other.run.batch_size == 2
     assert other.predicted is not None and other.predicted > case.predicted  # B200 is faster

@@ -7,8 +7,12 @@ tokens/s per GPU compared (error positive: predicted faster); rows whose setting
 not model (context or expert parallel, no micro-batch or tokens/s stated) are listed with the
 reason they are left out. Megatron's distributed optimizer shards
 optimizer state and master weights (ZeRO-1), for which whichgpu's nearest strategy is
-``zero2``; rows whose notes say FSDP is on run as ``fsdp``. The folder's README says where
-each row comes from and how it is read.
+``zero2``; rows whose notes say FSDP is on run as ``fsdp``. Megatron-Core runs Transformer
+Engine's fused kernels for the work between the matrix products (normalisation fused into the
+next linear layer with its fp8 cast, fused rotary embedding, SwiGLU and cross-entropy), so the
+rows are predicted as compiled steps (``compile=True``: the same non-matrix work fused into
+kernels that read their inputs once, ``estimate.compiled``), the nearest whichgpu models. The
+folder's README says where each row comes from and how it is read.
 """
 
 from __future__ import annotations
@@ -176,13 +180,15 @@ class ParallelRow:
             seq_len=self.seq_len,
             precision=self.precision,
             sharding=self.sharding,
+            compile=True,  # Transformer Engine's fused kernels (the module's docstring)
         )
 
     def settings(self) -> str:
         """The settings predicted, in words, for the note."""
         return (
             f"{self.gpus} GPUs, {self.layout}, micro-batch {self.micro_batch}, grad_accum "
-            f"{self.grad_accum()}, L{self.seq_len}, {self.precision}, {self.sharding}"
+            f"{self.grad_accum()}, L{self.seq_len}, {self.precision}, {self.sharding}, fused "
+            "kernels as --compile"
         )
 
 
