@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.profiles.stored import profile_key
-from whichgpu.recipe.training import _saves_output
+from whichgpu.recipe.training import _saves_output, _selective_policy
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import enable_checkpointing
@@ -58,13 +58,15 @@ def test_recompute_shows_as_forward_ops_in_the_backward(traces: dict[str, StepPr
     assert ops["selective"]["aten.rsqrt"] == ops["full"]["aten.rsqrt"]
     # full recomputes the matrix multiplications and attention; selective keeps their outputs
     assert ops["full"]["aten.mm"] > ops["every-2"]["aten.mm"] > ops["none"]["aten.mm"]
-    assert ops["selective"]["aten.mm"] == ops["none"]["aten.mm"]
+    # selective recomputes every second matrix product of a layer (torchtitan's op mode): of
+    # each layer's seven (q, k, v, o, gate, up, down) k, o and up, in both layers
+    assert ops["selective"]["aten.mm"] == ops["none"]["aten.mm"] + 2 * 3
     attention = "aten._scaled_dot_product_flash_attention_for_cpu"
     assert ops["full"][attention] == 2 and ops["every-2"][attention] == 1
     assert ops["selective"][attention] == 0
     flops = {name: profile.flops_per_step for name, profile in traces.items()}
     assert flops["full"] > flops["every-2"] > flops["none"]
-    assert flops["selective"] == flops["none"]  # the recomputed operators count no FLOPs
+    assert flops["full"] > flops["selective"] > flops["none"]  # three products recomputed
     traffic = {name: profile.bytes_per_step for name, profile in traces.items()}
     assert traffic["full"] > traffic["selective"] > traffic["none"]
 
@@ -73,6 +75,26 @@ def test_selective_keeps_matmuls_and_attention() -> None:
     assert _saves_output("mm") and _saves_output("addmm")
     assert _saves_output("_scaled_dot_product_efficient_attention")
     assert not _saves_output("mul") and not _saves_output("mm_backward")
+
+
+def test_selective_keeps_every_other_matrix_product_in_each_pass() -> None:
+    from types import SimpleNamespace
+
+    import torch
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    aten = torch.ops.aten
+    policy = _selective_policy()
+    layer = [aten.mm.default, aten.mul.Tensor, aten.mm.default, aten.addmm.default]
+    layer += [aten._scaled_dot_product_efficient_attention.default, aten.mm.default]
+    for recompute in (False, True):  # the recomputation counts apart and picks the same
+        ctx = SimpleNamespace(is_recompute=recompute)
+        saved = [policy(ctx, op) == CheckpointPolicy.MUST_SAVE for op in layer]
+        assert saved == [True, False, False, True, True, False]
+    # each checkpointed call gets a policy of its own: the count starts again
+    assert _selective_policy()(SimpleNamespace(is_recompute=False), aten.mm.default) == (
+        CheckpointPolicy.MUST_SAVE
+    )
 
 
 def test_a_policy_turns_checkpointing_on() -> None:

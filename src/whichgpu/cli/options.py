@@ -177,8 +177,8 @@ CheckpointingPolicyOption = Annotated[
         "--checkpointing-policy",
         help="Which activations checkpointing recomputes (turns --checkpointing on): full "
         "(default: every layer), every-N (every N-th layer, e.g. every-2: torchtitan's "
-        "selective layer mode with ac_freq N), selective (per operator: matmul and attention "
-        "outputs kept, the rest recomputed: torchtitan's op mode).",
+        "selective layer mode with ac_freq N), selective (per operator: attention outputs and "
+        "every other matmul's kept, the rest recomputed: torchtitan's op mode).",
         rich_help_panel=_RUN,
     ),
 ]

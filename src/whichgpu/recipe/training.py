@@ -138,26 +138,46 @@ def autocast(run: RunConfig, device_type: str) -> Iterator[None]:
 SELECTIVE_SAVED_OPS = ("mm", "addmm", "_scaled_dot_product_")
 """Operators whose outputs a ``selective`` checkpoint keeps (by name, ``aten.`` dropped; a
 name ending in ``_`` covers every operator it begins, here every fused attention kernel:
-flash, memory-efficient, cuDNN, the CPU's). torchtitan's ``op`` mode keeps these (and, of
-matrix multiplications, every other one); everything else is recomputed in the backward."""
+flash, memory-efficient, cuDNN, the CPU's), of the matrix products (``SELECTIVE_COUNTED_OPS``)
+every other one; everything else is recomputed in the backward. This is torchtitan's ``op``
+mode ("saves output of all compute ops, except every second mm", its
+``activation_checkpoint.py``), whose models' linear layers have no bias; a linear with one
+runs ``addmm``, counted here as an ``mm``."""
+SELECTIVE_COUNTED_OPS = ("mm", "addmm")
+"""The matrix products a ``selective`` checkpoint counts: the 2nd, 4th, … of each layer's
+forward (and, counted the same way, of its recomputation) are recomputed."""
 
 
 def _saves_output(name: str) -> bool:
-    """Whether a ``selective`` checkpoint keeps the output of operator ``name`` (``mm``)."""
+    """Whether a ``selective`` checkpoint may keep the output of operator ``name`` (``mm``;
+    of the matrix products, every other one: ``_selective_policy``)."""
     return any(
         name.startswith(saved) if saved.endswith("_") else name == saved
         for saved in SELECTIVE_SAVED_OPS
     )
 
 
-def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
-    """``create_selective_checkpoint_contexts``' policy: keep the outputs of
-    ``SELECTIVE_SAVED_OPS``, recompute the rest."""
+def _selective_policy() -> Callable[..., Any]:
+    """A ``create_selective_checkpoint_contexts`` policy for one checkpointed layer: keep the
+    outputs of ``SELECTIVE_SAVED_OPS`` but every second matrix product, counted apart in the
+    forward and in the recomputation (so both pick the same ones), recompute the rest."""
     from torch.utils.checkpoint import CheckpointPolicy
 
-    del ctx, args, kwargs
-    name = str(getattr(op, "_opname", op.__name__.split(".")[0]))
-    return CheckpointPolicy.MUST_SAVE if _saves_output(name) else CheckpointPolicy.PREFER_RECOMPUTE
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        del args, kwargs
+        name = str(getattr(op, "_opname", op.__name__.split(".")[0]))
+        if name in SELECTIVE_COUNTED_OPS:
+            mode = "recompute" if ctx.is_recompute else "forward"
+            counts[mode] += 1
+            if counts[mode] % 2 == 0:
+                return CheckpointPolicy.PREFER_RECOMPUTE
+        return (
+            CheckpointPolicy.MUST_SAVE if _saves_output(name) else CheckpointPolicy.PREFER_RECOMPUTE
+        )
+
+    return policy
 
 
 @contextlib.contextmanager
@@ -174,8 +194,9 @@ def checkpoint_contexts(
 ) -> Callable[[], tuple[Any, Any]]:
     """``torch.utils.checkpoint``'s ``context_fn`` for a checkpointed run: the recomputation
     runs under ``kernel_mode`` (as the forward pass did); a ``selective`` policy also keeps
-    the outputs of ``SELECTIVE_SAVED_OPS`` in the forward and replays them in the
-    recomputation (``create_selective_checkpoint_contexts``)."""
+    the outputs of ``SELECTIVE_SAVED_OPS`` (of the matrix products every other one) in the
+    forward and replays them in the recomputation (``create_selective_checkpoint_contexts``,
+    one policy per checkpointed call, as torchtitan makes one)."""
     if run.checkpointing_policy != "selective":
         return lambda: (contextlib.nullcontext(), kernel_mode())
 
@@ -183,7 +204,7 @@ def checkpoint_contexts(
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         forward, recompute = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
-            _selective_policy
+            _selective_policy()
         )
         return forward, _entered(recompute, kernel_mode())
 
