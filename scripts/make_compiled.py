@@ -27,14 +27,7 @@ from whichgpu.api.step import compiled_trace
 from whichgpu.profiles.stored import COMPILED_DIR, compiled_stem
 from whichgpu.workloads import get_workload, run_config
 
-OUT = (
-    Path(__file__).resolve().parent.parent
-    / "src"
-    / "whichgpu"
-    / "workloads"
-    / "profiles"
-    / COMPILED_DIR
-)
+OUT = Path(__file__).resolve().parents[1] / "src/whichgpu/workloads/profiles" / COMPILED_DIR
 
 STORED = (
     ("llama-3.2-1b", 2048),

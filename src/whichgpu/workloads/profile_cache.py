@@ -233,19 +233,13 @@ def cached_profile(workload: Workload, run: RunConfig, *, named: bool) -> Scalab
     from whichgpu.profiles.scalable import ScalableProfile
 
     key = _active_key(workload, run, named=named)
-    if key is None:
+    doc = None if key is None else _read_kept(key)
+    if doc is None:
         return None
-    path = cache_path(key)
     try:
-        with gzip.open(path, "rb") as fh:
-            doc = json.loads(fh.read())
-        if doc.get("key") != key:
-            return None
         profile = ScalableProfile.from_json(doc["profile"])
-    except (OSError, EOFError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         return None
-    with contextlib.suppress(OSError):
-        os.utime(path)  # used now: not deleted as unused
     profile.events.flags.writeable = False
     return profile
 
@@ -256,11 +250,31 @@ def keep_profile(
     """Keep ``profile``, traced for ``workload`` and ``run``; returns the file, or None when
     the cache is off, the model cannot be identified or the file cannot be written."""
     key = _active_key(workload, run, named=named)
-    if key is None:
-        return None
+    return None if key is None else _write_kept(key, "profile", profile.to_json())
+
+
+def _read_kept(key: dict[str, Any]) -> dict[str, Any] | None:
+    """The document kept under ``key``, marked as used now (not deleted as unused); None if
+    there is none, it cannot be read or it was written for another key."""
     path = cache_path(key)
     try:
-        write_json_gz_atomically(path, {"key": key, "profile": profile.to_json()})
+        with gzip.open(path, "rb") as fh:
+            doc = json.loads(fh.read())
+    except (OSError, EOFError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("key") != key:
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(path)
+    return doc
+
+
+def _write_kept(key: dict[str, Any], field: str, value: Any) -> Path | None:
+    """Keep ``value`` under ``key`` as the document's ``field``; the file, or None if it
+    cannot be written. Files unused for ``UNUSED_DAYS`` go."""
+    path = cache_path(key)
+    try:
+        write_json_gz_atomically(path, {"key": key, field: value})
     except OSError:
         return None
     forget_unused(path.parent)
@@ -287,19 +301,9 @@ def cached_compiled(
     """What ``keep_compiled`` kept of the compiled step of ``workload`` for ``run`` at
     ``batch_size`` x ``run.seq_len``, or None (none kept, the cache is off, or unreadable)."""
     key = _compiled_key(workload, run, batch_size, named=named)
-    if key is None:
-        return None
-    path = cache_path(key)
-    try:
-        with gzip.open(path, "rb") as fh:
-            doc = json.loads(fh.read())
-        if doc.get("key") != key or not isinstance(doc.get("compiled"), dict):
-            return None
-    except (OSError, EOFError, ValueError, TypeError):
-        return None
-    with contextlib.suppress(OSError):
-        os.utime(path)
-    return dict(doc["compiled"])
+    doc = None if key is None else _read_kept(key)
+    found = None if doc is None else doc.get("compiled")
+    return dict(found) if isinstance(found, dict) else None
 
 
 def keep_compiled(
@@ -309,14 +313,7 @@ def keep_compiled(
     returns the file, or None when the cache is off or the file cannot be written. The compiled
     partition of a large model takes minutes to trace, like its profile."""
     key = _compiled_key(workload, run, batch_size, named=named)
-    if key is None:
-        return None
-    path = cache_path(key)
-    try:
-        write_json_gz_atomically(path, {"key": key, "compiled": dict(found)})
-    except OSError:
-        return None
-    return path
+    return None if key is None else _write_kept(key, "compiled", dict(found))
 
 
 def forget_unused(folder: Path, days: float = UNUSED_DAYS) -> list[Path]:
