@@ -23,13 +23,15 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.estimate.throughput import FUSED_PHASES, OpTable, SerialWork, select_rows
+from whichgpu.units import GB
 
 FUSED_KIND = "fused"
 """The operator kind of an inductor kernel in a compiled step's table."""
 MASKED_ATTENTION_WORK = 2.0
-"""Attention's work with a dense causal mask over eager's ``is_causal`` kernel: the causal
-kernel skips the blocks above the diagonal, (n - 1) / 2n of them (FlashAttention-2, arXiv
-2307.08691, section 3.1.1), a masked one computes them all and masks the scores."""
+"""Attention's work with a dense causal mask over eager's ``is_causal`` kernel: of n x n
+blocks the causal kernel computes those on and below the diagonal, (n + 1) / 2n of them
+(FlashAttention-2, arXiv 2307.08691, section 3.1.1), a masked one all and masks the scores:
+2n / (n + 1), 2 for a long sequence (1.88 at 2,048 tokens in blocks of 128)."""
 
 
 @dataclass(frozen=True)
@@ -94,3 +96,26 @@ def compiled_table(table: OpTable, kernels: FusedKernels, *, masked_attention: b
         else SerialWork.concat([kept.serial, SerialWork(np.zeros(n), np.zeros(n), none)]),
         fusible=np.concatenate([np.zeros(len(kept.kinds), dtype=bool), none]),
     )
+
+
+def compiled_note(eager: OpTable, kernels: FusedKernels, *, masked: bool) -> str:
+    """What the time of a compiled step assumes, with its numbers: ``eager``'s fusible operators
+    and their bytes against ``kernels``."""
+    fused = eager.fusible if eager.fusible is not None else np.zeros(len(eager.kinds), bool)
+    weights = eager.weights[fused]
+    eager_gb = float((eager.bytes_moved[fused] * weights).sum()) / GB
+    note = (
+        f"torch.compile (inductor, default mode): the forward and backward passes' "
+        f"{weights.sum():,.0f} non-matrix operators ({eager_gb:,.1f} GB of DRAM traffic in "
+        f"eager) run as {len(kernels.phases):,} fused kernels "
+        f"({kernels.total_bytes / GB:,.1f} GB; AOTAutograd's min-cut partition traced on fake "
+        "tensors, grouped as inductor fuses), each timed as an operator (bytes at the fitted "
+        "memory efficiency, the launch floor); matrix products, attention and the optimizer "
+        "step as eager; no CUDA graphs"
+    )
+    if masked:
+        note += (
+            "; attention with a dense causal mask, as transformers before 5.18 builds it "
+            "under torch.compile (this stack): every block computed, twice eager's causal work"
+        )
+    return note

@@ -16,9 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-import numpy as np
-
-from whichgpu.estimate.compiled import FusedKernels, compiled_table
+from whichgpu.estimate.compiled import FusedKernels, compiled_note, compiled_table
 from whichgpu.estimate.data_parallel import (
     all_reduce_s,
     data_parallel_step,
@@ -39,7 +37,6 @@ from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     SHARDED_OPTIMIZER,
     GpuRates,
-    OpTable,
     PerfParameters,
     StepTime,
     error_band,
@@ -56,29 +53,6 @@ from whichgpu.estimate.throughput import (
 )
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.schema import GpuSpec, MemoryEstimate, RunConfig, ThroughputEstimate
-from whichgpu.units import GB
-
-
-def compiled_speed_note(eager: OpTable, kernels: FusedKernels, *, masked: bool) -> str:
-    """What the time of a compiled step assumes, with its numbers (``estimate.compiled``)."""
-    fused = eager.fusible if eager.fusible is not None else np.zeros(len(eager.kinds), bool)
-    weights = eager.weights[fused]
-    eager_gb = float((eager.bytes_moved[fused] * weights).sum()) / GB
-    note = (
-        f"torch.compile (inductor, default mode): the forward and backward passes' "
-        f"{weights.sum():,.0f} non-matrix operators ({eager_gb:,.1f} GB of DRAM traffic in "
-        f"eager) run as {len(kernels.phases):,} fused kernels "
-        f"({kernels.total_bytes / GB:,.1f} GB; AOTAutograd's min-cut partition traced on fake "
-        "tensors, grouped as inductor fuses), each timed as an operator (bytes at the fitted "
-        "memory efficiency, the launch floor); matrix products, attention and the optimizer "
-        "step as eager; no CUDA graphs"
-    )
-    if masked:
-        note += (
-            "; attention with a dense causal mask, as transformers before 5.18 builds it "
-            "under torch.compile (this stack): every block computed, twice eager's causal work"
-        )
-    return note
 
 
 @dataclass(frozen=True)
@@ -404,7 +378,7 @@ class ThroughputPredictor:
         if self.compiled_kernels is not None and self.run.mode == "train":
             kernels = self.compiled_kernels(memory.batch_size, memory.seq_len)
             masked = self.compiled_causal_mask
-            assumptions += (compiled_speed_note(table, kernels, masked=masked),)
+            assumptions += (compiled_note(table, kernels, masked=masked),)
             table = compiled_table(table, kernels, masked_attention=masked)
         precision = self.run.precision
         if self.serving and self.inference is not None:
