@@ -243,3 +243,19 @@ def test_a_stored_partition_is_what_a_trace_gives() -> None:
     # scripts/make_compiled.py wrote it with this torch and transformers: run it after a
     # change to the tracer, the partitioner's grouping or the lock
     assert CompiledTrace.from_json(stored) == fresh
+
+
+def test_without_torch_an_unstored_partition_says_how_to_get_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    from whichgpu.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "whichgpu.trace.compiled", None)  # torch not installed
+    _COMPILED_TRACES.clear()
+    with pytest.raises(UsageError, match=r"needs torch: pip install 'whichgpu\[torch\]'"):
+        predict("llama-3.2-1b", gpus=["h200-sxm"], compile=True, batch_size=1, seq_len=1024)
+    # a stored one answers all the same
+    (stored,) = predict("llama-3.2-1b", gpus=["h200-sxm"], compile=True, batch_size=1, seq_len=2048)
+    assert stored.throughput is not None

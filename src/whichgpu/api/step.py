@@ -256,8 +256,14 @@ def compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> Compi
     if kept is not None:
         found = CompiledTrace.from_json(kept)
     if found is None:
-        from whichgpu.trace.compiled import compiled_activations
-
+        try:
+            from whichgpu.trace.compiled import compiled_activations
+        except ImportError as exc:
+            raise UsageError(
+                f"{option('compile')}: no stored partition of {workload.info.name}'s compiled "
+                f"step answers at {run.seq_len} tokens, and tracing one needs torch: pip "
+                "install 'whichgpu[torch]'."
+            ) from exc
         traced = compiled_activations(workload, run, batch_size, run.seq_len)
         cut = traced.min_cut
         found = CompiledTrace(
