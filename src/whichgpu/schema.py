@@ -657,9 +657,10 @@ class RunConfig(_Frozen):
 
     def checkpointing_words(self) -> str:
         """The checkpointing policy as a suffix to "gradient checkpointing": empty for
-        ``full``, `` (every 2nd layer)``, `` (selective: matmul and attention outputs kept)``."""
+        ``full``, `` (every 2nd layer)``, `` (selective: attention and every other matmul
+        kept)``."""
         if self.checkpointing_policy == "selective":
-            return " (selective: matmul and attention outputs kept)"
+            return " (selective: attention and every other matmul kept)"
         every = self.checkpointing_every_layers()
         if every is None or every == 1:
             return ""

@@ -58,7 +58,8 @@ def _checkpointing_policy(given: dict[str, Any]) -> str:
         raise UsageError(
             f"{option('checkpointing_policy')} {given['checkpointing_policy']!r} is not a "
             "policy: use full (every layer recomputed), every-N (every N-th layer, e.g. "
-            "every-2) or selective (matmul and attention outputs kept, the rest recomputed)."
+            "every-2) or selective (attention and every other matmul's outputs kept, the rest "
+            "recomputed)."
         )
     if given.get("checkpointing") is False and policy != "full":
         raise UsageError(
