@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from whichgpu.estimate.compiled import FusedKernels
     from whichgpu.estimate.memory import StepMemory
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.trace.compiled import CompiledActivations
 
 
 def select(
@@ -125,6 +126,10 @@ def is_registered(workload: Workload) -> bool:
         return get_workload(workload.info.name) is workload
     except Exception:
         return False
+
+
+_PHASES: tuple[Literal["forward"], Literal["backward"]] = ("forward", "backward")
+"""The phases of a compiled step's partition."""
 
 
 class CompiledStep:
@@ -221,6 +226,17 @@ class CompiledTrace:
         }
 
     @staticmethod
+    def of(traced: CompiledActivations) -> CompiledTrace:
+        """What ``trace.compiled``'s partitions of one step give: the activations the min-cut
+        partition does not save, and its fused kernels by phase."""
+        cut = traced.min_cut
+        return CompiledTrace(
+            not_saved_bytes=traced.saved_bytes_difference,
+            bytes={p: tuple(k.bytes for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
+            flops={p: tuple(k.flops for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
+        )
+
+    @staticmethod
     def from_json(doc: dict[str, Any]) -> CompiledTrace | None:
         """``to_json``'s document read back, or None if it is not one."""
         try:
@@ -264,20 +280,10 @@ def compiled_trace(workload: Workload, run: RunConfig, batch_size: int) -> Compi
                 f"step answers at {run.seq_len} tokens, and tracing one needs torch: pip "
                 "install 'whichgpu[torch]'."
             ) from exc
-        traced = compiled_activations(workload, run, batch_size, run.seq_len)
-        cut = traced.min_cut
-        found = CompiledTrace(
-            not_saved_bytes=traced.saved_bytes_difference,
-            bytes={p: tuple(k.bytes for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
-            flops={p: tuple(k.flops for k in cut.kernels(p) if k.kind == "fused") for p in _PHASES},
-        )
+        found = CompiledTrace.of(compiled_activations(workload, run, batch_size, run.seq_len))
         keep_compiled(workload, run, batch_size, found.to_json(), named=named)
     _COMPILED_TRACES[memo] = found
     return found
-
-
-_PHASES: tuple[Literal["forward"], Literal["backward"]] = ("forward", "backward")
-"""The phases of a compiled step's partition."""
 
 
 @dataclass(frozen=True)

@@ -44,18 +44,19 @@ def parse_stack(
         raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
     fields: dict[str, Any] = {k: record[k] for k in ("id", "label", "default") if k in record}
     provenance: dict[str, Provenance] = {}
-    for raw_name, (name, scale) in _VALUE_FIELDS.items():
+    for raw_name in (*_VALUE_FIELDS, *_FLAG_FIELDS):
         if raw_name not in record:
             raise CatalogError(f"{where}: field '{raw_name}' is missing.")
         value, prov = _split_value(record[raw_name], None, sources, f"{where}, field '{raw_name}'")
-        fields[name] = round(float(value) * scale)
-        provenance[name] = prov
-    for name in _FLAG_FIELDS:
-        if name not in record:
-            raise CatalogError(f"{where}: field '{name}' is missing.")
-        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
-        if not isinstance(value, bool):
-            raise CatalogError(f"{where}, field '{name}': write true or false, not {value!r}.")
+        if raw_name in _FLAG_FIELDS:
+            if not isinstance(value, bool):
+                raise CatalogError(
+                    f"{where}, field '{raw_name}': write true or false, not {value!r}."
+                )
+            name = raw_name
+        else:
+            name, scale = _VALUE_FIELDS[raw_name]
+            value = round(float(value) * scale)
         fields[name] = value
         provenance[name] = prov
     try:

@@ -57,14 +57,19 @@ class FusedKernels:
         return float(self.bytes_moved.sum())
 
 
+def _fusible(table: OpTable) -> npt.NDArray[np.bool_]:
+    """``table.fusible``; an error for a table that does not say (not from ``op_table``)."""
+    if table.fusible is None:
+        raise ValueError("the table does not say which operators a compiled step fuses")
+    return table.fusible
+
+
 def compiled_table(table: OpTable, kernels: FusedKernels, *, masked_attention: bool) -> OpTable:
     """``table``, an eager training step's operators, as the compiled step runs them: its
     fusible operators (``OpTable.fusible``) left out, ``kernels`` added as one row each
     (``FUSED_KIND``, no matrix engine), and with ``masked_attention`` the attention operators
     of the forward and backward passes counted ``MASKED_ATTENTION_WORK`` times."""
-    if table.fusible is None:
-        raise ValueError("the table does not say which operators a compiled step fuses")
-    kept_rows = np.flatnonzero(~table.fusible)
+    kept_rows = np.flatnonzero(~_fusible(table))
     weights = table.weights[kept_rows]
     if masked_attention:
         attention = np.array([table.kinds[i] == "attention" for i in kept_rows], dtype=bool)
@@ -72,7 +77,7 @@ def compiled_table(table: OpTable, kernels: FusedKernels, *, masked_attention: b
         weights = np.where(attention & compiled, weights * MASKED_ATTENTION_WORK, weights)
     kept = select_rows(table, kept_rows, weights)
     n = len(kernels.phases)
-    half = bool(table.is_half[table.fusible].any())
+    half = bool(table.is_half[_fusible(table)].any())
     none = np.zeros(n, dtype=bool)
     return OpTable(
         kinds=kept.kinds + (FUSED_KIND,) * n,
@@ -101,7 +106,7 @@ def compiled_table(table: OpTable, kernels: FusedKernels, *, masked_attention: b
 def compiled_note(eager: OpTable, kernels: FusedKernels, *, masked: bool) -> str:
     """What the time of a compiled step assumes, with its numbers: ``eager``'s fusible operators
     and their bytes against ``kernels``."""
-    fused = eager.fusible if eager.fusible is not None else np.zeros(len(eager.kinds), bool)
+    fused = _fusible(eager)
     weights = eager.weights[fused]
     eager_gb = float((eager.bytes_moved[fused] * weights).sum()) / GB
     note = (

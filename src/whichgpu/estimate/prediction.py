@@ -375,7 +375,7 @@ class ThroughputPredictor:
         if not memory.fits:
             return self._no_speed(base)
         table = op_table(self.profile, memory.batch_size, memory.seq_len)
-        if self.compiled_kernels is not None and self.run.mode == "train":
+        if self.compiled_kernels is not None:  # a compiled training step
             kernels = self.compiled_kernels(memory.batch_size, memory.seq_len)
             masked = self.compiled_causal_mask
             assumptions += (compiled_note(table, kernels, masked=masked),)

@@ -268,6 +268,7 @@ def compare_throughputs(
         if progress is not None:
             progress(f"{result.workload} on {result.gpu}")
         run = _measured_run(result)
+        stack = stack_of(result)
         base: dict[str, Any] = {
             "result_id": result.id,
             "workload": result.workload,
@@ -282,17 +283,15 @@ def compare_throughputs(
             differs.append("measured channels-last")
         try:
             with _workload_of(result) as named:
-                (estimate,) = predict(
-                    **named, gpus=[result.gpu], stack=stack_of(result), **_fit_options(run)
-                )
+                (estimate,) = predict(**named, gpus=[result.gpu], stack=stack, **_fit_options(run))
         except UsageError as exc:
             cases.append(MeasuredThroughputCase(**base, predicted=None, note=str(exc)))
             continue
         predicted = estimate.throughput
-        if result.compiled and stack_of(result) is not None:
+        if result.compiled and stack is not None:
             version = result.environment.libraries["transformers"]
             differs.append(
-                f"predicted with --stack {stack_of(result)}: its transformers {version} builds "
+                f"predicted with --stack {stack}: its transformers {version} builds "
                 "a dense causal mask under torch.compile"
             )
         if predicted is None or estimate.throughput_unit != result.throughput_unit:
@@ -340,21 +339,18 @@ def speed_ratios(cases: Sequence[MeasuredThroughputCase]) -> list[str]:
             pair = (key(fast), runs)
             if pair in seen:
                 continue
-            measured = fast.measured / slow.measured
             if same_compile and (fast.run.precision, slow.run.precision) == ("fp8", "bf16"):
-                seen.add(pair)
                 how = "both compiled" if fast.run.compile else "both eager"
-                line = f"fp8 over bf16, {size}, {how}: measured {measured:.3f}x"
-                if fast.predicted and slow.predicted:
-                    predicted = fast.predicted / slow.predicted
-                    line += f", predicted {predicted:.3f}x ({predicted / measured - 1:+.1%})"
-                out.append(line)
+                label = f"fp8 over bf16, {size}, {how}"
             elif fast.run.precision == slow.run.precision and fast.run.compile > slow.run.compile:
-                seen.add(pair)
-                line = f"compiled over eager, {size}, {fast.run.precision}: "
-                line += f"measured {measured:.3f}x"
-                if fast.predicted and slow.predicted:
-                    predicted = fast.predicted / slow.predicted
-                    line += f", predicted {predicted:.3f}x ({predicted / measured - 1:+.1%})"
-                out.append(line)
+                label = f"compiled over eager, {size}, {fast.run.precision}"
+            else:
+                continue
+            seen.add(pair)
+            measured = fast.measured / slow.measured
+            line = f"{label}: measured {measured:.3f}x"
+            if fast.predicted and slow.predicted:
+                predicted = fast.predicted / slow.predicted
+                line += f", predicted {predicted:.3f}x ({predicted / measured - 1:+.1%})"
+            out.append(line)
     return out
