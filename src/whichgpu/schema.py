@@ -564,6 +564,14 @@ class RunConfig(_Frozen):
     (the interleaved 1F1B schedule: Megatron-LM's virtual pipeline, torchtitan's
     ``Interleaved1F1B``), which cuts the pipeline's bubble by this factor, multiplies its
     sends by it, and keeps more micro-batches in flight; 1: plain 1F1B."""
+    context_parallel: int = 1
+    """Training: GPUs that split every sequence between them (context parallel: Megatron-Core's
+    ``--context-parallel-size``, torchtitan's ``context_parallel_degree``). Each holds and
+    computes 1/C of every sequence's tokens (the sequence cut into 2C chunks, two a GPU, so
+    that causal attention's work is even) and passes the keys and values around a ring so that
+    its queries attend over the whole sequence. Every GPU of the group holds the whole model
+    state, reduced (and, under ZeRO/FSDP, sharded) with the data-parallel copies. ``gpus`` is a
+    multiple of ``tensor_parallel x pipeline_parallel x context_parallel``."""
     fp8_all_gather: bool = False
     """Training in ``fp8`` under ``zero3``/``fsdp``/``hsdp``: FSDP gathers the converted linear
     layers' weights in fp8, one byte a weight instead of two (torchao's
@@ -586,11 +594,11 @@ class RunConfig(_Frozen):
         return f"{split}, {self.sharding}" if split else self.sharding
 
     def model_parallel(self) -> int:
-        """GPUs that hold one copy of the model between them: ``tensor_parallel x
-        pipeline_parallel`` (1 for inference, whose ``gpus`` are all tensor parallel)."""
+        """GPUs that run one micro-batch between them: ``tensor_parallel x pipeline_parallel x
+        context_parallel`` (1 for inference, whose ``gpus`` are all tensor parallel)."""
         if self.mode == "inference":
             return 1
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
 
     def data_parallel(self) -> int:
         """Copies of the model training side by side on their own batches: training's
@@ -598,6 +606,14 @@ class RunConfig(_Frozen):
         if self.mode == "inference":
             return 1
         return max(1, self.gpus // self.model_parallel())
+
+    def state_group(self) -> int:
+        """GPUs that hold the same share of the model state and reduce its gradients together
+        (ZeRO and FSDP shard it over them): the data-parallel copies times the context-parallel
+        GPUs of each, which work on the same weights (1 for inference)."""
+        if self.mode == "inference":
+            return 1
+        return self.data_parallel() * self.context_parallel
 
     def model_parallel_words(self) -> str:
         """The model-parallel split in words (``tensor parallel 2 x pipeline parallel 4``);
@@ -610,6 +626,8 @@ class RunConfig(_Frozen):
                 f" ({self.virtual_stages} virtual stages)" if self.virtual_stages > 1 else ""
             )
             parts.append(f"pipeline parallel {self.pipeline_parallel}{interleaved}")
+        if self.context_parallel > 1:
+            parts.append(f"context parallel {self.context_parallel}")
         return " x ".join(parts)
 
     def memory_levers(self) -> tuple[str, ...]:

@@ -80,6 +80,7 @@ class RunOptions:
     tensor_parallel: int | None = None
     pipeline_parallel: int | None = None
     virtual_stages: int | None = None
+    context_parallel: int | None = None
     fp8_all_gather: bool | None = None
     network: str | None = None
 

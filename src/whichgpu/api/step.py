@@ -29,7 +29,7 @@ from whichgpu.workloads import check_for_workload, select_workload
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.hf import read_config
 from whichgpu.workloads.registry import get_workload
-from whichgpu.workloads.run_config import inference_context
+from whichgpu.workloads.run_config import inference_context, split_options
 
 if TYPE_CHECKING:
     from whichgpu.estimate.compiled import FusedKernels
@@ -457,10 +457,7 @@ def _model_parallel_config(
     from whichgpu.estimate.model_parallel import plan_refusal
 
     words = run.model_parallel_words()
-    why = (
-        f"{chosen.info.name} cannot train {words} ({option('tensor_parallel')}, "
-        f"{option('pipeline_parallel')})"
-    )
+    why = f"{chosen.info.name} cannot train {words} ({split_options(run)})"
     try:
         doc = _config_doc(chosen, config)
         refusal = plan_refusal(doc, run)
@@ -523,7 +520,12 @@ def _exchange_state(step: Step) -> StepState | None:
     data-parallel training, hidden states in tensor-parallel inference."""
     from whichgpu.estimate.data_parallel import run_parallel
     from whichgpu.estimate.prediction import StepState
-    from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes
+    from whichgpu.estimate.serving import (
+        kv_bytes_per_token,
+        kv_heads,
+        layer_shape,
+        serving_dtype_bytes,
+    )
     from whichgpu.estimate.sharding import (
         fp8_gathered_share,
         stage_work_share,
@@ -561,6 +563,8 @@ def _exchange_state(step: Step) -> StepState | None:
         parameter_bytes=parameter_bytes,
         layers=layers,
         hidden_bytes_per_token=hidden * element_bytes,
+        kv_heads=kv_heads(step.model_config),
         state_share=plan.state_share,
         stage_work_share=stage_work_share(sizes, step.run.pipeline_parallel),
+        kv_bytes_per_token=kv_bytes_per_token(step.model_config, element_bytes) // layers,
     )

@@ -306,6 +306,19 @@ VirtualStagesOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+ContextParallelOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--context-parallel",
+        help="Training: GPUs that split every sequence between them (context parallel, as "
+        "Megatron-Core's --context-parallel-size and torchtitan's context_parallel_degree; "
+        "default 1). Each holds 1/C of every sequence's activations and passes keys and values "
+        "around a ring; each holds the whole model state (sharded with the copies under "
+        "--sharding zero2/fsdp). For long sequences: --seq-len 131072 --gpus 16 "
+        "--context-parallel 8. --seq-len must divide into 2C chunks.",
+        rich_help_panel=_RUN,
+    ),
+]
 NetworkOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(

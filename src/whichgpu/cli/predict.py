@@ -45,6 +45,7 @@ def predict(
     tensor_parallel: o.TensorParallelOption = None,
     pipeline_parallel: o.PipelineParallelOption = None,
     virtual_stages: o.VirtualStagesOption = None,
+    context_parallel: o.ContextParallelOption = None,
     fp8_all_gather: o.Fp8AllGatherOption = False,
     network: o.NetworkOption = None,
     calibrate: Annotated[

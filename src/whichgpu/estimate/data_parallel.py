@@ -284,11 +284,13 @@ def memory_parallel(
     pipeline: int = 1,
     virtual: int = 1,
     fp8_gather: bool = False,
+    context: int = 1,
 ) -> Parallel:
     """What one GPU's memory is split by: ``n_gpus`` data-parallel copies and ``sharding``,
     with HSDP's shard group in place of the GPUs (``shard_group``), each copy split ``tensor``
     ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU);
-    ``fp8_gather``: FSDP gathers the blocks' weights in fp8."""
+    ``fp8_gather``: FSDP gathers the blocks' weights in fp8; ``context``: the GPUs that split
+    each sequence, counted among the ``n_gpus`` that share the model state."""
     return Parallel(
         shard_group(n_gpus, sharding, links, tensor=tensor),
         sharding,
@@ -296,21 +298,24 @@ def memory_parallel(
         pipeline,
         virtual,
         fp8_gather,
+        context,
     )
 
 
 def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
-    """What one GPU of a training ``run`` holds a share of: its data-parallel copies under
-    its sharding, each split by its tensor- and pipeline-parallel degrees
+    """What one GPU of a training ``run`` holds a share of: the GPUs that share its model
+    state under its sharding (the data-parallel copies times the context-parallel GPUs of
+    each), each copy split by its tensor- and pipeline-parallel degrees
     (``memory_parallel``)."""
     return memory_parallel(
-        run.data_parallel(),
+        run.state_group(),
         run.sharding,
         links,
         tensor=run.tensor_parallel,
         pipeline=run.pipeline_parallel,
         virtual=run.virtual_stages,
         fp8_gather=run.fp8_all_gather,
+        context=run.context_parallel,
     )
 
 

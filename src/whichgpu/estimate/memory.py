@@ -205,6 +205,12 @@ def workspace_reserved_bytes(workspaces: tuple[int, ...]) -> int:
 
 CONV_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 """Bytes per element of a convolution's activations, by the dtype of its input."""
+ATTENTION_ELEMENT_BYTES = CONV_ELEMENT_BYTES
+"""Bytes of an attention call's key and value elements, by the dtype the trace recorded."""
+CONTEXT_RING_CHUNKS = 4
+"""Chunks of one layer's keys and values a context-parallel GPU holds beyond its own while
+attention's backward runs: the chunk it works on, the next arriving, and the gradients of two
+on their way (``StepMemory.context_ring_bytes``)."""
 
 
 class StepMemory:
@@ -346,6 +352,29 @@ class StepMemory:
         )
         self._attention[key] = found
         return found
+
+    def context_ring_bytes(
+        self, batch_size: int, seq_len: int | None, context: int, tensor: int = 1
+    ) -> int:
+        """What context parallel over ``context`` GPUs adds to one GPU's peak beyond its share
+        of the traced step: the chunks of keys and values passing around the ring while one
+        layer's attention runs. In the backward pass, the heaviest, a GPU holds the chunk it
+        works on and the next one arriving, and the gradients of each chunk's keys and values
+        on their way back: four chunks, each 1/``context`` of the layer's keys and values (of
+        the largest attention call, at its dtype; its key/value heads split over ``tensor``
+        GPUs, a whole head at least). 0 without context parallel or attention."""
+        if context <= 1 or not self._attention_ops:
+            return 0
+        values = self.profile.polynomials.values(batch_size, seq_len)
+        largest = 0
+        for op in self._attention_ops:
+            if op.phase != "forward" or op.attention is None:
+                continue
+            batch, _, kv_heads, _, kv_len, head_dim = (int(values[i]) for i in op.attention[:6])
+            heads = -(-kv_heads // tensor)
+            element = ATTENTION_ELEMENT_BYTES.get(op.dtype, 4)
+            largest = max(largest, 2 * batch * heads * kv_len * head_dim * element)
+        return CONTEXT_RING_CHUNKS * round_request(-(-largest // context))
 
     def replay(
         self,
@@ -618,7 +647,15 @@ def estimate_on_gpu(
         raise UsageError("A sequence length is needed for this workload (--seq-len).")
     capacity = capacity_of(gpu, catalog)
     workspaces = workspace_sizes(gpu, stack, run.mode)
-    groups = sum(n > 1 for n in (run.data_parallel(), run.tensor_parallel, run.pipeline_parallel))
+    groups = sum(
+        n > 1
+        for n in (
+            run.data_parallel(),
+            run.tensor_parallel,
+            run.pipeline_parallel,
+            run.context_parallel,
+        )
+    )
     outside = outside_allocator(stack, gpus=run.gpus, groups=groups)
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
@@ -649,8 +686,12 @@ def estimate_on_gpu(
         room = replay.peak_allocated_bytes - replay.outside_passes_peak_bytes
         return max(0, min(compiled_saving(batch, length), room))
 
+    def ring_bytes(batch: int, length: int | None) -> int:
+        return memory.context_ring_bytes(batch, length, run.context_parallel, run.tensor_parallel)
+
     def attention_bytes(batch: int, length: int | None = seq_len) -> int:
-        return memory.attention_extra(gpu, batch, length, run.precision).total_bytes
+        extra = memory.attention_extra(gpu, batch, length, run.precision).total_bytes
+        return extra + ring_bytes(batch, length)
 
     budget = capacity.bytes - outside_bytes
 
@@ -706,6 +747,9 @@ def estimate_on_gpu(
         - sum(round_request(w) for w in workspaces),
         **({"attention_kernels": attention.total_bytes} if attention.total_bytes else {}),
     }
+    ring = ring_bytes(batch, seq_len)
+    if ring:
+        overheads["context_parallel_ring"] = ring
     attention_note: tuple[str, ...] = ()
     if attention.total_bytes:
         attention_note = (
@@ -713,6 +757,12 @@ def estimate_on_gpu(
             f"({attention.reason}): {attention.total_bytes / 2**30:.2f} GiB beyond the traced "
             "fused kernel are counted (the math fallback's scores and probabilities, or a "
             "fused kernel's padding)",
+        )
+    if ring:
+        attention_note += (
+            f"context parallel: {ring / 2**30:.2f} GiB of keys and values passing around the "
+            f"ring are counted ({CONTEXT_RING_CHUNKS} chunks of one layer's, each 1/"
+            f"{run.context_parallel} of the sequence's, while attention's backward runs)",
         )
     next_total = None if capped or max_batch == 0 else device_total(max_batch + 1)
     # a paged optimizer's state lives in unified memory beside all this (estimate.paged)

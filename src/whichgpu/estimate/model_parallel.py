@@ -1,4 +1,5 @@
-"""Training with the model split across GPUs: what tensor and pipeline parallelism add to a step.
+"""Training with a micro-batch split across GPUs: what tensor, pipeline and context parallelism
+add to a step.
 
 A run of ``gpus`` GPUs with ``tensor_parallel`` T and ``pipeline_parallel`` P holds ``gpus /
 (T x P)`` copies of the model side by side (data parallel, as ``estimate.data_parallel``
@@ -16,8 +17,10 @@ over the NIC when the stages are on different nodes; the interleaved schedule (V
 layers per GPU) cuts the bubble to ``(P - 1) / V`` and sends V times as often. Where each GPU
 sits follows Megatron-LM's order (tensor parallel innermost, then data parallel, then
 pipeline stages): the data-parallel copies of a GPU exchange over the node's link while they
-fit in one node, and over the network otherwise. What is refused, and why: ``plan_refusal``.
-The method and its sources: docs/throughput.md, "Tensor and pipeline parallel training".
+fit in one node, and over the network otherwise. Context parallel over C GPUs gives each 1/C
+of every sequence's tokens and passes keys and values around a ring beside attention
+(``context_ring``). What is refused, and why: ``plan_refusal``. The method and its sources:
+docs/throughput.md, "Tensor and pipeline parallel training" and "Context parallel".
 """
 
 from __future__ import annotations
@@ -58,7 +61,8 @@ def plan_refusal(
     Tensor parallel stays within one node, whose link carries its per-layer exchanges (the
     network between nodes is several times slower), and splits the attention heads and the
     key/value heads evenly (Megatron-LM requires both to divide by it); pipeline parallel
-    needs a layer per stage at least."""
+    needs a layer per stage at least; context parallel over C GPUs cuts each sequence into 2C
+    equal chunks (Megatron-Core requires the length to divide by 2C)."""
     data = links or load_links()
     t, p = run.tensor_parallel, run.pipeline_parallel
     node = data.max_gpus_per_node
@@ -77,6 +81,14 @@ def plan_refusal(
                 f"{t} GPUs; tensor-parallel degrees that do: "
                 + (", ".join(str(n) for n in fits) or "none")
             )
+    c = run.context_parallel
+    if c > 1 and run.seq_len is not None and run.seq_len % (2 * c):
+        fits = [n for n in (2, 4, 8, 16, 32) if run.seq_len % (2 * n) == 0]
+        return (
+            f"context parallel {c} cuts each sequence into {2 * c} equal chunks (two a GPU, "
+            f"balancing causal attention), and {run.seq_len:,} tokens do not divide into them; "
+            f"context-parallel degrees that do: {', '.join(map(str, fits)) or 'none'}"
+        )
     if p > 1:
         layers, _ = layer_shape(config)
         v = run.virtual_stages
@@ -105,11 +117,18 @@ class ModelParallelStep:
     """The link of the tensor-parallel exchanges (None without tensor parallel)."""
     stage_link: str | None
     """The link between pipeline stages, in words (None without pipeline parallel)."""
+    context_s: float = 0.0
+    """Context parallel: the ring's passes of keys and values (and of their gradients) over
+    the step's micro-batches, as far as they outlast the attention they run beside."""
+    context_link: str | None = None
+    """The link the context-parallel ring runs over, in words (None without it)."""
+    context_hidden: float = 1.0
+    """Share of the ring's time hidden behind attention (1: all of it)."""
 
     @property
     def added_s(self) -> float:
         """All of it: time the step takes beyond its compute."""
-        return self.tensor_s + self.send_s + self.bubble_s
+        return self.tensor_s + self.send_s + self.bubble_s + self.context_s
 
 
 def model_parallel_step(
@@ -121,16 +140,22 @@ def model_parallel_step(
     hidden_bytes_per_token: int,
     layers: int,
     links: LinkData | None = None,
+    kv_bytes_per_token: float = 0.0,
+    attention_s: tuple[float, float] = (0.0, 0.0),
 ) -> ModelParallelStep:
-    """The tensor-parallel exchanges, pipeline sends and bubble of one optimizer step of
-    ``run`` on ``gpu``: ``micro_s`` is one micro-batch's forward and backward on this GPU
-    (its share of the stage's work), ``tokens`` a micro-batch's tokens, ``layers`` the whole
-    model's (a stage holds ``ceil(layers / P)``)."""
+    """The tensor-parallel exchanges, pipeline sends, context-parallel ring and bubble of one
+    optimizer step of ``run`` on ``gpu``: ``micro_s`` is one micro-batch's forward and
+    backward on this GPU (its share of the stage's work), ``tokens`` a micro-batch's tokens
+    (all of each sequence's, before context parallel splits them), ``layers`` the whole
+    model's (a stage holds ``ceil(layers / P)``); for context parallel,
+    ``kv_bytes_per_token`` is one token's keys and values in one layer as this GPU holds
+    them (its tensor-parallel share of the heads) and ``attention_s`` this GPU's attention
+    time in one micro-batch's forward and backward passes."""
     data = links or load_links()
     t, p, m = run.tensor_parallel, run.pipeline_parallel, run.grad_accum
     v = run.virtual_stages
     stage_layers = -(-layers // p)
-    micro_bytes = tokens * hidden_bytes_per_token
+    micro_bytes = tokens * hidden_bytes_per_token / run.context_parallel
     tensor_link = None
     per_micro_tensor = 0.0
     if t > 1:
@@ -146,25 +171,102 @@ def model_parallel_step(
         # forward: hidden states to the next stage; backward: their gradient to the previous;
         # interleaved, a micro-batch passes every GPU v times
         per_micro_send = 2 * v * micro_bytes / rate
+    per_micro_context = 0.0
+    context_link = None
+    hidden = 1.0
+    if run.context_parallel > 1:
+        ring = context_ring(run, gpu, tokens, kv_bytes_per_token, stage_layers, attention_s, data)
+        per_micro_context, context_link, hidden = ring.exposed_s, ring.link, ring.hidden
     # interleaved 1F1B: the bubble is (p - 1) micro-batch times of one chunk, 1/v of a stage
-    bubble_s = (p - 1) / v * (micro_s + per_micro_tensor + per_micro_send)
+    bubble_s = (p - 1) / v * (micro_s + per_micro_tensor + per_micro_send + per_micro_context)
     return ModelParallelStep(
         tensor_s=m * per_micro_tensor,
         send_s=m * per_micro_send,
         bubble_s=bubble_s,
         tensor_link=tensor_link,
         stage_link=stage_link,
+        context_s=m * per_micro_context,
+        context_link=context_link,
+        context_hidden=hidden,
     )
+
+
+@dataclass(frozen=True)
+class ContextRing:
+    """The context-parallel ring of one micro-batch on one GPU."""
+
+    ring_s: float
+    """The passes' time on the link, forward and backward."""
+    exposed_s: float
+    """What of it outlasts the attention it overlaps, layer by layer and pass by pass."""
+    link: str
+    """The link, in words."""
+
+    @property
+    def hidden(self) -> float:
+        """Share of the ring's time hidden behind attention."""
+        return 1.0 - self.exposed_s / self.ring_s if self.ring_s > 0 else 1.0
+
+
+def context_ring(
+    run: RunConfig,
+    gpu: GpuSpec,
+    tokens: int,
+    kv_bytes_per_token: float,
+    layers: int,
+    attention_s: tuple[float, float],
+    links: LinkData | None = None,
+) -> ContextRing:
+    """The ring of keys and values context parallel over C GPUs runs in each of ``layers``
+    layers for one micro-batch of ``tokens`` (ring attention: Liu et al., "Ring Attention with
+    Blockwise Transformers for Near-Infinite Context", arXiv 2310.01889; Megatron-Core's
+    context parallel passes the chunks peer to peer the same way). Each GPU holds 1/C of the
+    tokens; in the forward pass it passes C - 1 chunks of keys and values on (one chunk's
+    bytes: ``tokens / C x kv_bytes_per_token``) while it computes attention with the chunk it
+    has; in the backward pass the chunks go round again with their gradients, twice the bytes;
+    a recomputed layer's forward passes them once more. Each pass overlaps the attention it
+    feeds, so only what outlasts the layer's attention (``attention_s`` over the layers) is
+    added. The GPUs of a ring sit ``tensor_parallel`` apart (Megatron-LM's order: tensor
+    innermost, then context), so the ring stays in the node (or NVLink domain) while
+    ``T x C`` GPUs fit in it, at the node link's rate NCCL reaches, and otherwise crosses the
+    network at the GPU's own NIC's."""
+    data = links or load_links()
+    c = run.context_parallel
+    span = run.tensor_parallel * c
+    if span <= link_domain(gpu, data):
+        node = gpu_link(gpu, span, data)
+        rate, words = node.bus_bytes_per_s, node.description
+    else:
+        fabric = get_fabric(run.network, data)
+        rate = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
+        words = f"{fabric.id}, {fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s per GPU"
+    pass_s = (c - 1) * tokens / c * kv_bytes_per_token / rate  # one layer, one pass
+    recomputed = _recomputed_layers(run)
+    forward, backward = (s / layers for s in attention_s)
+    # a recomputed layer's attention runs in the backward phase beside its own ring pass
+    forward_exposed = max(0.0, pass_s - forward)
+    backward_exposed = max(0.0, (2 + recomputed) * pass_s - backward)
+    return ContextRing(
+        ring_s=layers * (3 + recomputed) * pass_s,
+        exposed_s=layers * (forward_exposed + backward_exposed),
+        link=words,
+    )
+
+
+def _recomputed_layers(run: RunConfig) -> float:
+    """Share of the layers whose forward pass the backward repeats (``full``: all;
+    ``every-N``: one in N); none for ``selective``, which keeps attention's outputs."""
+    every = run.checkpointing_every_layers()
+    if every is None or run.checkpointing_policy == "selective":
+        return 0.0
+    return 1 / every
 
 
 def _recomputed_exchanges(run: RunConfig) -> float:
     """Exchanges per layer that recomputation repeats: the forward's two for every
     recomputed layer (``full``: all; ``every-N``: one in N); none for ``selective``, which
     recomputes only the cheap operators between the exchanges."""
-    every = run.checkpointing_every_layers()
-    if every is None or run.checkpointing_policy == "selective":
-        return 0.0
-    return RECOMPUTED_EXCHANGES_PER_LAYER / every
+    return RECOMPUTED_EXCHANGES_PER_LAYER * _recomputed_layers(run)
 
 
 def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, str]:
@@ -181,25 +283,27 @@ def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, st
 
 
 def data_parallel_link(gpu: GpuSpec, run: RunConfig, links: LinkData | None = None) -> Link:
-    """The link a GPU's data-parallel copies exchange gradients over under ``run``'s split:
-    the node's own while tensor-parallel groups x copies fit in one node (or one NVLink
+    """The link a GPU's data-parallel copies (with the context-parallel GPUs of each, which
+    reduce the same gradients) exchange gradients over under ``run``'s split: the node's own
+    while tensor-parallel groups x copies fit in one node (or one NVLink
     domain, ``link_domain``), else the network,
     whose NICs in a node carry as many rings side by side as the node holds GPUs of one
     copy's group (``node / T``, at least one)."""
     data = links or load_links()
     node = data.max_gpus_per_node
-    dp, t = run.data_parallel(), run.tensor_parallel
+    dp, t = run.state_group(), run.tensor_parallel
     inside = gpu_link(gpu, min(link_domain(gpu, data), max(2, dp * t)), data)
     if dp * t <= link_domain(gpu, data):
         return inside
     fabric = get_fabric(run.network, data)
+    who = "copies" if run.context_parallel == 1 else "GPUs"
     per_node = max(1, node // t)
     share = data.bus_efficiency["network"]
     nic = per_node * fabric.bytes_per_s_per_gpu
     bound = "the network" if nic * share < inside.bus_bytes_per_s else "the node's link"
     return Link(
         kind="network",
-        description=f"{dp} copies over {fabric.id} ({fabric.gbit_per_s_per_gpu:,.0f} Gb/s per "
+        description=f"{dp} {who} over {fabric.id} ({fabric.gbit_per_s_per_gpu:,.0f} Gb/s per "
         f"GPU, {per_node} per node in each ring); {bound} sets the pace",
         peak_bytes_per_s=min(nic, inside.peak_bytes_per_s),
         bus_bytes_per_s=min(nic * share, inside.bus_bytes_per_s),
@@ -226,5 +330,16 @@ def model_parallel_note(run: RunConfig, step: ModelParallelStep, share: float) -
             f"work); {schedule} over {m} micro-batches idles {idle:g} micro-batch times a step (a "
             f"bubble of {idle / (m + idle):.0%}); hidden states cross stages over "
             f"{step.stage_link}"
+        )
+    if step.context_link is not None:
+        c = run.context_parallel
+        parts.append(
+            f"context parallel over {c} GPUs: each runs 1/{c} of every sequence's tokens "
+            f"through the forward and backward passes (attention's score blocks shared evenly "
+            f"by balanced causal chunks) and the whole optimizer step; keys and values pass "
+            f"around the ring over {step.context_link}, {c - 1} chunks a layer and pass, "
+            "twice in the backward pass (with their gradients), beside the attention they "
+            f"feed: {step.context_hidden:.0%} of it hidden; the gradients are reduced over the "
+            f"{run.state_group()} GPUs that hold the same weights"
         )
     return "; ".join(parts)

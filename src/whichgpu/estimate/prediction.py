@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from whichgpu.estimate.compiled import FusedKernels, compiled_note, compiled_table
 from whichgpu.estimate.data_parallel import (
     all_reduce_s,
@@ -37,6 +39,7 @@ from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
     SHARDED_OPTIMIZER,
     GpuRates,
+    OpTable,
     PerfParameters,
     StepTime,
     error_band,
@@ -47,7 +50,9 @@ from whichgpu.estimate.throughput import (
     peak_limited_s,
     read_experts,
     restrict,
+    select_rows,
     shard_optimizer,
+    split_tokens,
     split_work,
     step_time,
 )
@@ -78,6 +83,9 @@ class StepState:
     stage_work_share: float = 1.0
     """Pipeline-parallel training: the busiest stage's share of the model's work
     (``sharding.stage_work_share``: what sets the pipeline's pace); 1 without stages."""
+    kv_bytes_per_token: int = 0
+    """Split training: one token's keys and values in one layer, all key/value heads, in the
+    activations' dtype (what context parallel passes around its ring)."""
 
     def attention_bytes_share(self, gpus: int) -> float | None:
         """The share of attention's bytes (its KV reads) one of ``gpus`` tensor-parallel GPUs
@@ -307,6 +315,14 @@ class ThroughputPredictor:
             f"optimizer update; throughput counts all {run.grad_accum} micro-batches" + exchange
         )
 
+    def _attention_s(self, table: OpTable, rates: GpuRates) -> tuple[float, float]:
+        """This GPU's attention time in one micro-batch's forward and backward passes (the
+        operators of ``table`` that are attention, timed as the step times them)."""
+        rows = np.flatnonzero(np.array([kind == "attention" for kind in table.kinds], dtype=bool))
+        counts = None if table.counts is None else table.counts[rows]
+        timed = step_time(select_rows(table, rows, counts), rates, self.run.precision, self.params)
+        return timed.phase_s.get("forward", 0.0), timed.phase_s.get("backward", 0.0)
+
     def _with_tensor_note(self, assumptions: tuple[str, ...], step: StepTime) -> tuple[str, ...]:
         """``assumptions`` and, when the step runs on tensor cores, what their fitted efficiency
         rests on."""
@@ -456,8 +472,11 @@ class ThroughputPredictor:
                     replace(table, counts=table.weights * self.state.stage_work_share),
                     self.run.tensor_parallel,
                 )
-            if copies > 1 and self.run.sharding in SHARDED_OPTIMIZER:
-                group = shard_group(copies, self.run.sharding, tensor=self.run.tensor_parallel)
+                # and 1/C of each sequence's tokens through the passes
+                table = split_tokens(table, self.run.context_parallel)
+            sharers = self.run.state_group()
+            if sharers > 1 and self.run.sharding in SHARDED_OPTIMIZER:
+                group = shard_group(sharers, self.run.sharding, tensor=self.run.tensor_parallel)
                 table = shard_optimizer(table, group)
         raw = step_time(table, rates, precision, self.params)
         step, capped = _faster(raw, self.factor, peak_limited_s(table, rates, precision))
@@ -499,6 +518,9 @@ class ThroughputPredictor:
                 tokens=memory.batch_size * (memory.seq_len or 1),
                 hidden_bytes_per_token=self.state.hidden_bytes_per_token,
                 layers=self.state.layers,
+                kv_bytes_per_token=self.state.kv_bytes_per_token
+                * (self.state.attention_bytes_share(self.run.tensor_parallel) or 1.0),
+                attention_s=self._attention_s(table, rates),
             )
             split_s, bubble_s = split.added_s, split.bubble_s
             assumptions += (model_parallel_note(self.run, split, self.state.stage_work_share),)
@@ -514,14 +536,14 @@ class ThroughputPredictor:
             elif accumulate:  # DDP's no_sync: one all-reduce, behind the last backward
                 backward_s /= self.run.grad_accum
             exposed_s = 0.0
-            if copies > 1:
+            if sharers > 1:
                 parallel = data_parallel_step(
                     seconds / exchanges,
                     backward_s / exchanges,
                     round(self.state.gradient_bytes * self.state.state_share),
                     round(self.state.parameter_bytes * self.state.state_share),
                     gpu,
-                    copies,
+                    sharers,
                     self.run.sharding,
                     network=self.run.network,
                     link=data_parallel_link(gpu, self.run)

@@ -68,11 +68,15 @@ class Parallel:
     fp8_gather: bool = False
     """ZeRO-3/FSDP gather the repeated blocks' weights in fp8 (fp8 training's all-gather):
     one byte a weight in the gathered units."""
+    context: int = 1
+    """GPUs each sequence is split over (context parallel): each holds 1/``context`` of every
+    activation and the whole model state, which it shares with the others as data-parallel
+    copies do (``gpus`` counts them)."""
 
     @property
     def model_parallel(self) -> bool:
-        """Whether the model itself is split (tensor or pipeline parallel)."""
-        return self.tensor > 1 or self.pipeline > 1
+        """Whether a micro-batch is split (tensor, pipeline or context parallel)."""
+        return self.tensor > 1 or self.pipeline > 1 or self.context > 1
 
 
 SINGLE_GPU = Parallel()
@@ -226,7 +230,7 @@ def model_parallel_shares(
     pipeline-parallel split (see ``ShardingPlan``); ``(1, 1, ())`` without one."""
     if not parallel.model_parallel:
         return 1.0, 1.0, ()
-    t, p, v = parallel.tensor, parallel.pipeline, parallel.virtual
+    t, p, v, c = parallel.tensor, parallel.pipeline, parallel.virtual, parallel.context
     stage = stage_share(parameter_bytes, p)
     # the interleaved schedule's first stage holds more micro-batches in flight (Korthikanti
     # et al., "Reducing Activation Recomputation in Large Transformer Models", arXiv
@@ -256,7 +260,15 @@ def model_parallel_shares(
             f"interleaved schedule, {v} chunks of layers per GPU: the first stage keeps "
             f"{in_flight:.3f} times that in flight (Korthikanti et al. 2022, section 4.2.3)"
         )
-    return stage / t, in_flight / t, tuple(notes)
+    if c > 1:
+        notes.append(
+            f"context parallel over {c} GPUs: each holds 1/{c} of every sequence's tokens (two "
+            f"of {2 * c} chunks, so causal attention's work is even) and so 1/{c} of every "
+            "activation, the attention's saved outputs included (the keys and values it "
+            "receives around the ring are counted apart); the whole model state on each, "
+            "shared with the data-parallel copies"
+        )
+    return stage / t, in_flight / (t * c), tuple(notes)
 
 
 def _model_parallel_bytes(nbytes: int, share: float) -> int:
@@ -326,7 +338,7 @@ def make_plan(
     state, activations, split_notes = model_parallel_shares(parallel, parameter_bytes)
     if parallel.model_parallel:
         plan = make_plan(
-            replace(parallel, tensor=1, pipeline=1, virtual=1),
+            replace(parallel, tensor=1, pipeline=1, virtual=1, context=1),
             [_model_parallel_bytes(b, state) for b in parameter_bytes],
             [_model_parallel_bytes(b, state) for b in gradient_bytes],
             math.ceil(trainable_params * state),

@@ -784,6 +784,20 @@ def split_work(table: OpTable, parts: int, attention_bytes_share: float | None =
     return replace(table, flops=table.flops / parts, bytes_moved=table.bytes_moved * bytes_share)
 
 
+def split_tokens(table: OpTable, parts: int) -> OpTable:
+    """``table`` as one of ``parts`` GPUs runs it in context parallel, each with 1/``parts``
+    of every sequence's tokens: the forward and backward passes' operators with 1/``parts``
+    of their FLOPs and bytes (attention's too: balanced causal chunks give each GPU an equal
+    share of the score blocks), the optimizer's whole (each GPU holds the whole model state);
+    each GPU still launches every kernel. The weights a matrix product reads are divided with
+    the rest, which is exact where the product is bound by its FLOPs, as at the lengths
+    context parallel is used for."""
+    if parts <= 1:
+        return table
+    share = np.where(np.isin(table.phases, ("forward", "backward")), 1 / parts, 1.0)
+    return replace(table, flops=table.flops * share, bytes_moved=table.bytes_moved * share)
+
+
 def peak_limited_s(
     table: OpTable, rates: GpuRates, precision: Precision, engines: tuple[Any, Any] | None = None
 ) -> float:

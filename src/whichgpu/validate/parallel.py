@@ -4,7 +4,7 @@ Llama 3 pre-training: GPUs, TP, PP, virtual pipeline, micro-batch, global batch,
 length, precision and the tokens/s per GPU reached) is asked of ``predict`` with the same split
 (timed as if it fitted where ``fit`` refuses it, ``timing.predict_even_if_unfit``), and the
 tokens/s per GPU compared (error positive: predicted faster); rows whose settings whichgpu does
-not model (context or expert parallel, no micro-batch or tokens/s stated) are listed with the
+not model (expert parallel, no micro-batch or tokens/s stated) are listed with the
 reason they are left out. Megatron's distributed optimizer shards
 optimizer state and master weights (ZeRO-1), for which whichgpu's nearest strategy is
 ``zero2``; rows whose notes say FSDP is on run as ``fsdp``. Megatron-Core runs Transformer
@@ -97,8 +97,8 @@ class ParallelRow:
 
     @property
     def model_parallel(self) -> bool:
-        """Whether the row splits the model (TP or PP above 1)."""
-        return self.tp > 1 or self.pp > 1
+        """Whether the row splits a micro-batch (TP, PP or CP above 1)."""
+        return self.tp > 1 or self.pp > 1 or (self.cp or 1) > 1
 
     @property
     def layout(self) -> str:
@@ -137,8 +137,6 @@ class ParallelRow:
         from whichgpu.workloads import get_workload
 
         why = []
-        if (self.cp or 1) != 1:
-            why.append(f"context parallel {self.cp} is not modelled")
         if (self.ep or 1) != 1:
             why.append(f"expert parallel {self.ep} is not modelled")
         try:
@@ -158,8 +156,11 @@ class ParallelRow:
             why.append("no micro-batch stated")
         if self.tokens_per_s_per_gpu is None:
             why.append("no tokens/s per GPU published")
-        if (self.cp or 1) == 1 and self.dp * self.tp * self.pp != self.gpus:
-            why.append(f"DP{self.dp} x TP{self.tp} x PP{self.pp} is not the {self.gpus} GPUs")
+        cp = self.cp or 1
+        if self.dp * self.tp * self.pp * cp != self.gpus:
+            why.append(
+                f"DP{self.dp} x TP{self.tp} x PP{self.pp} x CP{cp} is not the {self.gpus} GPUs"
+            )
         elif self.micro_batch is not None and self.grad_accum() is None:
             why.append(
                 f"global batch {self.global_batch} / (micro-batch {self.micro_batch} x "
@@ -175,6 +176,7 @@ class ParallelRow:
             tensor_parallel=self.tp,
             pipeline_parallel=self.pp,
             virtual_stages=self.vp or 1,
+            context_parallel=self.cp or 1,
             grad_accum=self.grad_accum(),
             batch_size=self.micro_batch,
             seq_len=self.seq_len,

@@ -64,15 +64,14 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "TTFT is the engine's GPU steps only (no HTTP, tokenization or scheduler time)"
     ),
     "parallel": (
-        "each row's GPUs, TP, PP and virtual stages (interleaved 1F1B), micro-batch, "
+        "each row's GPUs, TP, PP, virtual stages (interleaved 1F1B) and CP, micro-batch, "
         "grad_accum = global batch / (micro-batch x DP), sequence length and precision "
         "(validate/data/parallel/README.md); Megatron's distributed optimizer (ZeRO-1) as "
         "zero2, rows whose notes say FSDP is on as fsdp; activation recomputation is not "
         "stated, so none; Transformer Engine's fused kernels as a compiled step (--compile: "
         "the work between the matrix products fused into kernels that read their inputs once); "
         "nodes of 8 joined by the default fabric (InfiniBand NDR), GB200 within its 72-GPU "
-        "NVLink domain; left out: context or expert parallel, rows without a micro-batch or a "
-        "tokens/s"
+        "NVLink domain; left out: expert parallel, rows without a micro-batch or a tokens/s"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -158,11 +158,11 @@ def distribution_version(distribution: str) -> str | None:
 
 def traced_run(run: RunConfig) -> RunConfig:
     """``run`` without what a trace does not depend on: the sizes, the GPUs, the sharding, the
-    tensor- or pipeline-parallel split and fp8 all-gather (and, for inference, the concurrency
-    and the context, with the generated tokens made explicit); of gradient accumulation only
-    whether there is any (every count above one traces the same micro-step; the eager step
-    stands for a compiled one, whose difference ``trace.compiled`` derives) — the same for
-    every question the profile answers."""
+    tensor-, pipeline- or context-parallel split and fp8 all-gather (and, for inference, the
+    concurrency and the context, with the generated tokens made explicit); of gradient
+    accumulation only whether there is any (every count above one traces the same
+    micro-step; the eager step stands for a compiled one, whose difference ``trace.compiled``
+    derives) — the same for every question the profile answers."""
     update: dict[str, Any] = {
         "batch_size": None,
         "seq_len": None,
@@ -171,6 +171,7 @@ def traced_run(run: RunConfig) -> RunConfig:
         "tensor_parallel": 1,
         "pipeline_parallel": 1,
         "virtual_stages": 1,
+        "context_parallel": 1,
         "fp8_all_gather": False,
         "network": None,
         "compile": False,

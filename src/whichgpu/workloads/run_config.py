@@ -91,7 +91,7 @@ def run_config(**options: Any) -> RunConfig:
         )
     if "checkpointing_policy" in given:
         given["checkpointing_policy"] = _checkpointing_policy(given)
-    split = [given.get(n, 1) for n in ("tensor_parallel", "pipeline_parallel")]
+    split = [given.get(n, 1) for n in ("tensor_parallel", "pipeline_parallel", "context_parallel")]
     if "gpus" not in given and all(isinstance(n, int) and n >= 1 for n in split):
         count = math.prod(split)
         if count > 1:  # a split without a GPU count: one copy of the model on as many GPUs
@@ -117,6 +117,7 @@ def run_config(**options: Any) -> RunConfig:
         "tensor_parallel",
         "pipeline_parallel",
         "virtual_stages",
+        "context_parallel",
     ):
         value = getattr(run, name)
         if name == "new_tokens" and value == 0:  # prefill-only requests (inference only)
@@ -153,7 +154,7 @@ def run_config(**options: Any) -> RunConfig:
                 f"{option('sharding')} {run.sharding} splits training state; it applies to "
                 f"{option('mode')} train only."
             )
-        for name in ("tensor_parallel", "pipeline_parallel", "virtual_stages"):
+        for name in ("tensor_parallel", "pipeline_parallel", "virtual_stages", "context_parallel"):
             if name in given and given[name] != 1:
                 raise UsageError(
                     f"{option(name)} splits a training run; inference on "
@@ -248,6 +249,17 @@ def _check_fp8_all_gather(run: RunConfig) -> None:
         )
 
 
+def split_options(run: RunConfig) -> str:
+    """The options that split ``run``'s micro-batch over GPUs, as an error names them
+    (``--tensor-parallel and --context-parallel``)."""
+    names = [
+        option(name)
+        for name in ("tensor_parallel", "pipeline_parallel", "context_parallel")
+        if getattr(run, name) > 1
+    ]
+    return " and ".join(names) or option("tensor_parallel")
+
+
 def _check_model_parallel(run: RunConfig) -> None:
     """Refuse a tensor- or pipeline-parallel plan that cannot run as asked, or that the
     estimates do not model, with the reason (what the model's shape must allow is checked
@@ -286,8 +298,8 @@ def _check_model_parallel(run: RunConfig) -> None:
         raise UsageError(
             f"{words} is modelled for full training only; {option('method')} {run.method} "
             "trains a few adapter weights, and a model that needs splitting for LoRA is "
-            f"better served by {option('sharding')} fsdp. Drop {option('tensor_parallel')} and "
-            f"{option('pipeline_parallel')}, or use {option('method')} full."
+            f"better served by {option('sharding')} fsdp. Drop {split_options(run)}, or use "
+            f"{option('method')} full."
         )
     if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
         raise UsageError(
