@@ -479,9 +479,11 @@ logits of the whole batch exist in any dtype). See ``whichgpu.workloads.hf``."""
 CHECKPOINTING_POLICY_PATTERN = r"^(full|selective|every-[1-9][0-9]*)$"
 """The forms of ``RunConfig.checkpointing_policy``: ``full``, ``selective``, ``every-N``."""
 Method = Literal["full", "lora", "qlora"]
-Sharding = Literal["ddp", "zero2", "zero3", "fsdp", "hsdp"]
-"""How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero2``
-(gradients and optimizer state split), ``zero3``/``fsdp`` (parameters split too), ``hsdp``
+Sharding = Literal["ddp", "zero1", "zero2", "zero3", "fsdp", "hsdp"]
+"""How data-parallel GPUs share the model state: ``ddp`` (each holds all of it), ``zero1``
+(the optimizer state and master weights split, the gradients whole and reduced once a step:
+DeepSpeed's ZeRO stage 1, Megatron-Core's distributed optimizer), ``zero2`` (gradients and
+optimizer state split), ``zero3``/``fsdp`` (parameters split too), ``hsdp``
 (FSDP's hybrid sharding: split as ``fsdp`` among the GPUs of each node, each node a replica;
 on one node the same as ``fsdp``)."""
 ThroughputUnit = Literal["images", "tokens", "sequences", "samples"]
@@ -564,6 +566,12 @@ class RunConfig(_Frozen):
     (the interleaved 1F1B schedule: Megatron-LM's virtual pipeline, torchtitan's
     ``Interleaved1F1B``), which cuts the pipeline's bubble by this factor, multiplies its
     sends by it, and keeps more micro-batches in flight; 1: plain 1F1B."""
+    tensor_parallel_overlap: bool = False
+    """Training with ``tensor_parallel`` > 1: the exchanges run beside the matrix products of
+    their layer (Megatron-Core's ``--tp-comm-overlap`` with Transformer Engine's userbuffers,
+    which NVIDIA's performance recipes turn on; torchtitan's async tensor parallel), so that
+    a layer's exchanges cost only what outlasts its matrix products; False: none of them
+    hidden."""
     context_parallel: int = 1
     """Training: GPUs that split every sequence between them (context parallel: Megatron-Core's
     ``--context-parallel-size``, torchtitan's ``context_parallel_degree``). Each holds and

@@ -75,6 +75,22 @@ def test_exchange_hides_behind_backward_but_for_the_last_bucket() -> None:
     assert fsdp.exposed_s < fsdp.exchange_s
 
 
+def test_zero1_reduces_once_a_step_where_zero2_reduces_every_micro_step() -> None:
+    # 16 GPUs over InfiniBand, 8 micro-steps a step: ZeRO-2 keeps only its gradient shard, so
+    # each micro-step's backward reduce-scatters; ZeRO-1 (and DDP) keep the whole gradients
+    # and reduce them once, behind the last micro-step
+    options = {"gpus": ["h100-sxm"], "gpu_count": 16, "batch_size": 2, "grad_accum": 8}
+    shares = {}
+    for sharding in ("ddp", "zero1", "zero2"):
+        (e,) = wg.predict("llama-3.2-1b", sharding=sharding, seq_len=2048, **options)
+        assert e.step_time_s is not None
+        shares[sharding] = e.time_shares["exchange"] * e.step_time_s
+        if sharding == "zero1":
+            assert any("ZeRO-1 exchanges the gradients once" in a for a in e.assumptions)
+    assert shares["zero1"] == pytest.approx(shares["ddp"], rel=0.05)
+    assert shares["zero2"] > 4 * shares["zero1"]
+
+
 def test_gpus_without_pcie_data_are_refused_with_a_reason() -> None:
     catalog = load_catalog()
     no_pcie = next(

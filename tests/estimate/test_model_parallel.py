@@ -13,6 +13,7 @@ from whichgpu.errors import NotSplittable, UsageError
 from whichgpu.estimate.data_parallel import load_links
 from whichgpu.estimate.model_parallel import (
     data_parallel_link,
+    model_parallel_note,
     model_parallel_step,
     plan_refusal,
 )
@@ -148,6 +149,54 @@ def test_pipeline_bubble_and_tensor_exchange_add_to_the_step(h100) -> None:  # t
         layers=32,
     )
     assert recomputed.tensor_s == pytest.approx(step.tensor_s * 6 / 4)
+
+
+def test_overlapped_tensor_exchanges_cost_only_what_outlasts_the_matrix_products(h100) -> None:  # type: ignore[no-untyped-def]
+    run = run_config(gpus=8, tensor_parallel=2, pipeline_parallel=4, grad_accum=8)
+    overlap = run.model_copy(update={"tensor_parallel_overlap": True})
+    shape = {"tokens": 4096, "hidden_bytes_per_token": 4096, "layers": 32}
+    plain = model_parallel_step(1.0, run, h100, **shape)
+    # the matrix products of a stage's 8 layers take far longer than the exchanges: all hidden
+    hidden = model_parallel_step(1.0, overlap, h100, **shape, gemm_s=1.0)
+    assert hidden.tensor_s == 0.0 and plain.tensor_s > 0
+    # products shorter than the exchanges: only the rest of each layer's is added
+    per_layer = plain.tensor_s / 8 / 8  # 8 micro-batches, 8 layers a stage
+    short = model_parallel_step(1.0, overlap, h100, **shape, gemm_s=8 * per_layer / 4)
+    assert short.tensor_s == pytest.approx(plain.tensor_s * 3 / 4)
+    assert short.bubble_s < plain.bubble_s
+    assert "beside the layer's matrix products" in model_parallel_note(overlap, hidden, 0.5)
+    assert "none of it hidden" in model_parallel_note(run, plain, 0.5)
+
+
+def test_overlap_needs_tensor_parallel() -> None:
+    with pytest.raises(UsageError) as info:
+        run_config(gpus=8, tensor_parallel_overlap=True)
+    from whichgpu.cli.output import error_message
+
+    assert error_message(info.value).startswith("--tp-overlap overlaps tensor parallel's")
+    assert "--tensor-parallel 2 or more" in error_message(info.value)
+
+
+def test_predict_with_overlap_is_faster_by_the_exchanges_it_hides() -> None:
+    options = {"gpus": ["h100-sxm"], "gpu_count": 4, "tensor_parallel": 4, "batch_size": 2}
+    (plain,) = predict("llama-3.2-1b", seq_len=2048, **options)
+    (overlap,) = predict("llama-3.2-1b", seq_len=2048, tensor_parallel_overlap=True, **options)
+    assert plain.step_time_s and overlap.step_time_s and plain.throughput and overlap.throughput
+    assert overlap.throughput > plain.throughput
+    exchanged = plain.time_shares["exchange"] * plain.step_time_s
+    assert plain.step_time_s - overlap.step_time_s <= exchanged + 1e-9
+    assert any("beside the layer's matrix products" in a for a in overlap.assumptions)
+
+
+def test_cli_predict_takes_the_overlap_and_refuses_it_without_a_split() -> None:
+    flags = ["--gpu", "h100-sxm", "--gpus", "4", "--tensor-parallel", "4", "--batch-size", "2"]
+    done = run_cli("predict", "llama-3.2-1b", *flags, "--tp-overlap", "--json", timeout_s=300)
+    assert done.returncode == 0, done.stderr
+    (speed,) = json.loads(done.stdout)
+    assert speed["run"]["tensor_parallel_overlap"] is True
+    refused = run_cli("predict", "llama-3.2-1b", "--gpu", "h100-sxm", "--tp-overlap")
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "--tp-overlap" in refused.stderr and "--tensor-parallel 2 or more" in refused.stderr
 
 
 def test_copies_exchange_inside_a_node_until_the_split_fills_it(h100) -> None:  # type: ignore[no-untyped-def]

@@ -721,7 +721,7 @@ def test_sharded_optimizer_steps_one_gpus_shard() -> None:
     from whichgpu.estimate.throughput import SHARDED_OPTIMIZER, op_table, shard_optimizer
     from whichgpu.workloads import get_workload, run_config
 
-    assert set(SHARDED_OPTIMIZER) == {"zero2", "zero3", "fsdp", "hsdp"}
+    assert set(SHARDED_OPTIMIZER) == {"zero1", "zero2", "zero3", "fsdp", "hsdp"}
     profile, _ = wg.scalable_profile(get_workload("gpt2"), run_config(precision="bf16"))
     table = op_table(profile, 2, 128)
     sharded = shard_optimizer(table, 8)

@@ -1,5 +1,5 @@
-"""Training on N GPUs: one rank's event stream under DDP, ZeRO-2 and ZeRO-3/FSDP, and ``fit``
-with ``--gpus`` and ``--sharding`` end to end."""
+"""Training on N GPUs: one rank's event stream under DDP, ZeRO-1, ZeRO-2 and ZeRO-3/FSDP, and
+``fit`` with ``--gpus`` and ``--sharding`` end to end."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from whichgpu.schema import Phase, RunConfig, Sharding, TensorCategory
 from whichgpu.units import MIB
 from whichgpu.workloads import run_config
 
-STRATEGIES: tuple[Sharding, ...] = ("ddp", "zero2", "zero3", "fsdp")
+STRATEGIES: tuple[Sharding, ...] = ("ddp", "zero1", "zero2", "zero3", "fsdp")
 
 # --- a tiny synthetic step ---------------------------------------------------------------------
 # Model order: embedding E, two identical blocks (a, b), head H. AMP-style bytes: the fp32
@@ -228,6 +228,27 @@ def test_zero2_splits_gradients_and_optimizer_state() -> None:
     assert [e[1] for e in events if e[0] == 40] == [shard_bytes(TEMP, n)] * 2
 
 
+def test_zero1_splits_the_optimizer_state_and_keeps_the_gradients_whole() -> None:
+    n = 4
+    events = tiny_step().rank(tiny_plan(n, "zero1"))
+    shards = sum(shard_bytes(p, n) for p in PARAMS)
+    bucket = PSI_BYTES  # the 5e8-element bucket, capped at all gradients
+    assert live(events) == {
+        "parameter": PSI_BYTES + shards,  # whole parameters + the 1/N master shard
+        "input": 64,
+        # whole gradients (reduced once a step), their fp32 shard and the reduce bucket
+        "gradient": PSI_BYTES + shards + bucket,
+        "optimizer": sum(shard_bytes(2 * p, n) for p in PARAMS),
+    }
+    assert [e[1] for e in events if e[0] == 40] == [shard_bytes(TEMP, n)] * 2
+    # AMP: the whole parameters and gradients are the 16-bit working copies
+    amp = amp_step().rank(tiny_plan(n, "zero1", sixteen_bit_working=True))
+    assert "parameter_cast" not in {e[3] for e in amp}
+    state = live(amp)
+    assert state["parameter"] == PSI_BYTES // 2 + shards
+    assert state["gradient"] == PSI_BYTES // 2 + shards + PSI_BYTES // 2
+
+
 def test_zero3_gathers_root_and_two_blocks_during_the_passes() -> None:
     n = 4
     s = tiny_step()
@@ -331,13 +352,13 @@ def test_zero_paper_model_states_in_our_categories() -> None:
             s.add(200 + i, 2 * p, True, "optimizer", "optimizer")
         state = live(s.rank(plan))
         element = 2 if working else 4
-        bucket = {
-            "ddp": 4 * psi,
-            "zero2": min(ZERO_REDUCE_BUCKET_ELEMENTS * element, element * psi),
-        }
+        zero_bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element, element * psi)
+        bucket = {"ddp": 4 * psi, "zero1": zero_bucket, "zero2": zero_bucket}
         return sum(state.values()) - 1 - bucket.get(how, 0)  # model states, no comm buffers
 
     assert states("ddp") == 16 * psi
+    # stage 1: 4Ψ + 12Ψ/N in the paper; ours adds the fp32 gradient shard, 4Ψ/N
+    assert states("zero1", working=True) == 4 * psi + 16 * psi // n >= 4 * psi + 12 * psi // n
     zero2 = 2 * psi + 14 * psi // n
     # ours: whole fp32 working copy 4Ψ + master shard 4Ψ/N + gradients 4Ψ/N + moments 8Ψ/N
     assert states("zero2") == 4 * psi + 16 * psi // n >= zero2
@@ -366,7 +387,8 @@ def test_zero3_below_zero2_below_ddp_for_a_big_model() -> None:
         how: memory.replay(1, 2048, (), Parallel(8, how)).peak_allocated_bytes for how in STRATEGIES
     }
     single = memory.replay(1, 2048, (), SINGLE_GPU).peak_allocated_bytes
-    assert peaks["fsdp"] == peaks["zero3"] < peaks["zero2"] < single < peaks["ddp"]
+    assert peaks["fsdp"] == peaks["zero3"] < peaks["zero2"] < peaks["zero1"] < peaks["ddp"]
+    assert peaks["zero2"] < single < peaks["ddp"]
     assert memory.replay(1, 2048, (), Parallel(1, "zero3")).peak_allocated_bytes == single
 
 
@@ -429,5 +451,5 @@ def test_run_config_checks_gpus_and_sharding() -> None:
     assert run_config(gpus=4, sharding="zero2").gpus == 4
     with pytest.raises(UsageError, match="at least 1"):
         run_config(gpus=-1)
-    with pytest.raises(UsageError, match="'ddp', 'zero2', 'zero3', 'fsdp' or 'hsdp'"):
+    with pytest.raises(UsageError, match="'ddp', 'zero1', 'zero2', 'zero3', 'fsdp' or 'hsdp'"):
         run_config(sharding="zero9")

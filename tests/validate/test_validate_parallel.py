@@ -85,14 +85,14 @@ def test_grad_accum_is_the_global_batch_over_micro_batch_times_dp() -> None:
     assert any("not a whole number" in why for why in uneven.left_out_reasons())
 
 
-def test_fsdp_is_read_from_the_notes_else_zero2() -> None:
+def test_fsdp_is_read_from_the_notes_else_the_distributed_optimizer_zero1() -> None:
     assert _row("mbridge-perf-25.11", "llama-3.1-8b", "h100-sxm").sharding == "fsdp"  # FSDP on
-    assert _row("mbridge-perf-25.11", "llama-3.1-8b", "b200").sharding == "zero2"  # FSDP=0
+    assert _row("mbridge-perf-25.11", "llama-3.1-8b", "b200").sharding == "zero1"  # FSDP=0
     assert _row("mbridge-perf-25.11", "llama-3.1-70b", "gb200").sharding == "fsdp"
     assert _row("mbridge-perf-26.02", "llama-3.1-70b", "gb200", tp=1).sharding == "fsdp"
     assert _row("nemo-perf-25.04", "llama-3.1-70b", "gb200").sharding == "fsdp"  # FSDP=1
-    assert _row("nemo-perf-25.04", "llama-3.1-8b", "gb200").sharding == "zero2"  # FSDP=0 (DDP)
-    assert _row("nemo-perf-25.02", "llama-3.1-8b", "b200").sharding == "zero2"  # not mentioned
+    assert _row("nemo-perf-25.04", "llama-3.1-8b", "gb200").sharding == "zero1"  # FSDP=0 (DDP)
+    assert _row("nemo-perf-25.02", "llama-3.1-8b", "b200").sharding == "zero1"  # not mentioned
 
 
 def test_a_context_parallel_row_is_predicted_with_its_split() -> None:
@@ -146,7 +146,7 @@ def test_a_small_model_is_compared_with_predict() -> None:
     assert case.note.endswith("fused kernels as --compile") or UNFIT_NOTE in case.note
     assert any(a.startswith("torch.compile (inductor") for a in estimate.assumptions)
     other = cases[1]
-    assert other.run.sharding == "zero2" and other.run.batch_size == 2
+    assert other.run.sharding == "zero1" and other.run.batch_size == 2
     assert other.predicted is not None and other.predicted > case.predicted  # B200 is faster
 
 

@@ -48,8 +48,8 @@ def fit(
 
     ``gpu_count=N`` (the CLI's ``--gpus``; ``gpus`` names the GPUs to check) estimates one of
     N GPUs training together, data parallel, each with its own batch, and ``sharding=`` says
-    what they split: ``"ddp"`` (default), ``"zero2"``, ``"zero3"``, ``"fsdp"`` or ``"hsdp"``
-    (``fsdp`` within each node of 8, replicated across nodes).
+    what they split: ``"ddp"`` (default), ``"zero1"``, ``"zero2"``, ``"zero3"``, ``"fsdp"`` or
+    ``"hsdp"`` (``fsdp`` within each node of 8, replicated across nodes).
 
     ``mode="inference"`` of a language model: the batch is the concurrency (sequences served
     at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;

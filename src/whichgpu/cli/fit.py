@@ -85,8 +85,8 @@ def fit(
     `whichgpu validate memory` shows its predictions against measured largest batches and
     peak memory.
 
-    --gpus N answers for one of N GPUs training data parallel (--sharding ddp, zero2, zero3
-    or fsdp), every figure per GPU; any N works, on one machine or many, since the memory of
+    --gpus N answers for one of N GPUs training data parallel (--sharding ddp, zero1, zero2,
+    zero3 or fsdp), every figure per GPU; any N works, on one machine or many, since the memory of
     one GPU does not depend on where the others are (predict and recommend stop at 8, one
     machine).
 

@@ -254,10 +254,11 @@ ShardingOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--sharding",
-        help="What the --gpus split: ddp (nothing; DDP adds gradient buckets; default), zero2 "
-        "(gradients and optimizer state), zero3 or fsdp (parameters too, gathered a layer at "
-        "a time), hsdp (fsdp within each node of 8, each node a replica; the nodes all-reduce "
-        "the gradient shards).",
+        help="What the --gpus split: ddp (nothing; DDP adds gradient buckets; default), zero1 "
+        "(optimizer state and master weights; gradients whole, reduced once a step: DeepSpeed "
+        "stage 1, Megatron's distributed optimizer), zero2 (gradients and optimizer state), "
+        "zero3 or fsdp (parameters too, gathered a layer at a time), hsdp (fsdp within each "
+        "node of 8, each node a replica; the nodes all-reduce the gradient shards).",
         rich_help_panel=_RUN,
     ),
 ]
@@ -306,6 +307,17 @@ VirtualStagesOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+TensorParallelOverlapOption = Annotated[
+    bool,
+    typer.Option(
+        "--tp-overlap",
+        help="Training with --tensor-parallel: time its exchanges as running beside the "
+        "matrix products of their layer (Megatron-Core's --tp-comm-overlap, which NVIDIA's "
+        "performance recipes turn on; torchtitan's async tensor parallel), so that only what "
+        "outlasts them adds to the step. Default: none of them hidden.",
+        rich_help_panel=_RUN,
+    ),
+]
 ContextParallelOption = Annotated[
     Optional[int],  # noqa: UP045
     typer.Option(
@@ -314,7 +326,7 @@ ContextParallelOption = Annotated[
         "Megatron-Core's --context-parallel-size and torchtitan's context_parallel_degree; "
         "default 1). Each holds 1/C of every sequence's activations and passes keys and values "
         "around a ring; each holds the whole model state (sharded with the copies under "
-        "--sharding zero2/fsdp). For long sequences: --seq-len 131072 --gpus 16 "
+        "--sharding zero1/zero2/fsdp). For long sequences: --seq-len 131072 --gpus 16 "
         "--context-parallel 8. --seq-len must divide into 2C chunks.",
         rich_help_panel=_RUN,
     ),

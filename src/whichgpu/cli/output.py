@@ -35,6 +35,7 @@ FLAG_OF_FIELD = {
     "budget_usd": "--budget",
     "within_hours": "--within",
     "memory_limit_gib": "--memory-limit",
+    "tensor_parallel_overlap": "--tp-overlap",
 }
 """The options whose flag is not the API's keyword in kebab case (``batch_size`` is
 ``--batch-size``)."""

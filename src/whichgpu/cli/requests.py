@@ -39,13 +39,14 @@ def target(ctx: typer.Context) -> Target:
 
 
 def run_options(ctx: typer.Context) -> RunOptions:
-    """The run options the command takes, as given; ``--checkpointing``, ``--compile`` or
-    ``--fp8-all-gather`` left off is no choice (a preset's may apply), so it is not given."""
+    """The run options the command takes, as given; ``--checkpointing``, ``--compile``,
+    ``--fp8-all-gather`` or ``--tp-overlap`` left off is no choice (a preset's may apply), so
+    it is not given."""
     from whichgpu.api.requests import RunOptions
 
     given = parameters(ctx)
     options = {f.name: given[f.name] for f in fields(RunOptions) if f.name in given}
-    for switch in ("checkpointing", "compile", "fp8_all_gather"):
+    for switch in ("checkpointing", "compile", "fp8_all_gather", "tensor_parallel_overlap"):
         if options.get(switch) is False:
             options[switch] = None
     return RunOptions(**options)

@@ -142,6 +142,7 @@ def model_parallel_step(
     links: LinkData | None = None,
     kv_bytes_per_token: float = 0.0,
     attention_s: tuple[float, float] = (0.0, 0.0),
+    gemm_s: float = 0.0,
 ) -> ModelParallelStep:
     """The tensor-parallel exchanges, pipeline sends, context-parallel ring and bubble of one
     optimizer step of ``run`` on ``gpu``: ``micro_s`` is one micro-batch's forward and
@@ -150,7 +151,9 @@ def model_parallel_step(
     model's (a stage holds ``ceil(layers / P)``); for context parallel,
     ``kv_bytes_per_token`` is one token's keys and values in one layer as this GPU holds
     them (its tensor-parallel share of the heads) and ``attention_s`` this GPU's attention
-    time in one micro-batch's forward and backward passes."""
+    time in one micro-batch's forward and backward passes; with ``tensor_parallel_overlap``,
+    ``gemm_s`` is this GPU's matrix-product time in them, which a layer's exchanges run
+    beside."""
     data = links or load_links()
     t, p, m = run.tensor_parallel, run.pipeline_parallel, run.grad_accum
     v = run.virtual_stages
@@ -161,9 +164,10 @@ def model_parallel_step(
     if t > 1:
         tensor_link = gpu_link(gpu, t, data)
         exchanges = TENSOR_EXCHANGES_PER_LAYER + _recomputed_exchanges(run)
-        per_micro_tensor = (
-            exchanges * stage_layers * all_reduce_s(micro_bytes, t, tensor_link, data)
-        )
+        per_layer = exchanges * all_reduce_s(micro_bytes, t, tensor_link, data)
+        if run.tensor_parallel_overlap:  # beside the layer's matrix products: what outlasts them
+            per_layer = max(0.0, per_layer - gemm_s / stage_layers)
+        per_micro_tensor = stage_layers * per_layer
     per_micro_send = 0.0
     stage_link = None
     if p > 1:
@@ -315,11 +319,16 @@ def model_parallel_note(run: RunConfig, step: ModelParallelStep, share: float) -
     share of the model's work)."""
     parts = [f"{run.model_parallel_words()} ({run.data_parallel()} data-parallel copies)"]
     if step.tensor_link is not None:
+        hidden = (
+            "beside the layer's matrix products, only what outlasts them added (Megatron's "
+            "--tp-comm-overlap, async tensor parallel)"
+            if run.tensor_parallel_overlap
+            else "none of it hidden behind compute (no asynchronous tensor parallel)"
+        )
         parts.append(
             f"each GPU runs 1/{run.tensor_parallel} of every operator of its stage and "
             f"exchanges hidden states {TENSOR_EXCHANGES_PER_LAYER} times a layer (plus the "
-            f"recomputed ones) over {step.tensor_link.description}, none of it hidden behind "
-            "compute (no asynchronous tensor parallel)"
+            f"recomputed ones) over {step.tensor_link.description}, {hidden}"
         )
     if step.stage_link is not None:
         p, v, m = run.pipeline_parallel, run.virtual_stages, run.grad_accum

@@ -37,6 +37,7 @@ from whichgpu.estimate.model_parallel import (
 from whichgpu.estimate.paged import paging_seconds, speed_note
 from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
 from whichgpu.estimate.throughput import (
+    EXCHANGE_EACH_MICRO_STEP,
     SHARDED_OPTIMIZER,
     GpuRates,
     OpTable,
@@ -301,13 +302,13 @@ class ThroughputPredictor:
         """What a step of gradient accumulation is timed as."""
         run = self.run
         exchange = ""
-        if run.data_parallel() > 1:
+        if run.state_group() > 1:
             exchange = (
-                "; every micro-step exchanges as a whole step does (ZeRO/FSDP reduce-scatter "
-                "the gradients of each backward)"
-                if run.sharding in SHARDED_OPTIMIZER
-                else "; DDP exchanges the gradients once, behind the last micro-step's backward "
-                "(no_sync on the others)"
+                "; every micro-step exchanges as a whole step does (ZeRO-2/3 and FSDP "
+                "reduce-scatter the gradients of each backward)"
+                if run.sharding in EXCHANGE_EACH_MICRO_STEP
+                else f"; {'DDP' if run.sharding == 'ddp' else 'ZeRO-1'} exchanges the "
+                "gradients once, behind the last micro-step's backward (no_sync on the others)"
             )
         return (
             f"gradient accumulation: an optimizer step is {run.grad_accum} micro-steps of "
@@ -315,10 +316,10 @@ class ThroughputPredictor:
             f"optimizer update; throughput counts all {run.grad_accum} micro-batches" + exchange
         )
 
-    def _attention_s(self, table: OpTable, rates: GpuRates) -> tuple[float, float]:
-        """This GPU's attention time in one micro-batch's forward and backward passes (the
-        operators of ``table`` that are attention, timed as the step times them)."""
-        rows = np.flatnonzero(np.array([kind == "attention" for kind in table.kinds], dtype=bool))
+    def _kind_s(self, table: OpTable, rates: GpuRates, kind: str) -> tuple[float, float]:
+        """This GPU's time in one micro-batch's forward and backward passes of the operators
+        of ``table`` of one ``kind`` (``attention``, ``gemm``), timed as the step times them."""
+        rows = np.flatnonzero(np.array([k == kind for k in table.kinds], dtype=bool))
         counts = None if table.counts is None else table.counts[rows]
         timed = step_time(select_rows(table, rows, counts), rates, self.run.precision, self.params)
         return timed.phase_s.get("forward", 0.0), timed.phase_s.get("backward", 0.0)
@@ -520,7 +521,8 @@ class ThroughputPredictor:
                 layers=self.state.layers,
                 kv_bytes_per_token=self.state.kv_bytes_per_token
                 * (self.state.attention_bytes_share(self.run.tensor_parallel) or 1.0),
-                attention_s=self._attention_s(table, rates),
+                attention_s=self._kind_s(table, rates, "attention"),
+                gemm_s=sum(self._kind_s(table, rates, "gemm")),
             )
             split_s, bubble_s = split.added_s, split.bubble_s
             assumptions += (model_parallel_note(self.run, split, self.state.stage_work_share),)
@@ -531,9 +533,9 @@ class ThroughputPredictor:
         if self.run.gpus > 1 and self.run.mode == "train":
             backward_s = step.phase_s.get("backward", 0.0)
             exchanges = 1
-            if accumulate and self.run.sharding in SHARDED_OPTIMIZER:
+            if accumulate and self.run.sharding in EXCHANGE_EACH_MICRO_STEP:
                 exchanges = self.run.grad_accum  # every micro-step reduce-scatters (gathers)
-            elif accumulate:  # DDP's no_sync: one all-reduce, behind the last backward
+            elif accumulate:  # DDP's no_sync, ZeRO-1: one exchange, behind the last backward
                 backward_s /= self.run.grad_accum
             exposed_s = 0.0
             if sharers > 1:

@@ -115,6 +115,9 @@ class ShardingPlan:
     activation_share: float = 1.0
     """Share of every activation, input and forward or backward temporary one GPU holds
     (1/tensor-parallel GPUs; 1: all)."""
+    shard_optimizer_state: bool = False
+    """The optimizer state and the optimizer step's temporaries are split ``1/N`` although the
+    gradients are not (ZeRO-1); with ``shard_gradients`` they are split anyway."""
 
     @property
     def identity(self) -> bool:
@@ -357,6 +360,7 @@ def make_plan(
     n, how = parallel.gpus, parallel.sharding
     label = {
         "ddp": "DDP",
+        "zero1": "ZeRO-1",
         "zero2": "ZeRO-2",
         "zero3": "ZeRO-3",
         "fsdp": "FSDP (FULL_SHARD)",
@@ -387,6 +391,8 @@ def make_plan(
         wrap: Added = tuple((b, "gradient") for b in buckets)
         return ShardingPlan(parallel, wrap, (), (), False, False, False, (head, note))
     total_gradients = sum(gradient_bytes)
+    if how == "zero1":
+        return _zero1_plan(parallel, gradient_bytes, trainable_params, head, working)
     if how == "zero2":
         element_bytes = -(-half(total_gradients) // max(trainable_params, 1))
         bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, half(total_gradients))
@@ -448,6 +454,60 @@ def make_plan(
     return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes, working)
 
 
+def _zero1_plan(
+    parallel: Parallel,
+    gradient_bytes: Sequence[int],
+    trainable_params: int,
+    head: str,
+    working: bool,
+) -> ShardingPlan:
+    """ZeRO-1 (DeepSpeed's stage 1; Megatron-Core's distributed optimizer): the optimizer
+    state, its temporaries and the fp32 master weights split ``1/N``; the parameters and the
+    gradients whole on every GPU (16-bit under AMP), reduce-scattered once a step into each
+    GPU's fp32 shard of them, through DeepSpeed's reduce bucket (Megatron reduces its
+    gradient buffer in place: less than counted here)."""
+    n = parallel.gpus
+    total = sum(gradient_bytes)
+    half = working_bytes if working else (lambda nbytes: nbytes)
+    element_bytes = -(-half(total) // max(trainable_params, 1))
+    bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, half(total))
+    master = sum(shard_bytes(g, n) for g in gradient_bytes)
+    whole = "16-bit parameters and gradients" if working else "parameters and gradients"
+    notes = (
+        head,
+        *(
+            (
+                "mixed precision as DeepSpeed's bf16/fp16 modes and Megatron-Core's "
+                "distributed optimizer run it: 16-bit working parameters and gradients "
+                "against fp32 master shards, so no per-operator autocast copies of the weights",
+            )
+            if working
+            else ()
+        ),
+        f"optimizer state and its temporaries split 1/{n}; {whole} whole on every GPU, "
+        f"reduced once a step; a 1/{n} shard of the trainable parameters and one of their "
+        f"gradients ({_gib(master)} GiB each: the master partition and its fp32 gradients), "
+        "held for the run",
+        f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
+        f"reduce_bucket_size {ZERO_REDUCE_BUCKET_ELEMENTS:,} elements; Megatron-Core reduces "
+        "its gradient buffer in place and needs none: the safe side)",
+    )
+    added: Added = ((master, "parameter"), (master, "gradient"), (bucket, "gradient"))
+    wrap = tuple((b, c) for b, c in added if b)
+    return ShardingPlan(
+        parallel,
+        wrap,
+        (),
+        (),
+        False,
+        False,
+        False,
+        notes,
+        working,
+        shard_optimizer_state=True,
+    )
+
+
 def rank_events(
     handles: Sequence[int],
     sizes: Sequence[int],
@@ -505,10 +565,16 @@ def rank_events(
             resized[handle] = working_bytes(size)
             out.append((handle, resized[handle], True, category))
             continue
+        if category == "gradient" and plan.working_parameters and not plan.shard_gradients:
+            resized[handle] = working_bytes(size)  # ZeRO-1: whole, at the 16-bit parameters'
+            out.append((handle, resized[handle], True, category))
+            continue
+        state = plan.shard_gradients or plan.shard_optimizer_state
         shard = (
             (category == "parameter" and plan.shard_parameters)
-            or (category in ("gradient", "optimizer", "paged_optimizer") and plan.shard_gradients)
-            or (category == "temporary" and now == "optimizer" and plan.shard_gradients)
+            or (category == "gradient" and plan.shard_gradients)
+            or (category in ("optimizer", "paged_optimizer") and state)
+            or (category == "temporary" and now == "optimizer" and state)
         )
         if not shard or size == 0:
             out.append((handle, size, True, category))

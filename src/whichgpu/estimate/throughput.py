@@ -810,13 +810,18 @@ def peak_limited_s(
     return float((np.maximum(compute, memory) * table.weights).sum())
 
 
-SHARDED_OPTIMIZER = ("zero2", "zero3", "fsdp", "hsdp")
+SHARDED_OPTIMIZER = ("zero1", "zero2", "zero3", "fsdp", "hsdp")
 """Data-parallel shardings whose GPUs each update only their shard of the parameters: ZeRO
 partitions the optimizer state (stage 1 onwards) so that "each data parallel process only
 updates its partition" (Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training
 Trillion Parameter Models", SC'20, arXiv 1910.02054, section 5.1); FSDP's optimizer steps the
 local flat-parameter shards (Zhao et al., "PyTorch FSDP", VLDB 2023, arXiv 2304.11277); HSDP
 steps the shard of its node's shard group (``data_parallel.shard_group``)."""
+EXCHANGE_EACH_MICRO_STEP = ("zero2", "zero3", "fsdp", "hsdp")
+"""Data-parallel shardings that keep only their shard of the gradients, so that each
+micro-step of gradient accumulation reduce-scatters its gradients (ZeRO-3/FSDP gather the
+parameters again too); DDP (``no_sync``) and ZeRO-1, whose gradients stay whole, reduce them
+once a step, behind the last micro-step's backward."""
 
 
 def shard_optimizer(table: OpTable, parts: int) -> OpTable:

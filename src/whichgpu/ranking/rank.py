@@ -527,7 +527,11 @@ def _sharding_hint(excluded: list[Exclusion], run: RunConfig) -> tuple[str, ...]
     """A note naming the machines of several GPUs left out for memory because each of their
     GPUs holds the whole model state (data parallel without sharding it, nor splitting the
     model tensor or pipeline parallel)."""
-    if run.mode != "train" or run.sharding not in ("ddp", "zero2") or run.model_parallel() > 1:
+    if (
+        run.mode != "train"
+        or run.sharding not in ("ddp", "zero1", "zero2")
+        or run.model_parallel() > 1
+    ):
         return ()
     machines = [e for e in excluded if e.kind == "memory" and e.count > 1]
     if not machines:
@@ -818,7 +822,9 @@ def _next_steps(
         # data-parallel training holds the whole model state on every GPU: more GPUs relieve
         # memory only when they shard it
         shard = (
-            run.mode == "train" and run.sharding in ("ddp", "zero2") and run.model_parallel() == 1
+            run.mode == "train"
+            and run.sharding in ("ddp", "zero1", "zero2")
+            and run.model_parallel() == 1
         )
         if single_gpu:
             steps.append(

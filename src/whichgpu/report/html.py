@@ -550,6 +550,7 @@ def applicable_settings(data: ReportData) -> dict[str, str]:
 
 _SHARDING_WORDS = {
     "ddp": "DDP, nothing sharded",
+    "zero1": "ZeRO-1, optimizer state sharded",
     "zero2": "ZeRO-2, gradients and optimizer state sharded",
     "zero3": "ZeRO-3, parameters, gradients and optimizer state sharded",
     "fsdp": "FSDP, parameters, gradients and optimizer state sharded",

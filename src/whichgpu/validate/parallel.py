@@ -6,8 +6,10 @@ length, precision and the tokens/s per GPU reached) is asked of ``predict`` with
 tokens/s per GPU compared (error positive: predicted faster); rows whose settings whichgpu does
 not model (expert parallel, no micro-batch or tokens/s stated) are listed with the
 reason they are left out. Megatron's distributed optimizer shards
-optimizer state and master weights (ZeRO-1), for which whichgpu's nearest strategy is
-``zero2``; rows whose notes say FSDP is on run as ``fsdp``. Megatron-Core runs Transformer
+optimizer state and master weights and reduces the whole gradients once a step (ZeRO-1:
+``zero1``); rows whose notes say FSDP is on run as ``fsdp``; tensor parallel's exchanges
+overlap the matrix products (``tensor_parallel_overlap``), as NVIDIA's performance recipes
+set. Megatron-Core runs Transformer
 Engine's fused kernels for the work between the matrix products (normalisation fused into the
 next linear layer with its fp8 cast, fused rotary embedding, SwiGLU and cross-entropy), so the
 rows are predicted as compiled steps (``compile=True``: the same non-matrix work fused into
@@ -117,9 +119,9 @@ class ParallelRow:
 
     @property
     def sharding(self) -> str:
-        """``fsdp`` where the notes say FSDP is on, else ``zero2`` (Megatron's distributed
+        """``fsdp`` where the notes say FSDP is on, else ``zero1`` (Megatron's distributed
         optimizer, ZeRO-1: whichgpu's nearest strategy)."""
-        return "fsdp" if _FSDP_ON.search(self.notes) else "zero2"
+        return "fsdp" if _FSDP_ON.search(self.notes) else "zero1"
 
     def grad_accum(self) -> int | None:
         """Micro-batches per optimizer step on each data-parallel copy: global batch / (micro-
@@ -177,6 +179,8 @@ class ParallelRow:
             pipeline_parallel=self.pp,
             virtual_stages=self.vp or 1,
             context_parallel=self.cp or 1,
+            # NVIDIA's performance recipes overlap tensor parallel's exchanges (the README)
+            tensor_parallel_overlap=self.tp > 1,
             grad_accum=self.grad_accum(),
             batch_size=self.micro_batch,
             seq_len=self.seq_len,

@@ -187,6 +187,11 @@ def run_config(**options: Any) -> RunConfig:
         _check_in_backward(run)
     if run.fp8_all_gather:
         _check_fp8_all_gather(run)
+    if run.tensor_parallel_overlap and run.tensor_parallel == 1:
+        raise UsageError(
+            f"{option('tensor_parallel_overlap')} overlaps tensor parallel's exchanges with the "
+            f"matrix products; give {option('tensor_parallel')} 2 or more, or drop it."
+        )
     if run.virtual_stages > 1 and run.pipeline_parallel == 1:
         raise UsageError(
             f"{option('virtual_stages')} interleaves a pipeline's stages; give "
