@@ -174,3 +174,16 @@ def test_cli_fit_and_predict_take_context_parallel() -> None:
     )  # fmt: skip
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
     assert "8 equal chunks" in refused.stderr and "--context-parallel" in refused.stderr
+
+
+def test_fit_suggests_context_parallel_where_the_sequence_fills_the_gpu() -> None:
+    long = run_cli(
+        "fit", "llama-3.2-1b", "--gpu", "rtx-4090", "--seq-len", "32768", "--checkpointing"
+    )
+    assert long.returncode == 0, long.stderr
+    assert "Nothing fits as asked" in long.stdout
+    assert "--context-parallel C with --gpus C or more" in " ".join(long.stdout.split())
+    # where the model state is most of it, the ring is no answer
+    state = run_cli("fit", "llama-3.1-70b", "--gpu", "h100-sxm", "--seq-len", "2048")
+    assert state.returncode == 0, state.stderr
+    assert "Nothing fits as asked" in state.stdout and "--context-parallel" not in state.stdout

@@ -427,6 +427,17 @@ def _training_levers(first: MemoryEstimate) -> list[str]:
     ]
     if first.gpus == 1 and first.run.mode == "train":
         levers.append("--gpus N --sharding zero3 (each GPU holds 1/N of the model state)")
+    passes = first.breakdown.get("activations", 0) + first.breakdown.get("temporaries", 0)
+    if (
+        first.run.mode == "train"
+        and first.seq_len is not None
+        and first.run.context_parallel == 1
+        and passes > first.device_total_bytes / 2
+    ):  # the sequence's activations, not the model state, are most of it
+        levers.append(
+            "--context-parallel C with --gpus C or more (each GPU holds 1/C of every "
+            "sequence's activations)"
+        )
     return levers
 
 
