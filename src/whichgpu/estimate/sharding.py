@@ -376,9 +376,9 @@ def make_plan(
         head = f"{label[how]}: shards over the {n} GPUs of a node; batch per GPU"
     working = sixteen_bit_working and how != "ddp"
     precision_note = (
-        "mixed precision as DeepSpeed's bf16/fp16 modes and FSDP's MixedPrecision run it: "
-        "16-bit working parameters against an fp32 master shard, so no per-operator autocast "
-        "copies of the weights"
+        "mixed precision as DeepSpeed's bf16/fp16 modes, Megatron-Core's distributed optimizer "
+        "and FSDP's MixedPrecision run it: 16-bit working parameters against an fp32 master "
+        "shard, so no per-operator autocast copies of the weights"
     )
     half = working_bytes if working else (lambda nbytes: nbytes)
     if how == "ddp":
@@ -391,22 +391,44 @@ def make_plan(
         wrap: Added = tuple((b, "gradient") for b in buckets)
         return ShardingPlan(parallel, wrap, (), (), False, False, False, (head, note))
     total_gradients = sum(gradient_bytes)
-    if how == "zero1":
-        return _zero1_plan(parallel, gradient_bytes, trainable_params, head, working)
-    if how == "zero2":
+    if how in ("zero1", "zero2"):
+        # the fp32 master partition (a 1/N shard of the trainable parameters) and DeepSpeed's
+        # reduce bucket, at the gradients' element size, at most all of them
         element_bytes = -(-half(total_gradients) // max(trainable_params, 1))
         bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, half(total_gradients))
         master = sum(shard_bytes(g, n) for g in gradient_bytes)
+        bucket_note = (
+            f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
+            f"reduce_bucket_size {ZERO_REDUCE_BUCKET_ELEMENTS:,} elements, "
+            "contiguous_gradients), held for the run"
+        )
+        precision = (precision_note,) if working else ()
+        if how == "zero1":  # the gradients whole too, and an fp32 shard of them
+            whole = "16-bit parameters and gradients" if working else "parameters and gradients"
+            notes: tuple[str, ...] = (
+                head,
+                *precision,
+                f"optimizer state and its temporaries split 1/{n}; {whole} whole on every GPU, "
+                f"reduced once a step; a 1/{n} shard of the trainable parameters and one of "
+                f"their gradients ({_gib(master)} GiB each: the master partition and its fp32 "
+                "gradients), held for the run",
+                bucket_note + " (Megatron-Core reduces its gradient buffer in place and needs "
+                "none: the safe side)",
+            )
+            zero1: Added = ((master, "parameter"), (master, "gradient"), (bucket, "gradient"))
+            wrap = tuple((b, c) for b, c in zero1 if b)
+            return ShardingPlan(
+                parallel, wrap, (), (), False, False, False, notes, working,
+                shard_optimizer_state=True,
+            )  # fmt: skip
         whole = "16-bit parameters" if working else "parameters"
-        notes: tuple[str, ...] = (
+        notes = (
             head,
-            *((precision_note,) if working else ()),
+            *precision,
             f"gradients, optimizer state and its temporaries split 1/{n}; {whole} whole on "
             f"every GPU plus a 1/{n} shard of the trainable ones ({_gib(master)} GiB: the "
             "master partition / sharded flat parameter)",
-            f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
-            f"reduce_bucket_size {ZERO_REDUCE_BUCKET_ELEMENTS:,} elements, "
-            "contiguous_gradients), held for the run",
+            bucket_note,
         )
         zero2: Added = ((master, "parameter"), (bucket, "gradient"))
         wrap = tuple((b, c) for b, c in zero2 if b)
@@ -452,60 +474,6 @@ def make_plan(
     each_pass: Added = tuple((b, "parameter") for b in gathered)
     each_backward: Added = tuple((b, "gradient") for b in unsharded)
     return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes, working)
-
-
-def _zero1_plan(
-    parallel: Parallel,
-    gradient_bytes: Sequence[int],
-    trainable_params: int,
-    head: str,
-    working: bool,
-) -> ShardingPlan:
-    """ZeRO-1 (DeepSpeed's stage 1; Megatron-Core's distributed optimizer): the optimizer
-    state, its temporaries and the fp32 master weights split ``1/N``; the parameters and the
-    gradients whole on every GPU (16-bit under AMP), reduce-scattered once a step into each
-    GPU's fp32 shard of them, through DeepSpeed's reduce bucket (Megatron reduces its
-    gradient buffer in place: less than counted here)."""
-    n = parallel.gpus
-    total = sum(gradient_bytes)
-    half = working_bytes if working else (lambda nbytes: nbytes)
-    element_bytes = -(-half(total) // max(trainable_params, 1))
-    bucket = min(ZERO_REDUCE_BUCKET_ELEMENTS * element_bytes, half(total))
-    master = sum(shard_bytes(g, n) for g in gradient_bytes)
-    whole = "16-bit parameters and gradients" if working else "parameters and gradients"
-    notes = (
-        head,
-        *(
-            (
-                "mixed precision as DeepSpeed's bf16/fp16 modes and Megatron-Core's "
-                "distributed optimizer run it: 16-bit working parameters and gradients "
-                "against fp32 master shards, so no per-operator autocast copies of the weights",
-            )
-            if working
-            else ()
-        ),
-        f"optimizer state and its temporaries split 1/{n}; {whole} whole on every GPU, "
-        f"reduced once a step; a 1/{n} shard of the trainable parameters and one of their "
-        f"gradients ({_gib(master)} GiB each: the master partition and its fp32 gradients), "
-        "held for the run",
-        f"full gradients pass through a reduce bucket of {_gib(bucket)} GiB (DeepSpeed "
-        f"reduce_bucket_size {ZERO_REDUCE_BUCKET_ELEMENTS:,} elements; Megatron-Core reduces "
-        "its gradient buffer in place and needs none: the safe side)",
-    )
-    added: Added = ((master, "parameter"), (master, "gradient"), (bucket, "gradient"))
-    wrap = tuple((b, c) for b, c in added if b)
-    return ShardingPlan(
-        parallel,
-        wrap,
-        (),
-        (),
-        False,
-        False,
-        False,
-        notes,
-        working,
-        shard_optimizer_state=True,
-    )
 
 
 def rank_events(
