@@ -150,6 +150,11 @@ def test_the_sequence_must_cut_into_two_chunks_a_gpu() -> None:
         fit("llama-3.2-1b", gpus=["h100-sxm"], gpu_count=4, context_parallel=4, seq_len=2052)
 
 
+def test_a_model_without_sequences_to_split_is_refused() -> None:
+    with pytest.raises(NotSplittable, match="transformer language models"):
+        fit("resnet50", gpus=["h100-sxm"], gpu_count=2, context_parallel=2, batch_size=8)
+
+
 def test_a_context_parallel_run_traces_the_same_one_gpu_step() -> None:
     from whichgpu.workloads.profile_cache import traced_run
 

@@ -82,6 +82,11 @@ def plan_refusal(
                 + (", ".join(str(n) for n in fits) or "none")
             )
     c = run.context_parallel
+    if c > 1:
+        layer_shape(config)  # a model without layers and heads raises, as for the others
+        kv_heads(config)
+        if run.seq_len is None:
+            return "context parallel splits sequences, and this workload takes none"
     if c > 1 and run.seq_len is not None and run.seq_len % (2 * c):
         fits = [n for n in (2, 4, 8, 16, 32) if run.seq_len % (2 * n) == 0]
         return (

@@ -273,7 +273,7 @@ def _check_model_parallel(run: RunConfig) -> None:
     words = run.model_parallel_words()
     if run.gpus % split:
         raise NotSplittable(
-            f"{words} takes {split} GPUs for one copy of the model, and "
+            f"{words} runs each micro-batch on {split} GPUs, and "
             f"{option('gpu_count')} {run.gpus} is not a multiple of {split}: use "
             f"{option('gpu_count')} "
             + " or ".join(
