@@ -38,6 +38,10 @@ def test_state_outside_the_device_total() -> None:
     assert paged.device_total_bytes < plain.device_total_bytes
     assert paged.paged_out_bytes == 0  # a 24 GB card has room for gpt2's state
     assert any("unified memory" in a for a in paged.assumptions)
+    # ZeRO-1 splits the optimizer state over the GPUs as ZeRO-2 does, the paged part too
+    for sharding in ("zero1", "zero2"):
+        split = _fit("paged-adamw-8bit", batch_size=4, gpu_count=4, sharding=sharding)
+        assert split.paged_state_bytes == pytest.approx(paged.paged_state_bytes / 4, rel=0.01)
 
 
 def test_largest_batch_at_least_adamw_8bit() -> None:

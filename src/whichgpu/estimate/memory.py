@@ -287,7 +287,8 @@ class StepMemory:
         ``parallel`` (split like the rest of the optimizer state where the sharding splits
         it); 0 without a paged optimizer."""
         sizes = self.state_sizes(_PAGED)
-        if self.plan(parallel).shard_gradients:
+        plan = self.plan(parallel)
+        if plan.shard_gradients or plan.shard_optimizer_state:
             return sum(shard_bytes(size, parallel.gpus) for size in sizes)
         return sum(sizes)
 
