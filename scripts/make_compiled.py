@@ -11,7 +11,8 @@ Llama 3.1 8B. Run from the repository root with the torch extra installed:
 
 Writes ``src/whichgpu/workloads/profiles/compiled/<stem>.json.gz``
 (``profiles.stored.compiled_stem``) with the versions of torch and transformers traced with,
-and prints each trace's time.
+and prints each trace's time. ``python scripts/make_compiled.py llama-3.1-8b:16384`` traces
+only the stored runs named (workload:length), leaving the other files as they are.
 """
 
 from __future__ import annotations
@@ -34,15 +35,27 @@ STORED = (
     ("llama-3.1-8b", 2048),
     ("llama-3.1-8b", 4096),
     ("llama-3.1-8b", 8192),
+    ("llama-3.1-8b", 16384),
+    ("llama-3.1-8b", 32768),
+    ("llama-3.1-8b", 65536),
+    ("llama-3.1-8b", 131072),
     ("llama-3.1-70b", 8192),
 )
 """(workload, sequence length) of the stored bf16 AMP training runs (fp8 runs take their bf16
-step's partition)."""
+step's partition); Llama 3.1 8B's long ones are NVIDIA's long-sequence runs
+(``validate/data/parallel``)."""
 
 
-def main() -> int:
+def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
+    wanted = {(name, int(length)) for name, length in (a.split(":") for a in argv)}
+    unknown = wanted - set(STORED)
+    if unknown:
+        print(f"not among the stored runs: {sorted(unknown)}", file=sys.stderr)
+        return 2
     for name, length in STORED:
+        if wanted and (name, length) not in wanted:
+            continue
         workload = get_workload(name)
         run = run_config(mode="train", precision="bf16", seq_len=length)
         started = time.perf_counter()
@@ -62,4 +75,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

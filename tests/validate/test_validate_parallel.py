@@ -57,13 +57,15 @@ def test_every_row_is_compared_or_left_out_with_a_reason() -> None:
     left = {id(r) for r, _ in out}
     compared = [r for r in rows if id(r) not in left]
     assert len(compared) + len(out) == len(rows)
-    assert len(compared) == 11 + 16 + 8  # 16 GB200 rows in one NVL72 rack; 8 context parallel
+    # 16 GB200 rows in one NVL72 rack; 8 context parallel; 5 long-sequence rows read from TFLOP/s
+    assert len(compared) == 11 + 16 + 8 + 5
     assert {r.gpu for r in compared} == {"h100-sxm", "b200", "gb200"}
     assert all((r.ep or 1) == 1 for r in compared)
-    assert sum((r.cp or 1) > 1 for r in compared) == 8
+    assert sum((r.cp or 1) > 1 for r in compared) == 8 + 3
+    assert sum(r.derived for r in compared) == 5
     for r, why in out:
-        if r.source_id == "nemo-longseq-25.04rc2":
-            assert "no micro-batch" in why and "no tokens/s" in why
+        if r.source_id == "nemo-longseq-25.04rc2":  # 256K to 1024K
+            assert r.seq_len > 131072 and "beyond llama-3.1-8b's 131,072 positions" in why
         if r.model == "mixtral-8x7b":
             assert "expert parallel 8" in why
 
@@ -111,8 +113,13 @@ def test_a_context_parallel_row_is_predicted_with_its_split() -> None:
     (whole,) = parallel_throughput([plain])
     assert whole.predicted is not None
     assert case.predicted == pytest.approx(whole.predicted, rel=0.01)
-    longseq = [r for r in parallel_rows() if r.tokens_per_s_per_gpu is None]
-    assert len(longseq) == 8 and parallel_throughput(longseq) == []  # nothing to list them by
+    # the long-sequence study's rows give TFLOP/s only; those beyond the model's positions are
+    # listed, unpredicted, with why
+    beyond = [r for r in parallel_rows() if r.seq_len > 131072]
+    assert len(beyond) == 3 and all(r.tokens_per_s_per_gpu is None for r in beyond)
+    cases = parallel_throughput(beyond)
+    assert len(cases) == 3 and all(c.predicted is None for c in cases)
+    assert all("beyond llama-3.1-8b's 131,072 positions" in c.note for c in cases)
 
 
 def test_a_small_model_is_compared_with_predict() -> None:
@@ -188,5 +195,38 @@ def test_the_summary_gives_the_split_over_data_parallel_ratio(
     assert summary.mean_error == pytest.approx(
         sum(c.error for c in cases if c.error is not None) / 4
     )
-    assert ratio in summary.note and "10 rows left out" in summary.note
-    assert "8 without a published tokens/s not listed" in summary.note
+    assert ratio in summary.note and "5 rows left out (their notes say why)" in summary.note
+    assert "without a published tokens/s" not in summary.note  # every row gives or implies one
+
+
+def test_nvidia_counts_attention_whole_in_nemo_tables_and_halved_in_megatron_bridge() -> None:
+    from whichgpu.validate.parallel import model_flops_per_token
+    from whichgpu.workloads.hf import read_config
+
+    both = [
+        r
+        for r in parallel_rows()
+        if r.tokens_per_s_per_gpu and r.model_tflops_per_gpu and r.model.startswith("llama")
+    ]
+    assert len(both) >= 30
+    for row in both:
+        per_token = row.model_tflops_per_gpu * 1e12 / row.tokens_per_s_per_gpu  # type: ignore[operator]
+        causal = row.source_id.startswith("mbridge-")
+        counted = model_flops_per_token(read_config(row.model), row.seq_len, causal=causal)
+        assert per_token == pytest.approx(counted, rel=0.003), row.case
+
+
+def test_a_long_sequence_row_is_read_from_its_tflops_and_predicted() -> None:
+    from whichgpu.validate.parallel import DERIVED_NOTE, model_flops_per_token
+    from whichgpu.workloads.hf import read_config
+
+    row = next(
+        r for r in parallel_rows() if r.source_id == "nemo-longseq-25.04rc2" and r.seq_len == 32768
+    )
+    assert row.tokens_per_s_per_gpu is None and row.derived and row.cp == 2
+    counted = model_flops_per_token(read_config("llama-3.1-8b"), 32768, causal=False)
+    assert row.measured_tokens_per_s() == pytest.approx(1624e12 / counted)
+    assert row.micro_batch_run() == 1 and row.grad_accum() == 128 // 4
+    (case,) = parallel_throughput([row])
+    assert case.predicted is not None and case.measured == row.measured_tokens_per_s()
+    assert DERIVED_NOTE in case.note

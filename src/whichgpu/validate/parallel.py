@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -46,6 +46,18 @@ QUANTITY = "tokens/s per GPU"
 UNMODELLED_GPUS: dict[str, str] = {}
 """Catalog GPUs whose rows are left out, and why (none: GB200 NVL72's 72-GPU NVLink domain is
 the catalog's ``interconnect_domain_gpus``)."""
+
+TFLOPS_ONLY_MICRO_BATCH = 1
+"""The micro-batch of the rows that publish TFLOP/s but no micro-batch (NVIDIA's long-sequence
+study, ``nemo-longseq-25.04rc2``): at 1,024K tokens its global batch of 4 over 4 data-parallel
+copies leaves one sequence a step on each, and one is taken for every row of the table."""
+
+WHOLE_ATTENTION_SOURCES = ("nemo-",)
+"""Sources whose model TFLOP/s count attention's score blocks whole, causal or not (NeMo's
+``llama3`` FLOPs formula before Megatron-Bridge halved the term): every NeMo row that gives
+both tokens/s and TFLOP/s has exactly that ratio (``tests/validate``), Megatron-Bridge's
+rows the halved one. A row of these sources that gives only TFLOP/s is read as tokens/s
+through the same count (``ParallelRow.measured_tokens_per_s``)."""
 
 _FSDP_ON = re.compile(r"\bFSDP(?:=(?!0\b)\d+| on\b| over\b)")
 """Notes that say FSDP is on (``FSDP=1``, ``FSDP=64``, ``FSDP on``, ``FSDP over 64 GPUs``;
@@ -97,6 +109,33 @@ class ParallelRow:
     notes: str
     """What else the publication states about the run."""
 
+    def measured_tokens_per_s(self) -> float | None:
+        """The tokens/s per GPU the row gives, or, for a source whose TFLOP/s count is known
+        (``WHOLE_ATTENTION_SOURCES``), its TFLOP/s per GPU over that count's FLOPs per token;
+        None where it gives neither."""
+        if self.tokens_per_s_per_gpu is not None:
+            return self.tokens_per_s_per_gpu
+        if self.model_tflops_per_gpu is None or not self.source_id.startswith(
+            WHOLE_ATTENTION_SOURCES
+        ):
+            return None
+        from whichgpu.workloads.hf import read_config
+
+        per_token = model_flops_per_token(read_config(self.model), self.seq_len, causal=False)
+        return self.model_tflops_per_gpu * 1e12 / per_token
+
+    @property
+    def derived(self) -> bool:
+        """Whether ``measured_tokens_per_s`` is read from the published TFLOP/s."""
+        return self.tokens_per_s_per_gpu is None and self.measured_tokens_per_s() is not None
+
+    def micro_batch_run(self) -> int | None:
+        """The micro-batch predicted: the row's, or ``TFLOPS_ONLY_MICRO_BATCH`` for a row whose
+        tokens/s is read from its TFLOP/s."""
+        if self.micro_batch is None and self.derived:
+            return TFLOPS_ONLY_MICRO_BATCH
+        return self.micro_batch
+
     @property
     def model_parallel(self) -> bool:
         """Whether the row splits a micro-batch (TP, PP or CP above 1)."""
@@ -126,9 +165,10 @@ class ParallelRow:
     def grad_accum(self) -> int | None:
         """Micro-batches per optimizer step on each data-parallel copy: global batch / (micro-
         batch x DP); None where that is not a whole number or no micro-batch is given."""
-        if self.micro_batch is None:
+        micro = self.micro_batch_run()
+        if micro is None:
             return None
-        per_step = self.micro_batch * self.dp
+        per_step = micro * self.dp
         if self.global_batch % per_step:
             return None
         return self.global_batch // per_step
@@ -154,18 +194,27 @@ class ParallelRow:
                 why.append(f"{self.gpu} is not in the GPU catalog")
         if self.precision not in ("fp8", "bf16"):
             why.append(f"precision {self.precision} is not compared")
-        if self.micro_batch is None:
+        if self.micro_batch_run() is None:
             why.append("no micro-batch stated")
-        if self.tokens_per_s_per_gpu is None:
+        if self.measured_tokens_per_s() is None:
             why.append("no tokens/s per GPU published")
+        try:
+            positions = get_workload(self.model).info.max_seq_len
+        except WhichGpuError:
+            positions = None
+        if positions is not None and self.seq_len > positions:
+            why.append(
+                f"{self.seq_len:,} tokens are beyond {self.model}'s {positions:,} positions (the "
+                "run extended them)"
+            )
         cp = self.cp or 1
         if self.dp * self.tp * self.pp * cp != self.gpus:
             why.append(
                 f"DP{self.dp} x TP{self.tp} x PP{self.pp} x CP{cp} is not the {self.gpus} GPUs"
             )
-        elif self.micro_batch is not None and self.grad_accum() is None:
+        elif self.micro_batch_run() is not None and self.grad_accum() is None:
             why.append(
-                f"global batch {self.global_batch} / (micro-batch {self.micro_batch} x "
+                f"global batch {self.global_batch} / (micro-batch {self.micro_batch_run()} x "
                 f"DP{self.dp}) is not a whole number of micro-batches"
             )
         return why
@@ -182,7 +231,7 @@ class ParallelRow:
             # NVIDIA's performance recipes overlap tensor parallel's exchanges (the README)
             tensor_parallel_overlap=self.tp > 1,
             grad_accum=self.grad_accum(),
-            batch_size=self.micro_batch,
+            batch_size=self.micro_batch_run(),
             seq_len=self.seq_len,
             precision=self.precision,
             sharding=self.sharding,
@@ -192,10 +241,40 @@ class ParallelRow:
     def settings(self) -> str:
         """The settings predicted, in words, for the note."""
         return (
-            f"{self.gpus} GPUs, {self.layout}, micro-batch {self.micro_batch}, grad_accum "
+            f"{self.gpus} GPUs, {self.layout}, micro-batch {self.micro_batch_run()}, grad_accum "
             f"{self.grad_accum()}, L{self.seq_len}, {self.precision}, {self.sharding}, fused "
             "kernels as --compile"
         )
+
+
+DERIVED_NOTE = (
+    "tokens/s read from the published TFLOP/s per GPU with NeMo's count of model FLOPs "
+    "(attention counted whole); micro-batch not stated, taken as 1"
+)
+"""The note of a row whose tokens/s is read from its TFLOP/s."""
+
+
+def model_flops_per_token(config: Mapping[str, Any], seq_len: int, *, causal: bool) -> float:
+    """Model FLOPs of one trained token of a Llama-shaped model at ``seq_len`` as NVIDIA's
+    performance tables count them (NeMo's and Megatron-Bridge's ``llama3`` formula, forward
+    and backward): ``layers x hidden^2 x (12 + 12 kv_heads / heads + 18 ffn / hidden +
+    12 seq_len / hidden x (1/2 if causal) + 6 vocab / (layers x hidden))``."""
+    hidden, layers = int(config["hidden_size"]), int(config["num_hidden_layers"])
+    heads = int(config["num_attention_heads"])
+    kv = int(config.get("num_key_value_heads", heads))
+    attention = 12 * seq_len / hidden * (0.5 if causal else 1.0)
+    return float(
+        layers
+        * hidden
+        * hidden
+        * (
+            12
+            + 12 * kv / heads
+            + 18 * int(config["intermediate_size"]) / hidden
+            + attention
+            + 6 * int(config["vocab_size"]) / (layers * hidden)
+        )
+    )
 
 
 def _int(text: str) -> int | None:
@@ -270,7 +349,8 @@ def parallel_throughput(
     rows = parallel_rows() if rows is None else list(rows)
     out = []
     for row, case in zip(rows, _cases(rows), strict=True):
-        if row.tokens_per_s_per_gpu is None:
+        measured = row.measured_tokens_per_s()
+        if measured is None:
             continue  # nothing to list a row by: ``left_out_rows`` names it
         base: dict[str, Any] = {
             "source": SOURCE,
@@ -278,7 +358,7 @@ def parallel_throughput(
             "workload": row.model,
             "gpu": row.gpu,
             "quantity": QUANTITY,
-            "measured": row.tokens_per_s_per_gpu,
+            "measured": measured,
         }
         why = row.left_out_reasons()
         if why:
@@ -308,6 +388,8 @@ def parallel_throughput(
             continue
         per_gpu = None if estimate.throughput is None else estimate.throughput / run.gpus
         note = row.settings() + ("" if fits else f"; {UNFIT_NOTE}")
+        if row.derived:
+            note += f"; {DERIVED_NOTE}"
         if per_gpu is None:
             note += f"; {estimate.speed_unknown or 'no speed for this run'}"
         out.append(
@@ -315,7 +397,7 @@ def parallel_throughput(
                 **base,
                 run=run,
                 predicted=per_gpu,
-                error=None if per_gpu is None else per_gpu / row.tokens_per_s_per_gpu - 1,
+                error=None if per_gpu is None else per_gpu / measured - 1,
                 predicted_mfu=estimate.mfu,
                 fits=fits,
                 note=note,

@@ -577,11 +577,9 @@ def validate_throughput(
             notes.append(stale_profiles_note())
         if source == "parallel":
             out = [r for r, _ in left_out_rows()]
-            unlisted = sum(r.tokens_per_s_per_gpu is None for r in out)
-            notes.append(
-                f"{len(out)} rows left out (their notes say why; {unlisted} without a published "
-                "tokens/s not listed)"
-            )
+            unlisted = sum(r.measured_tokens_per_s() is None for r in out)
+            without = f"; {unlisted} without a published tokens/s not listed" if unlisted else ""
+            notes.append(f"{len(out)} rows left out (their notes say why{without})")
             ratios = split_ratios(references)
             if ratios:
                 notes.append("split / data-parallel tokens/s per GPU: " + "; ".join(ratios))
