@@ -203,10 +203,9 @@ def workspace_reserved_bytes(workspaces: tuple[int, ...]) -> int:
     return allocator.peak_reserved_bytes
 
 
-CONV_ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
-"""Bytes per element of a convolution's activations, by the dtype of its input."""
-ATTENTION_ELEMENT_BYTES = CONV_ELEMENT_BYTES
-"""Bytes of an attention call's key and value elements, by the dtype the trace recorded."""
+ELEMENT_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+"""Bytes per element of a traced operator's tensors, by the dtype it recorded (a
+convolution's activations, an attention call's keys and values)."""
 CONTEXT_RING_CHUNKS = 4
 """Chunks of one layer's keys and values a context-parallel GPU holds beyond its own while
 attention's backward runs: the chunk it works on, the next arriving, and the gradients of two
@@ -241,7 +240,7 @@ class StepMemory:
         self._attention: dict[tuple[str | None, int, int | None, str], AttentionExtra] = {}
         self.has_convolutions = any(op.kind == "conv" for op in profile.ops)
         self._conv_ops = [
-            (op.conv, CONV_ELEMENT_BYTES.get(op.dtype, 4))
+            (op.conv, ELEMENT_BYTES.get(op.dtype, 4))
             for op in profile.ops
             if op.kind == "conv" and op.conv is not None and op.phase == "forward"
         ]
@@ -373,7 +372,7 @@ class StepMemory:
                 continue
             batch, _, kv_heads, _, kv_len, head_dim = (int(values[i]) for i in op.attention[:6])
             heads = -(-kv_heads // tensor)
-            element = ATTENTION_ELEMENT_BYTES.get(op.dtype, 4)
+            element = ELEMENT_BYTES.get(op.dtype, 4)
             largest = max(largest, 2 * batch * heads * kv_len * head_dim * element)
         return CONTEXT_RING_CHUNKS * round_request(-(-largest // context))
 

@@ -521,8 +521,12 @@ class ThroughputPredictor:
                 layers=self.state.layers,
                 kv_bytes_per_token=self.state.kv_bytes_per_token
                 * (self.state.attention_bytes_share(self.run.tensor_parallel) or 1.0),
-                attention_s=self._kind_s(table, rates, "attention"),
-                gemm_s=sum(self._kind_s(table, rates, "gemm")),
+                attention_s=self._kind_s(table, rates, "attention")
+                if self.run.context_parallel > 1
+                else (0.0, 0.0),
+                gemm_s=sum(self._kind_s(table, rates, "gemm"))
+                if self.run.tensor_parallel_overlap
+                else 0.0,
             )
             split_s, bubble_s = split.added_s, split.bubble_s
             assumptions += (model_parallel_note(self.run, split, self.state.stage_work_share),)

@@ -792,10 +792,7 @@ def split_tokens(table: OpTable, parts: int) -> OpTable:
     each GPU still launches every kernel. The weights a matrix product reads are divided with
     the rest, which is exact where the product is bound by its FLOPs, as at the lengths
     context parallel is used for."""
-    if parts <= 1:
-        return table
-    share = np.where(np.isin(table.phases, ("forward", "backward")), 1 / parts, 1.0)
-    return replace(table, flops=table.flops * share, bytes_moved=table.bytes_moved * share)
+    return _divide_phases(table, ("forward", "backward"), parts)
 
 
 def peak_limited_s(
@@ -828,9 +825,15 @@ def shard_optimizer(table: OpTable, parts: int) -> OpTable:
     """``table`` as one of ``parts`` GPUs runs it when the optimizer state is sharded
     (``SHARDED_OPTIMIZER``): the optimizer's operators with 1/``parts`` of their FLOPs and
     bytes (each GPU still launches them); the rest unchanged."""
+    return _divide_phases(table, ("optimizer",), parts)
+
+
+def _divide_phases(table: OpTable, phases: tuple[str, ...], parts: int) -> OpTable:
+    """``table`` with the FLOPs and bytes of the operators of ``phases`` divided by ``parts``
+    (``table`` itself for one part)."""
     if parts <= 1:
         return table
-    share = np.where(table.phases == "optimizer", 1 / parts, 1.0)
+    share = np.where(np.isin(table.phases, phases), 1 / parts, 1.0)
     return replace(table, flops=table.flops * share, bytes_moved=table.bytes_moved * share)
 
 

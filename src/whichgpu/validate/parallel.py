@@ -20,6 +20,7 @@ folder's README says where each row comes from and how it is read.
 from __future__ import annotations
 
 import csv
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -119,10 +120,7 @@ class ParallelRow:
             WHOLE_ATTENTION_SOURCES
         ):
             return None
-        from whichgpu.workloads.hf import read_config
-
-        per_token = model_flops_per_token(read_config(self.model), self.seq_len, causal=False)
-        return self.model_tflops_per_gpu * 1e12 / per_token
+        return self.model_tflops_per_gpu * 1e12 / _whole_attention_flops(self.model, self.seq_len)
 
     @property
     def derived(self) -> bool:
@@ -181,8 +179,9 @@ class ParallelRow:
         why = []
         if (self.ep or 1) != 1:
             why.append(f"expert parallel {self.ep} is not modelled")
+        positions: int | None = None
         try:
-            get_workload(self.model)
+            positions = get_workload(self.model).info.max_seq_len
         except WhichGpuError:
             why.append(f"{self.model} is not a whichgpu workload")
         if self.gpu in UNMODELLED_GPUS:
@@ -198,10 +197,6 @@ class ParallelRow:
             why.append("no micro-batch stated")
         if self.measured_tokens_per_s() is None:
             why.append("no tokens/s per GPU published")
-        try:
-            positions = get_workload(self.model).info.max_seq_len
-        except WhichGpuError:
-            positions = None
         if positions is not None and self.seq_len > positions:
             why.append(
                 f"{self.seq_len:,} tokens are beyond {self.model}'s {positions:,} positions (the "
@@ -275,6 +270,15 @@ def model_flops_per_token(config: Mapping[str, Any], seq_len: int, *, causal: bo
             + 6 * int(config["vocab_size"]) / (layers * hidden)
         )
     )
+
+
+@functools.cache
+def _whole_attention_flops(model: str, seq_len: int) -> float:
+    """``model_flops_per_token`` of a workload's shipped config, attention counted whole (read
+    once per model and length)."""
+    from whichgpu.workloads.hf import read_config
+
+    return model_flops_per_token(read_config(model), seq_len, causal=False)
 
 
 def _int(text: str) -> int | None:
