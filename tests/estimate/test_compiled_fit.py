@@ -43,16 +43,49 @@ def test_compiled_peak_is_the_eager_one_less_what_min_cut_does_not_save(
     assert any("min_cut_rematerialization_partition" in a for a in compiled.assumptions)  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"mode": "inference"}, "a compiled inference step is not modelled"),
-        ({"checkpointing": True}, "inside checkpointed layers is not modelled"),
-    ],
-)
-def test_compile_refuses_what_it_does_not_model(options: dict[str, object], message: str) -> None:
-    with pytest.raises(UsageError, match=message):
-        fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **options)
+def test_compile_refuses_inference() -> None:
+    with pytest.raises(UsageError, match="a compiled inference step is not modelled"):
+        fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, mode="inference")
+
+
+@pytest.mark.parametrize("policy", ["full", "selective", "every-2"])
+def test_compiled_and_checkpointed(policy: str) -> None:
+    """The checkpointed step's peak less what the partition of the checkpointed step (its
+    regions tagged) does not save: less than the eager checkpointed step, never less than
+    the compiled step without checkpointing keeps."""
+    asked = {**SIZES, "checkpointing_policy": policy}
+    (eager,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], **asked)
+    (compiled,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **asked)
+    (plain,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **SIZES)
+    saved = compiled_activations(
+        config_workload(TINY_LLAMA),
+        run_config(**SIZES, checkpointing=True, checkpointing_policy=policy),
+        SIZES["batch_size"],
+        SIZES["seq_len"],
+    )
+    cut = eager.peak_allocated_bytes - compiled.peak_allocated_bytes
+    assert cut == pytest.approx(saved.saved_bytes_difference, rel=0.01)
+    assert compiled.breakdown["activations"] < plain.breakdown["activations"]
+    assert compiled.run.checkpointing and compiled.run.compile
+    assert any("inside the checkpointed layers" in a for a in compiled.assumptions)
+
+
+def test_compiled_saving_on_data_parallel_gpus_not_on_split_ones() -> None:
+    """Each data-parallel GPU runs the whole step on its own micro-batch, so a compiled step
+    saves there what it saves on one GPU; where tensor parallel splits the micro-batch's
+    activations the eager memory is given, and the assumptions say so."""
+    for sharding in ("ddp", "fsdp"):
+        asked = {**SIZES, "gpu_count": 2, "sharding": sharding}
+        (eager,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], **asked)
+        (compiled,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **asked)
+        cut = eager.peak_allocated_bytes - compiled.peak_allocated_bytes
+        assert cut > 0
+        assert compiled.breakdown["activations"] == eager.breakdown["activations"] - cut
+    split = {**SIZES, "gpu_count": 2, "tensor_parallel": 2}
+    (eager,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], **split)
+    (compiled,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **split)
+    assert compiled.peak_allocated_bytes == eager.peak_allocated_bytes
+    assert any("tensor, pipeline or context parallel" in a for a in compiled.assumptions)
 
 
 def test_cli_fit_compile_json() -> None:
@@ -64,5 +97,10 @@ def test_cli_fit_compile_json() -> None:
     (row,) = json.loads(cli.stdout)
     assert row["run"]["compile"] is True
     assert any(a.startswith("torch.compile: ") for a in row["assumptions"])
-    refused = run_cli("fit", "--config", str(TINY_LLAMA), "--compile", "--checkpointing")
-    assert refused.returncode == 2 and "--compile with --checkpointing" in refused.stderr
+    both = run_cli(
+        *("fit", "--config", str(TINY_LLAMA), "--gpu", "h100-sxm", "--batch-size", "4"),
+        *("--seq-len", "64", "--compile", "--checkpointing-policy", "selective", "--json"),
+    )
+    assert both.returncode == 0, both.stderr
+    (row,) = json.loads(both.stdout)
+    assert row["run"]["compile"] and row["run"]["checkpointing_policy"] == "selective"

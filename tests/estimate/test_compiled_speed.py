@@ -252,3 +252,24 @@ def test_without_torch_an_unstored_partition_says_how_to_get_one(
     # a stored one answers all the same
     (stored,) = predict("llama-3.2-1b", gpus=["h200-sxm"], compile=True, batch_size=1, seq_len=2048)
     assert stored.throughput is not None
+
+
+def test_a_compiled_checkpointed_step_runs_its_recomputation_fused() -> None:
+    """Compiled and checkpointed: the eager checkpointed step's matrix products (the
+    recomputed ones among them) with the fusible operators as the kernels of the checkpointed
+    step's min-cut partition, whose backward graph recomputes the layers' pointwise work
+    fused: slower than compiled alone, faster than eager checkpointed."""
+    sizes = {"batch_size": 2, "seq_len": 64}
+    (eager,) = predict(config=TINY_LLAMA, gpus=["h100-sxm"], checkpointing=True, **sizes)
+    (compiled,) = predict(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **sizes)
+    (both,) = predict(
+        config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, checkpointing=True, **sizes
+    )
+    traced = compiled_activations(
+        config_workload(TINY_LLAMA), run_config(seq_len=64, checkpointing=True), 2, 64
+    )
+    kernels = sum(traced.min_cut.kernel_count(p) for p in ("forward", "backward"))
+    note = next(a for a in both.assumptions if a.startswith("torch.compile (inductor"))
+    assert f"run as {kernels:,} fused kernels" in note
+    assert eager.step_time_s and compiled.step_time_s and both.step_time_s
+    assert compiled.step_time_s < both.step_time_s < eager.step_time_s

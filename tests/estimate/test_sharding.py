@@ -453,3 +453,27 @@ def test_run_config_checks_gpus_and_sharding() -> None:
         run_config(gpus=-1)
     with pytest.raises(UsageError, match="'ddp', 'zero1', 'zero2', 'zero3', 'fsdp' or 'hsdp'"):
         run_config(sharding="zero9")
+
+
+@pytest.mark.parametrize("how", ["ddp", "zero1", "zero2", "zero3", "fsdp"])
+def test_rank_events_say_their_phases(how: Sharding) -> None:
+    """One phase per rank event (what a compiled step's peak outside the passes is found
+    from): a traced event keeps its own; a buffer the strategy adds takes the phase of the
+    traced event it comes before (the gathers of the forward pass, the optimizer's shards)."""
+    s = tiny_step()
+    phases: list[Phase] = []
+    events = rank_events(
+        s.handles, s.sizes, s.allocs, s.categories, s.phases, tiny_plan(4, how), phases
+    )
+    assert len(phases) == len(events)
+    traced = dict(zip(zip(s.handles, s.allocs, strict=True), s.phases, strict=True))
+    for (handle, _, alloc, _), phase in zip(events, phases, strict=True):
+        if (handle, alloc) in traced:
+            assert phase == traced[(handle, alloc)]
+    order = ("setup", "forward", "backward", "optimizer")
+    assert [order.index(p) for p in phases] == sorted(order.index(p) for p in phases)
+    same: list[Phase] = []
+    single = rank_events(
+        s.handles, s.sizes, s.allocs, s.categories, s.phases, tiny_plan(1, "ddp"), same
+    )
+    assert same == s.phases and len(single) == len(s.handles)

@@ -13,7 +13,7 @@ from tests.conftest import run_cli
 from whichgpu.errors import UnsupportedWorkload, UsageError
 from whichgpu.estimate.profile_summary import live_peak
 from whichgpu.profiles.stored import profile_key
-from whichgpu.recipe.training import _saves_output, _selective_policy
+from whichgpu.recipe.training import _saves_output, selective_policy
 from whichgpu.schema import RunConfig, StepProfile
 from whichgpu.trace.step import trace_step
 from whichgpu.workloads.base import enable_checkpointing
@@ -84,7 +84,7 @@ def test_selective_keeps_every_other_matrix_product_in_each_pass() -> None:
     from torch.utils.checkpoint import CheckpointPolicy
 
     aten = torch.ops.aten
-    policy = _selective_policy()
+    policy = selective_policy()
     layer = [aten.mm.default, aten.mul.Tensor, aten.mm.default, aten.addmm.default]
     layer += [aten._scaled_dot_product_efficient_attention.default, aten.mm.default]
     for recompute in (False, True):  # the recomputation counts apart and picks the same
@@ -92,7 +92,7 @@ def test_selective_keeps_every_other_matrix_product_in_each_pass() -> None:
         saved = [policy(ctx, op) == CheckpointPolicy.MUST_SAVE for op in layer]
         assert saved == [True, False, False, True, True, False]
     # each checkpointed call gets a policy of its own: the count starts again
-    assert _selective_policy()(SimpleNamespace(is_recompute=False), aten.mm.default) == (
+    assert selective_policy()(SimpleNamespace(is_recompute=False), aten.mm.default) == (
         CheckpointPolicy.MUST_SAVE
     )
 

@@ -254,11 +254,67 @@ def test_refuses_inference() -> None:
         compiled_activations(workload, run, 2, 32)
 
 
-def test_refuses_checkpointing() -> None:
+POLICIES = {
+    "none": {},
+    "full": {"checkpointing": True},
+    "selective": {"checkpointing": True, "checkpointing_policy": "selective"},
+    "every-2": {"checkpointing": True, "checkpointing_policy": "every-2"},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpointed() -> dict[str, CompiledActivations]:
+    """tiny-llama at 2 x 64 tokens, each checkpointing policy (and none)."""
     workload = config_workload(FIXTURES / "tiny-llama.json")
-    run = run_config(batch_size=2, seq_len=32, checkpointing=True)
-    with pytest.raises(UnsupportedWorkload, match="checkpointing"):
-        compiled_activations(workload, run, 2, 32)
+    return {
+        name: compiled_activations(workload, run_config(batch_size=2, seq_len=64, **kw), 2, 64)
+        for name, kw in POLICIES.items()
+    }
+
+
+def _backward_products(part: Partition) -> int:
+    return sum(1 for k in part.backward_kernels if k.name == "aten.mm.default")
+
+
+def test_checkpointed_regions_are_split_by_their_tags(
+    checkpointed: dict[str, CompiledActivations],
+) -> None:
+    """Each checkpointed layer call's operators carry its policy's tags, which both
+    partitioners honour: the default partition keeps what eager checkpointing keeps (the
+    published ordering of the policies), and inside the regions the min-cut keeps the same,
+    so that what compiling saves of a fully checkpointed step is what it saves outside the
+    layers, whatever the policy inside them."""
+    default = {name: a.default.saved_bytes for name, a in checkpointed.items()}
+    assert default["none"] > default["every-2"] > default["selective"] > default["full"]
+    for traced in checkpointed.values():
+        assert 0 < traced.saved_bytes_compiled < traced.saved_bytes_default
+    saving = {name: a.saved_bytes_difference for name, a in checkpointed.items()}
+    assert saving["full"] == saving["selective"]
+    # every-2 checkpoints the first of the two layers: the second saves what it saves alone
+    assert saving["full"] < saving["every-2"] < saving["none"]
+    per_layer = (saving["none"] - saving["full"]) / 2
+    assert saving["every-2"] - saving["full"] == pytest.approx(per_layer, rel=0.1)
+
+
+def test_checkpointed_layers_are_recomputed_in_the_backward_graph(
+    checkpointed: dict[str, CompiledActivations],
+) -> None:
+    """The recomputation is the partitioner's: the backward graph runs the regions' forward
+    operators again, matrix products included (full: nearly all seven of each of the two
+    layers; selective: the three its policy does not keep, k, o and up, of each; every-2: one
+    layer's seven), and more fused kernels, moving more bytes."""
+    none = checkpointed["none"].min_cut
+    added = {
+        name: _backward_products(a.min_cut) - _backward_products(none)
+        for name, a in checkpointed.items()
+    }
+    assert added["selective"] == 2 * 3
+    assert added["every-2"] == 7
+    assert 2 * 6 <= added["full"] <= 2 * 7
+    for name in ("full", "selective", "every-2"):
+        cut = checkpointed[name].min_cut
+        assert cut.backward_fused_count > none.backward_fused_count
+        assert cut.backward_fused_bytes > none.backward_fused_bytes
 
 
 def test_refuses_a_step_it_cannot_trace() -> None:

@@ -153,11 +153,6 @@ class CompiledStep:
                 f"{option('compile')} estimates a compiled training step; a compiled "
                 "inference step is not modelled."
             )
-        if run.checkpointing:
-            raise UsageError(
-                f"{option('compile')} with {option('checkpointing')}: what inductor's "
-                "partitioner saves inside checkpointed layers is not modelled; drop one."
-            )
         self._workload = workload
         self._run = run
         self._progress = progress

@@ -189,7 +189,10 @@ CompileOption = Annotated[
         help="The step runs under torch.compile (default mode; training): the activations "
         "inductor recomputes instead of saving leave the forward and backward passes' peak, "
         "and their non-matrix operators run as the kernels inductor fuses them into (both from "
-        "AOTAutograd's partition of the step on fake tensors; memory on one GPU).",
+        "AOTAutograd's partition of the step on fake tensors). With --checkpointing the "
+        "checkpointed layers keep what their policy keeps and recompute the rest fused; the "
+        "memory saving is applied per data-parallel GPU, not where tensor, pipeline or "
+        "context parallel split a micro-batch.",
         rich_help_panel=_RUN,
     ),
 ]

@@ -54,6 +54,7 @@ from whichgpu.schema import (
     MemoryCategory,
     MemoryEstimate,
     OpRecord,
+    Phase,
     RunConfig,
     ServingEngine,
     ServingEstimate,
@@ -180,7 +181,7 @@ class Replay:
     outside_passes_peak_bytes: int | None = field(default=None, compare=False)
     """Peak of allocated block bytes outside the forward and backward passes (set-up and the
     optimizer step), where what a compiled step saves of the activations does not reach; None
-    where not computed (a replay read from the shipped cache, or of a sharded rank)."""
+    where not computed (a replay read from the shipped cache)."""
 
 
 def workspace_sizes(gpu: GpuSpec, stack: SoftwareStack, mode: str) -> tuple[int, ...]:
@@ -386,9 +387,9 @@ class StepMemory:
         passes: bool = False,
     ) -> Replay:
         """Peak allocated/reserved bytes of the step at this size on one GPU of ``parallel``
-        (memoised); ``passes``: also the peak outside the forward and backward passes (on one
-        unsharded GPU; ``Replay.outside_passes_peak_bytes``), replaying again where a known
-        replay lacks it."""
+        (memoised); ``passes``: also the peak outside the forward and backward passes
+        (``Replay.outside_passes_peak_bytes``), replaying again where a known replay lacks
+        it."""
         key = (batch_size, seq_len, workspaces, parallel)
         found = self._cache.get(key)
         if found is not None and (found.outside_passes_peak_bytes is not None or not passes):
@@ -398,15 +399,20 @@ class StepMemory:
         allocator = CachingAllocator()
         for i, nbytes in enumerate(workspaces):
             allocator.malloc(-1 - i, nbytes)
+        phases: list[Phase] = []
         events = rank_events(
-            self._handles, sizes, self._allocs, self._categories, self._phases, self.plan(parallel)
+            self._handles,
+            sizes,
+            self._allocs,
+            self._categories,
+            self._phases,
+            self.plan(parallel),
+            phases,
         )
         # the allocator's peak is found in one pass that only remembers where it was; what was
         # live there, by category, is summed afterwards (cheaper than a copy at every new peak)
         malloc, free = allocator.malloc, allocator.free
         peak, peak_index = allocator.allocated_bytes, -1
-        # the phase of each event, where the rank's events are the traced ones (one GPU)
-        phases = self._phases if len(events) == len(self._phases) else None
         outside = 0
         for index, (handle, size, alloc, category) in enumerate(events):
             if size == 0 or category == _PAGED:  # unified memory: not the allocator's
@@ -415,7 +421,7 @@ class StepMemory:
                 malloc(handle, size)
                 if allocator.allocated_bytes > peak:
                     peak, peak_index = allocator.allocated_bytes, index
-                if phases is not None and phases[index] not in _PASSES:
+                if phases[index] not in _PASSES:
                     outside = max(outside, allocator.allocated_bytes)
             else:
                 free(handle)
@@ -427,7 +433,7 @@ class StepMemory:
             allocator.peak_allocated_bytes,
             allocator.peak_reserved_bytes,
             at_peak,
-            outside if phases is not None else None,
+            outside,
         )
         self._cache[key] = result
         return result
@@ -661,7 +667,7 @@ def estimate_on_gpu(
     tensor = run.mode == "inference" and run.gpus > 1
     parallel = SINGLE_GPU if tensor else run_parallel(run)
     heads = kv_head_count or 1
-    compiled = compiled_saving is not None and not (parallel.gpus > 1 or parallel.model_parallel)
+    compiled = compiled_saving is not None and not parallel.model_parallel
     if tensor and kv_head_count is None:
         raise ValueError("tensor-parallel inference needs the model's KV heads (kv_head_count)")
 
@@ -833,7 +839,7 @@ def estimate_on_gpu(
         + attention_note
         + paged_note
         + (_tensor_parallel_note(run.gpus, heads),) * tensor
-        + _compiled_note(compiled_saving is not None, compiled, cut, batch),
+        + _compiled_note(compiled_saving is not None, compiled, cut, batch, run.checkpointing),
         method=method,
         kv_cache_bytes=None if kv_bytes is None else kv_here(kv_bytes),
         kv_bytes_per_token=(
@@ -847,21 +853,32 @@ def estimate_on_gpu(
     )
 
 
-def _compiled_note(asked: bool, applied: bool, cut: int, batch: int) -> tuple[str, ...]:
+def _compiled_note(
+    asked: bool, applied: bool, cut: int, batch: int, checkpointed: bool
+) -> tuple[str, ...]:
     """What the estimate assumed of ``torch.compile`` (nothing when it was not asked)."""
     if not asked:
         return ()
     if not applied:
         return (
-            "torch.compile: its saving is applied on one GPU only; on several the eager "
-            "step's memory is given (more than a compiled step needs)",
+            "torch.compile: its saving is not applied where a micro-batch is split over GPUs "
+            "(tensor, pipeline or context parallel): the eager step's memory is given (more "
+            "than a compiled step needs)",
         )
+    regions = (
+        "; inside the checkpointed layers it keeps what their policy keeps, as eager "
+        "checkpointing does (torch.utils.checkpoint tags their operators for the partitioner), "
+        "and the eager recomputation's transient peak is kept (a compiled one is smaller)"
+        if checkpointed
+        else ""
+    )
     return (
         f"torch.compile: {cut / GIB:.2f} GiB of activations at batch {batch} left out of "
         "the forward and backward passes' peak: what inductor's partitioner "
         "(min_cut_rematerialization_partition) recomputes in the backward instead of saving, "
-        "from AOTAutograd's joint graph of the step on fake tensors (bf16 AMP's for fp8); the "
-        "set-up's and the optimizer step's peak as eager's, the allocator's cache as eager's",
+        "from AOTAutograd's joint graph of the step on fake tensors (bf16 AMP's for fp8)"
+        f"{regions}; the set-up's and the optimizer step's peak as eager's, the allocator's "
+        "cache as eager's",
     )
 
 

@@ -483,11 +483,15 @@ def rank_events(
     categories: Sequence[TensorCategory],
     phases: Sequence[Phase],
     plan: ShardingPlan,
+    rank_phases: list[Phase] | None = None,
 ) -> list[Event]:
     """The events of one rank under ``plan``, from the traced step's events (parallel lists):
     first its model-parallel share of each (``model_parallel_sizes``), then the data-parallel
-    strategy's rewrite."""
+    strategy's rewrite. ``rank_phases``, when given, receives the phase of each event returned
+    (an added buffer's: the phase of the traced event it came before)."""
     if plan.identity:
+        if rank_phases is not None:
+            rank_phases.extend(phases)
         return list(zip(handles, sizes, allocs, categories, strict=True))
     sizes = model_parallel_sizes(handles, sizes, allocs, categories, phases, plan)
     out: list[Event] = []
@@ -512,6 +516,8 @@ def rank_events(
     for handle, size, alloc, category, now in zip(
         handles, sizes, allocs, categories, phases, strict=True
     ):
+        if rank_phases is not None:  # what the previous traced event added
+            rank_phases.extend([phase or now] * (len(out) - len(rank_phases)))
         if not wrapped and category not in ("parameter", "buffer"):
             allocate(plan.wrap, [])
             wrapped = True
@@ -557,6 +563,8 @@ def rank_events(
             out.append((full, full_bytes, False, category))
         else:
             out.append((handle, part, True, category))
+    if rank_phases is not None:
+        rank_phases.extend([phase or "setup"] * (len(out) - len(rank_phases)))
     return out
 
 

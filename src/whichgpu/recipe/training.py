@@ -150,14 +150,14 @@ forward (and, counted the same way, of its recomputation) are recomputed."""
 
 def _saves_output(name: str) -> bool:
     """Whether a ``selective`` checkpoint may keep the output of operator ``name`` (``mm``;
-    of the matrix products, every other one: ``_selective_policy``)."""
+    of the matrix products, every other one: ``selective_policy``)."""
     return any(
         name.startswith(saved) if saved.endswith("_") else name == saved
         for saved in SELECTIVE_SAVED_OPS
     )
 
 
-def _selective_policy() -> Callable[..., Any]:
+def selective_policy() -> Callable[..., Any]:
     """A ``create_selective_checkpoint_contexts`` policy for one checkpointed layer: keep the
     outputs of ``SELECTIVE_SAVED_OPS`` but every second matrix product, counted apart in the
     forward and in the recomputation (so both pick the same ones), recompute the rest."""
@@ -204,9 +204,64 @@ def checkpoint_contexts(
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         forward, recompute = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
-            _selective_policy()
+            selective_policy()
         )
         return forward, _entered(recompute, kernel_mode())
+
+    return contexts
+
+
+def compiled_checkpoint_contexts(run: RunConfig) -> Callable[[], tuple[Any, Any]]:
+    """``torch.utils.checkpoint``'s ``context_fn`` for a checkpointed run as ``torch.compile``
+    traces it: every policy through ``create_selective_checkpoint_contexts`` (``full`` with a
+    policy that always prefers recomputation, as torch's ``tag_activation_checkpoint`` turns a
+    plain checkpoint into one), so that the operators of each checkpointed call are tagged in
+    the traced graph with their policy (``node.meta["recompute"]``) and with the call's own
+    ``ac_graph_id``, the tags AOTAutograd's partitioners honour. Each call's tags end with it
+    (the caching mode writes them into ``torch.fx.traceback.current_meta``, which
+    ``tag_activation_checkpoint`` scopes with ``preserve_node_meta``; here the forward mode
+    restores it on exit). Traced with ``torch.fx.traceback.preserve_node_meta()`` on, under
+    AOTAutograd; the recomputation itself is the partitioner's, so no kernel mode is needed."""
+    from torch.fx import traceback as fx_traceback
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        _CachingTorchDispatchMode,
+        create_selective_checkpoint_contexts,
+    )
+
+    class Region(_CachingTorchDispatchMode):  # type: ignore[no-untyped-call]
+        """The forward pass of one checkpointed call: its operators tagged, the tags undone
+        when the call ends."""
+
+        region = 0
+        """The call's number, its operators' ``ac_graph_id``."""
+
+        def __enter__(self) -> Any:
+            self.outside = dict(fx_traceback.current_meta)
+            fx_traceback.current_meta["ac_graph_id"] = self.region
+            return super().__enter__()  # type: ignore[no-untyped-call]
+
+        def __exit__(self, *exc: Any) -> Any:
+            try:
+                return super().__exit__(*exc)  # type: ignore[no-untyped-call]
+            finally:
+                fx_traceback.current_meta.clear()
+                fx_traceback.current_meta.update(self.outside)
+
+    def recompute_all(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        del ctx, op, args, kwargs
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    calls = iter(range(1, 1 << 30))
+
+    def contexts() -> tuple[Any, Any]:
+        policy = selective_policy() if run.checkpointing_policy == "selective" else recompute_all
+        forward, recompute = create_selective_checkpoint_contexts(  # type: ignore[no-untyped-call]
+            policy
+        )
+        region = Region(policy, forward.storage)
+        region.region = region.ac_graph_id = next(calls)
+        return region, recompute
 
     return contexts
 

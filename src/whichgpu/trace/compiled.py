@@ -5,15 +5,18 @@ once on the CPU with fake tensors through AOTAutograd into a joint forward-backw
 is then split twice: by ``default_partition``, which keeps what eager autograd keeps, and by the
 partitioner inductor runs (its joint-graph passes, then ``min_cut_rematerialization_partition``
 over inductor's decompositions), which recomputes cheap pointwise chains in the backward instead
-of saving them. The tensors each forward graph hands to its backward graph, counted once per
-storage and leaving out those the step holds anyway (parameters, inputs, the returned outputs),
-are the saved activations of an eager and of a compiled step: ``compiled_activations``. Each
-partition's forward and backward graphs are also grouped into the kernels inductor would run, to
-first order (``FusedKernel``, ``Partition.forward_kernels``): matrix products and attention stay
-"extern" kernels of their own; views move nothing; every other operator is fused with its
-neighbours into kernels that read their inputs from DRAM once and write only what leaves them.
-Set against ``Partition.forward_unfused_bytes`` (each fusible operator its own kernel, as eager
-runs it), this is the DRAM traffic fusion removes (docs/throughput.md: not yet used for time).
+of saving them. A checkpointed step is traced with its layers' operators tagged as
+``torch.utils.checkpoint`` tags them under compilation (``compiled_checkpoint_contexts``),
+which both partitioners follow. The tensors each forward graph hands to its backward graph,
+counted once per storage and leaving out those the step holds anyway (parameters, inputs, the
+returned outputs), are the saved activations of an eager and of a compiled step:
+``compiled_activations``. Each partition's forward and backward graphs are also grouped into
+the kernels inductor would run, to first order (``FusedKernel``, ``Partition.forward_kernels``):
+matrix products and attention stay "extern" kernels of their own; views move nothing; every
+other operator is fused with its neighbours into kernels that read their inputs from DRAM once
+and write only what leaves them. Set against ``Partition.forward_unfused_bytes`` (each fusible
+operator its own kernel, as eager runs it), this is the DRAM traffic fusion removes (what
+``predict --compile`` times: docs/throughput.md).
 The module is longer than 600 lines because the partitions and the kernel grouping share one
 walk of the graphs and its storage bookkeeping, which a split would have to repeat.
 """
@@ -33,11 +36,17 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from whichgpu.errors import UnsupportedWorkload
-from whichgpu.recipe.training import AMP_DTYPES, autocast, fp16_master, step_loss
+from whichgpu.recipe.training import (
+    AMP_DTYPES,
+    autocast,
+    compiled_checkpoint_contexts,
+    fp16_master,
+    step_loss,
+)
 from whichgpu.schema import RunConfig
 from whichgpu.trace.cuda_autocast import cuda_autocast_rules
 from whichgpu.trace.step import _CudaDropout, check_supported
-from whichgpu.workloads.base import BuiltWorkload, Workload
+from whichgpu.workloads.base import BuiltWorkload, Workload, enable_checkpointing
 from whichgpu.workloads.finetune import apply_method
 from whichgpu.workloads.hf import HELD_OUTPUT, quiet_transformers
 
@@ -246,6 +255,8 @@ def compiled_activations(
                 "model without autocast), which compiled_activations does not model."
             )
         built.model.train()
+        if run.checkpointing:
+            _checkpoint(built, run)
         batch = dict(built.make_batch(batch_size, seq_len))
         default = _partition(built, run, batch, "default")
         min_cut = _partition(built, run, batch, "min-cut")
@@ -266,11 +277,38 @@ def _check(run: RunConfig) -> None:
             "compiled_activations traces a training step (what the forward pass saves for the "
             f"backward pass); --mode {run.mode} has no backward pass."
         )
-    if run.checkpointing:
-        raise UnsupportedWorkload(
-            "compiled_activations does not model gradient checkpointing: its regions would "
-            "be partitioned by their own policy. Leave --checkpointing off."
-        )
+
+
+def _checkpoint(built: BuiltWorkload, run: RunConfig) -> None:
+    """Checkpoint the model's layers as ``run`` asks, in the form ``torch.compile`` traces a
+    checkpointed call (``compiled_checkpoint_contexts``): each call's operators tagged with
+    its policy and its own region, so that both partitioners split the step as a compiled
+    checkpointed step is split (``default_partition`` keeps each region's inputs and what its
+    policy saves, as eager checkpointing does; the min-cut recomputes in the backward graph
+    what the tags ask, and the other operators as it always does)."""
+    enable_checkpointing(
+        built.model,
+        None if run.checkpointing_policy == "full" else run.checkpointing_every_layers(),
+        use_reentrant=False,
+        # torch.compile traces checkpointed regions without forking the RNG state (inductor
+        # replays random operators from their seeds instead)
+        preserve_rng_state=False,
+        context_fn=compiled_checkpoint_contexts(run),
+    )
+
+
+@contextlib.contextmanager
+def _unpacked_sequences() -> Iterator[None]:
+    """transformers' check for packed sequences (``masking_utils.find_packed_sequence_indices``,
+    reached when no KV cache is made, as under checkpointing) answered as it answers for the
+    step's batch, whose positions count up from 0 in every row: not packed. The check reads a
+    tensor's value, which a trace through AOTAutograd cannot."""
+    from unittest import mock
+
+    from transformers import masking_utils
+
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda _: None):
+        yield
 
 
 class _Step(torch.nn.Module):
@@ -357,7 +395,17 @@ def _partition(
     static = list(range(len(unique)))
     found: dict[str, Any] = {}
 
+    # a checkpointed run's regions are tagged through ``torch.fx.traceback``'s node metadata,
+    # which the tracer copies onto the nodes only while it is preserved
+    tagged = run.checkpointing
+
     def partition_fn(joint: torch.fx.GraphModule, inputs: Any, **kwargs: Any) -> Any:
+        if tagged and not any("recompute" in node.meta for node in joint.graph.nodes):
+            raise UnsupportedWorkload(
+                f"torch {torch.__version__} does not tag the operators of a checkpointed layer "
+                "when AOTAutograd traces it, so the compiled step's partition cannot follow "
+                "the checkpointing (torch 2.13 does)."
+            )
         kwargs["static_lifetime_input_indices"] = static
         found["outputs"] = kwargs["num_fwd_outputs"]
         if partitioner == "min-cut":
@@ -389,14 +437,18 @@ def _partition(
         decompositions = dict(select_decomp_table())
     started = time.perf_counter()
     try:
-        aot_module_simplified(
-            step,  # type: ignore[arg-type]  # any module works: its forward is traced whole
-            [batch[k] for k in keys],
-            fw_compiler=keep,
-            bw_compiler=keep,
-            partition_fn=partition_fn,
-            decompositions=decompositions,
-        )
+        with (
+            torch.fx.traceback.preserve_node_meta(tagged),
+            _unpacked_sequences() if tagged else contextlib.nullcontext(),
+        ):
+            aot_module_simplified(
+                step,  # type: ignore[arg-type]  # any module works: its forward is traced whole
+                [batch[k] for k in keys],
+                fw_compiler=keep,
+                bw_compiler=keep,
+                partition_fn=partition_fn,
+                decompositions=decompositions,
+            )
     except UnsupportedWorkload:
         raise
     except Exception as error:  # a trace that fails says why, as one line
