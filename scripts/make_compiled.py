@@ -12,7 +12,8 @@ Llama 3.1 8B. Run from the repository root with the torch extra installed:
 Writes ``src/whichgpu/workloads/profiles/compiled/<stem>.json.gz``
 (``profiles.stored.compiled_stem``) with the versions of torch and transformers traced with,
 and prints each trace's time. ``python scripts/make_compiled.py llama-3.1-8b:16384`` traces
-only the stored runs named (workload:length), leaving the other files as they are.
+only the stored runs named (workload:length, or workload:length:policy for a checkpointed
+one), leaving the other files as they are.
 """
 
 from __future__ import annotations
@@ -31,33 +32,36 @@ from whichgpu.workloads import get_workload, run_config
 OUT = Path(__file__).resolve().parents[1] / "src/whichgpu/workloads/profiles" / COMPILED_DIR
 
 STORED = (
-    ("llama-3.2-1b", 2048),
-    ("llama-3.1-8b", 2048),
-    ("llama-3.1-8b", 4096),
-    ("llama-3.1-8b", 8192),
-    ("llama-3.1-8b", 16384),
-    ("llama-3.1-8b", 32768),
-    ("llama-3.1-8b", 65536),
-    ("llama-3.1-8b", 131072),
-    ("llama-3.1-70b", 8192),
+    ("llama-3.2-1b", 2048, None),
+    ("llama-3.1-8b", 2048, None),
+    ("llama-3.1-8b", 4096, None),
+    ("llama-3.1-8b", 8192, None),
+    ("llama-3.1-8b", 16384, None),
+    ("llama-3.1-8b", 32768, None),
+    ("llama-3.1-8b", 65536, None),
+    ("llama-3.1-8b", 131072, None),
+    ("llama-3.1-70b", 8192, None),
+    ("llama-3.1-8b", 8192, "selective"),
 )
-"""(workload, sequence length) of the stored bf16 AMP training runs (fp8 runs take their bf16
-step's partition); Llama 3.1 8B's long ones are NVIDIA's long-sequence runs
-(``validate/data/parallel``)."""
+"""(workload, sequence length, checkpointing policy or None) of the stored bf16 AMP training
+runs (fp8 runs take their bf16 step's partition); Llama 3.1 8B's long ones are NVIDIA's
+long-sequence runs (``validate/data/parallel``), its selectively checkpointed one the published
+recipe runs (``validate/data/recipes``)."""
 
 
 def main(argv: list[str]) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
-    wanted = {(name, int(length)) for name, length in (a.split(":") for a in argv)}
+    wanted = {_named(a) for a in argv}
     unknown = wanted - set(STORED)
     if unknown:
         print(f"not among the stored runs: {sorted(unknown)}", file=sys.stderr)
         return 2
-    for name, length in STORED:
-        if wanted and (name, length) not in wanted:
+    for name, length, policy in STORED:
+        if wanted and (name, length, policy) not in wanted:
             continue
         workload = get_workload(name)
-        run = run_config(mode="train", precision="bf16", seq_len=length)
+        checkpointed = {} if policy is None else {"checkpointing_policy": policy}
+        run = run_config(mode="train", precision="bf16", seq_len=length, **checkpointed)
         started = time.perf_counter()
         batches = {str(b): compiled_trace(workload, run, b).to_json() for b in (1, 2)}
         doc = {
@@ -72,6 +76,12 @@ def main(argv: list[str]) -> int:
         seconds = time.perf_counter() - started
         print(f"{path.name}: {seconds:.0f} s, {path.stat().st_size / 1024:.0f} KiB")
     return 0
+
+
+def _named(argument: str) -> tuple[str, int, str | None]:
+    """``workload:length[:policy]`` as a ``STORED`` entry."""
+    name, length, *policy = argument.split(":")
+    return name, int(length), policy[0] if policy else None
 
 
 if __name__ == "__main__":

@@ -58,6 +58,12 @@ other, stays traced: `validate closed-form` checks every stored profile against 
 form, which covers GPT-2 under AMP only.)"""
 
 
+PUBLISHED_RECIPES = {"llama-3.1-8b": {"checkpointing": True, "checkpointing_policy": "selective"}}
+"""The eager step of the published recipe runs `validate --source recipes` compares (compiled
+and selectively checkpointed: `validate/data/recipes`), so that it is not traced after each
+update."""
+
+
 def stored_runs(workload: Workload) -> list[RunConfig]:
     """The run configurations stored for a workload."""
     runs = [run_config()]
@@ -73,9 +79,10 @@ def stored_runs(workload: Workload) -> list[RunConfig]:
         runs.append(run_config(precision="fp16"))  # fairseq's recipes train with --fp16
     if workload.info.name in PIPELINED:
         runs.append(run_config(grad_accum=2))
-    extra = H200_MEASURED.get(workload.info.name)
-    if extra is not None and run_config(**extra) not in runs:
-        runs.append(run_config(**extra))
+    for extras in (H200_MEASURED, PUBLISHED_RECIPES):
+        extra = extras.get(workload.info.name)
+        if extra is not None and run_config(**extra) not in runs:
+            runs.append(run_config(**extra))
     if workload.info.family in INFERENCE_FAMILIES:
         runs.append(run_config(mode="inference"))
     return runs

@@ -46,6 +46,7 @@ _RUN_FIELDS = (
     "precision",
     "optimizer",
     "checkpointing",
+    "checkpointing_policy",
     "method",
     "lora_rank",
     "grad_accum",

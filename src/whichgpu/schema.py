@@ -1454,13 +1454,16 @@ class MeasuredMemoryCase(_Frozen):
     """What the comparison assumes or why part of it is missing."""
 
 
-ReferenceSource = Literal["lambda2020", "own", "h200-2026-11", "llm-foundry", "serving", "parallel"]
+ReferenceSource = Literal[
+    "lambda2020", "own", "h200-2026-11", "llm-foundry", "serving", "parallel", "recipes"
+]
 """A reference ``validate`` compares with: Lambda's 2020 table, whichgpu's own bench results
 (``validate/data/measured/*.json``), the measurements on an NVIDIA H200 of 2026-11-26 (an
 independent training loop), MosaicML llm-foundry's published MPT training benchmarks,
-published serving measurements of vLLM and TensorRT-LLM (``validate/data/serving``), or
+published serving measurements of vLLM and TensorRT-LLM (``validate/data/serving``),
 published tensor- and pipeline-parallel training runs of NeMo and Megatron-Bridge
-(``validate/data/parallel``)."""
+(``validate/data/parallel``), or published runs of today's training recipes: compiled,
+selectively checkpointed, FSDP2, float8 (``validate/data/recipes``)."""
 
 
 class SourceSummary(_Frozen):
@@ -1609,6 +1612,9 @@ class MemoryValidation(_Frozen):
     """Training runs measured on GPUs outside whichgpu's harness (the H200 measurements)."""
     fsdp_runs: tuple[FsdpFitCase, ...] = ()
     """Published multi-GPU runs (llm-foundry) against ``fit``'s answer."""
+    recipe_runs: tuple[ReferenceMemoryCase, ...] = ()
+    """Published runs of today's training recipes (``validate.recipes``): peak reserved
+    memory per GPU against ``fit``'s."""
     sources: tuple[ReferenceSource, ...] = ()
     """The references compared (empty in results written before references could be
     chosen: all of them)."""

@@ -573,6 +573,7 @@ def memory_validation_view(validation: MemoryValidation) -> RenderableType:
         [
             *([gpu_runs_memory_view(validation.gpu_runs)] if validation.gpu_runs else []),
             *([fsdp_runs_view(validation.fsdp_runs)] if validation.fsdp_runs else []),
+            *([gpu_runs_memory_view(validation.recipe_runs)] if validation.recipe_runs else []),
             *([source_summary_view(validation.summaries)] if validation.summaries else []),
         ],
     )

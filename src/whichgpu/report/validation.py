@@ -100,7 +100,8 @@ def gpu_runs_memory_view(cases: Sequence[ReferenceMemoryCase]) -> RenderableType
             pair(c.measured_device_bytes, c.predicted_device_bytes),
             c.note,
         )
-    return Group(peaks, largest, _settings(cases[0].source if cases else None))
+    searched = [largest] if largest.row_count else []
+    return Group(peaks, *searched, _settings(cases[0].source if cases else None))
 
 
 def _settings(source: str | None) -> RenderableType:

@@ -68,22 +68,26 @@ def validate_memory(
     """Predict every case of the chosen references (default: all) and compare."""
     from whichgpu.validate.h200 import h200_memory
     from whichgpu.validate.llm_foundry import foundry_memory
+    from whichgpu.validate.recipes import recipes_memory
 
     lambda_part = _lambda_memory(progress) if "lambda2020" in sources else _NO_LAMBDA
     own = tuple(measured_cases(progress)) if "own" in sources else ()
     gpu_runs = tuple(h200_memory(progress=progress)) if "h200-2026-11" in sources else ()
     fsdp_runs = tuple(foundry_memory(progress=progress)) if "llm-foundry" in sources else ()
+    recipe_runs = tuple(recipes_memory(progress=progress)) if "recipes" in sources else ()
     summaries = [
         *(_lambda_summary(lambda_part) if "lambda2020" in sources else ()),
         *(_own_summary(own) if "own" in sources else ()),
         *(_h200_summary(gpu_runs) if "h200-2026-11" in sources else ()),
         *(_foundry_summary(fsdp_runs) if "llm-foundry" in sources else ()),
+        *(_recipes_summary(recipe_runs) if "recipes" in sources else ()),
     ]
     return lambda_part.model_copy(
         update={
             "measured": own,
             "gpu_runs": gpu_runs,
             "fsdp_runs": fsdp_runs,
+            "recipe_runs": recipe_runs,
             "sources": tuple(s for s in SOURCES if s in sources),
             "summaries": tuple(summaries),
         }
@@ -177,6 +181,21 @@ def _h200_summary(cases: Sequence[ReferenceMemoryCase]) -> list[SourceSummary]:
             f"{sum(c.would_oom for c in searched)} of {len(searched)} predicted above the "
             "measurement (would run out of memory)",
         ),
+    ]
+
+
+def _recipes_summary(cases: Sequence[ReferenceMemoryCase]) -> list[SourceSummary]:
+    reserved = [c.reserved_error for c in cases if c.reserved_error is not None]
+    under = sum(e < 0 for e in reserved)
+    failed = sum(c.note.startswith("fit failed") for c in cases)
+    return [
+        error_summary(
+            "recipes",
+            "peak reserved per GPU",
+            reserved,
+            f"{under} of {len(reserved)} predicted under the measurement"
+            + (f"; {failed} cases fit could not answer" if failed else ""),
+        )
     ]
 
 

@@ -17,6 +17,7 @@ SOURCES: tuple[ReferenceSource, ...] = (
     "llm-foundry",
     "serving",
     "parallel",
+    "recipes",
 )
 """Every reference, in the order the commands print them."""
 
@@ -27,6 +28,8 @@ SOURCE_TITLES: dict[ReferenceSource, str] = {
     "llm-foundry": "MosaicML llm-foundry MPT benchmarks (8x A100/H100 80GB, FSDP)",
     "serving": "published serving measurements (vLLM, TensorRT-LLM)",
     "parallel": "published tensor/pipeline-parallel training (NVIDIA NeMo, Megatron-Bridge)",
+    "recipes": "published runs of today's recipes (torchao float8 on torchtitan: compiled, "
+    "selective checkpointing, FSDP2)",
 }
 """How the views name each reference."""
 
@@ -74,6 +77,13 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "the work between the matrix products fused into kernels that read their inputs once); "
         "nodes of 8 joined by the default fabric (InfiniBand NDR), GB200 within its 72-GPU "
         "NVLink domain; left out: expert parallel, rows without a micro-batch or a tokens/s"
+    ),
+    "recipes": (
+        "each row's GPUs, sharding, micro-batch, sequence length and precision "
+        "(validate/data/recipes/README.md), --compile and --checkpointing-policy selective as "
+        "the runs compiled and checkpointed (torchtitan's op mode); fp8 as torchao's "
+        "tensorwise Float8Linear; peak reserved per GPU against fit, tokens/s per GPU against "
+        "predict"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

@@ -526,6 +526,7 @@ def validate_throughput(
     from whichgpu.validate.llm_foundry import foundry_throughput, stale_profiles_note
     from whichgpu.validate.measured import compare_throughputs, shipped_measurements, speed_ratios
     from whichgpu.validate.parallel import left_out_rows, parallel_throughput, split_ratios
+    from whichgpu.validate.recipes import recipes_throughput
     from whichgpu.validate.serving import QUANTITIES, serving_throughput
 
     own = (
@@ -541,6 +542,7 @@ def validate_throughput(
         *(foundry_throughput(progress=progress) if "llm-foundry" in sources else ()),
         *(serving_throughput(progress=progress) if "serving" in sources else ()),
         *(parallel_throughput(progress=progress) if "parallel" in sources else ()),
+        *(recipes_throughput(progress=progress) if "recipes" in sources else ()),
     ]
     lambda_part = _lambda_throughput(params, progress) if "lambda2020" in sources else _NO_LAMBDA
     by_source: list[SourceSummary] = []
@@ -564,6 +566,7 @@ def validate_throughput(
         ("h200-2026-11", "speed (step time)"),
         ("llm-foundry", "tokens/s per GPU"),
         ("parallel", "tokens/s per GPU"),
+        ("recipes", "tokens/s per GPU"),
     ):
         if source not in sources:
             continue
