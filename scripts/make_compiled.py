@@ -42,11 +42,13 @@ STORED = (
     ("llama-3.1-8b", 131072, None),
     ("llama-3.1-70b", 8192, None),
     ("llama-3.1-8b", 8192, "selective"),
+    ("mixtral-8x7b", 4096, None),
 )
 """(workload, sequence length, checkpointing policy or None) of the stored bf16 AMP training
 runs (fp8 runs take their bf16 step's partition); Llama 3.1 8B's long ones are NVIDIA's
 long-sequence runs (``validate/data/parallel``), its selectively checkpointed one the published
-recipe runs (``validate/data/recipes``)."""
+recipe runs (``validate/data/recipes``), Mixtral 8x7B's at 4,096 NVIDIA's expert-parallel
+rows."""
 
 
 def main(argv: list[str]) -> int:

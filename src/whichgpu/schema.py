@@ -580,6 +580,15 @@ class RunConfig(_Frozen):
     its queries attend over the whole sequence. Every GPU of the group holds the whole model
     state, reduced (and, under ZeRO/FSDP, sharded) with the data-parallel copies. ``gpus`` is a
     multiple of ``tensor_parallel x pipeline_parallel x context_parallel``."""
+    expert_parallel: int = 1
+    """Training a mixture of experts: GPUs that spread each layer's routed experts between
+    them (expert parallel: Megatron-Core's ``--expert-model-parallel-size``, torchtitan's
+    ``expert_parallel_degree``), each holding 1/E of them; every token is sent to the GPUs of
+    its experts and back by all-to-all, twice a layer in the forward pass and twice in the
+    backward. The GPUs are data-parallel copies (E divides ``data_parallel()``): each runs its
+    own micro-batch through the rest of the model, and the experts' gradients are reduced over
+    the copies that hold the same experts (``data_parallel() / E``). 1: every GPU holds every
+    expert."""
     fp8_all_gather: bool = False
     """Training in ``fp8`` under ``zero3``/``fsdp``/``hsdp``: FSDP gathers the converted linear
     layers' weights in fp8, one byte a weight instead of two (torchao's
@@ -718,6 +727,8 @@ class RunConfig(_Frozen):
                 parts.append("fp8 all-gather")
             if self.model_parallel() > 1:
                 parts.append(self.model_parallel_words())
+            if self.expert_parallel > 1:
+                parts.append(f"expert parallel {self.expert_parallel}")
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")

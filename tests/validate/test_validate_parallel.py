@@ -57,17 +57,20 @@ def test_every_row_is_compared_or_left_out_with_a_reason() -> None:
     left = {id(r) for r, _ in out}
     compared = [r for r in rows if id(r) not in left]
     assert len(compared) + len(out) == len(rows)
-    # 16 GB200 rows in one NVL72 rack; 8 context parallel; 5 long-sequence rows read from TFLOP/s
-    assert len(compared) == 11 + 16 + 8 + 5
+    # 16 GB200 rows in one NVL72 rack; 8 context parallel; 5 long-sequence rows read from
+    # TFLOP/s; 2 Mixtral rows with expert parallel 8
+    assert len(compared) == 11 + 16 + 8 + 5 + 2
     assert {r.gpu for r in compared} == {"h100-sxm", "b200", "gb200"}
-    assert all((r.ep or 1) == 1 for r in compared)
+    experts = [r for r in compared if (r.ep or 1) > 1]
+    assert [(r.model, r.ep, r.run().expert_parallel) for r in experts] == [
+        ("mixtral-8x7b", 8, 8)
+    ] * 2
+    assert all("grouped products in bf16" in r.settings() for r in experts)
     assert sum((r.cp or 1) > 1 for r in compared) == 8 + 3
     assert sum(r.derived for r in compared) == 5
     for r, why in out:
-        if r.source_id == "nemo-longseq-25.04rc2":  # 256K to 1024K
-            assert r.seq_len > 131072 and "beyond llama-3.1-8b's 131,072 positions" in why
-        if r.model == "mixtral-8x7b":
-            assert "expert parallel 8" in why
+        assert r.source_id == "nemo-longseq-25.04rc2"  # 256K to 1024K
+        assert r.seq_len > 131072 and "beyond llama-3.1-8b's 131,072 positions" in why
 
 
 def test_grad_accum_is_the_global_batch_over_micro_batch_times_dp() -> None:
@@ -195,7 +198,7 @@ def test_the_summary_gives_the_split_over_data_parallel_ratio(
     assert summary.mean_error == pytest.approx(
         sum(c.error for c in cases if c.error is not None) / 4
     )
-    assert ratio in summary.note and "5 rows left out (their notes say why)" in summary.note
+    assert ratio in summary.note and "3 rows left out (their notes say why)" in summary.note
     assert "without a published tokens/s" not in summary.note  # every row gives or implies one
 
 

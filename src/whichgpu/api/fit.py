@@ -150,6 +150,7 @@ def answer_fit(
             asked.software,
             method=step.method,
             compiled_saving=step.compiled,
+            experts=step.experts,
             seq_limit=step.seq_limit,
             shorter_seq_when_unfit=True,
             kv_per_token_bytes=step.kv_per_token,

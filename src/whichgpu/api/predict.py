@@ -301,6 +301,7 @@ def _sized_on_gpu(
         asked.software,
         method=step.method,
         compiled_saving=step.compiled,
+        experts=step.experts,
         search_seq_len=False,
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
@@ -434,6 +435,7 @@ def calibration_of(
         software,
         method=step.method,
         compiled_saving=step.compiled,
+        experts=step.experts,
         search_seq_len=False,
     )
     alone = ThroughputPredictor(

@@ -398,6 +398,7 @@ def _option(
         software,
         method=step.method,
         compiled_saving=step.compiled,
+        experts=step.experts,
         search_seq_len=False,
         shorter_seq_when_unfit=True,
         kv_per_token_bytes=step.kv_per_token,

@@ -81,6 +81,7 @@ class RunOptions:
     pipeline_parallel: int | None = None
     virtual_stages: int | None = None
     context_parallel: int | None = None
+    expert_parallel: int | None = None
     tensor_parallel_overlap: bool | None = None
     fp8_all_gather: bool | None = None
     network: str | None = None

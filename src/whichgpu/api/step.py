@@ -33,6 +33,7 @@ from whichgpu.workloads.run_config import inference_context, split_options
 
 if TYPE_CHECKING:
     from whichgpu.estimate.compiled import FusedKernels
+    from whichgpu.estimate.expert_parallel import Experts
     from whichgpu.estimate.memory import StepMemory
     from whichgpu.estimate.prediction import StepState, ThroughputPredictor
     from whichgpu.trace.compiled import CompiledActivations
@@ -304,6 +305,15 @@ class Step:
     cache in the serving dtype whatever this says."""
     compiled: CompiledStep | None = None
     """With ``run.compile``: what compilation changes in the step, by size."""
+    experts: Experts | None = None
+    """With ``run.expert_parallel`` > 1: the model's routed experts."""
+
+    @property
+    def expert_fraction(self) -> float:
+        """The routed experts' share of the parameters under expert parallel (else 0)."""
+        if self.experts is None or self.run.expert_parallel <= 1:
+            return 0.0
+        return self.experts.fraction(self.profile.params_total)
 
     def engine_kv_per_token(self) -> int | None:
         """KV-cache bytes per token in a serving engine's cache (``kv_cache_dtype``): of an
@@ -390,6 +400,9 @@ def prepare(
         run = run.model_copy(update={"seq_len": chosen.info.default_seq_len})
     if run.model_parallel() > 1:
         doc = _model_parallel_config(chosen, run, config)
+    experts = None
+    if run.expert_parallel > 1:
+        doc, experts = _expert_parallel_config(chosen, run, config)
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
             f"{option('gpu_count')} with {option('mode')} inference serves a language model "
@@ -410,6 +423,7 @@ def prepare(
         kv_head_count,
         doc,
         compiled=compiled,
+        experts=experts,
     )
 
 
@@ -467,6 +481,32 @@ def _model_parallel_config(
     return doc
 
 
+def _expert_parallel_config(
+    chosen: Workload, run: RunConfig, config: Path | str | None
+) -> tuple[dict[str, Any], Experts]:
+    """The ``config.json`` of a mixture of experts trained expert parallel and its routed
+    experts; a model without them, or whose experts do not split as asked
+    (``estimate.expert_parallel.plan_refusal``), raises ``NotSplittable``."""
+    from whichgpu.estimate.expert_parallel import experts_of, plan_refusal
+
+    why = (
+        f"{chosen.info.name} cannot train expert parallel {run.expert_parallel} "
+        f"({option('expert_parallel')})"
+    )
+    try:
+        doc = _config_doc(chosen, config)
+        refusal = plan_refusal(doc, run)
+        found = experts_of(doc)
+    except (OSError, KeyError, TypeError, ValueError):
+        raise NotSplittable(
+            f"{why}: it is modelled for transformer mixtures of experts whose config.json names "
+            "their layers, hidden size and routed experts, and this workload has none."
+        ) from None
+    if refusal is not None or found is None:
+        raise NotSplittable(f"{why}: {refusal}.")
+    return doc, found
+
+
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:
     """The replays of ``profile``: of a stored profile, shared by every call in this process
     and started from the replays shipped with it (``estimate.replay_cache``)."""
@@ -514,6 +554,7 @@ def _exchange_state(step: Step) -> StepState | None:
     """What several GPUs exchange for this step (None on one GPU): gradients and parameters in
     data-parallel training, hidden states in tensor-parallel inference."""
     from whichgpu.estimate.data_parallel import run_parallel
+    from whichgpu.estimate.expert_parallel import exchange_share
     from whichgpu.estimate.prediction import StepState
     from whichgpu.estimate.serving import (
         kv_bytes_per_token,
@@ -540,13 +581,19 @@ def _exchange_state(step: Step) -> StepState | None:
     sizes = step.memory.state_sizes("parameter")
     gradient_bytes = sum(step.memory.state_sizes("gradient"))
     parameter_bytes = sum(sizes)
-    plan = step.memory.plan(run_parallel(step.run))
+    plan = step.memory.plan(run_parallel(step.run, expert_fraction=step.expert_fraction))
     if plan.working_parameters:
         # the GPUs gather and reduce the plan's 16-bit working copies
         gradient_bytes = working_bytes(gradient_bytes)
         parameter_bytes = working_bytes(parameter_bytes)
     if step.run.fp8_all_gather:  # the blocks' weights gathered at 1 byte, not 2
         parameter_bytes = round(parameter_bytes * (1 - fp8_gathered_share(sizes) / 2))
+    if step.experts is not None:  # the experts' among the copies that hold the same ones
+        exchanged = exchange_share(
+            step.expert_fraction, step.run.expert_parallel, step.run.state_group()
+        )
+        gradient_bytes = round(gradient_bytes * exchanged)
+        parameter_bytes = round(parameter_bytes * exchanged)
     if step.model_config is None:
         return StepState(gradient_bytes=gradient_bytes, parameter_bytes=parameter_bytes)
     # split tensor or pipeline parallel: the hidden states it exchanges, in the activations'
@@ -562,4 +609,6 @@ def _exchange_state(step: Step) -> StepState | None:
         state_share=plan.state_share,
         stage_work_share=stage_work_share(sizes, step.run.pipeline_parallel),
         kv_bytes_per_token=kv_bytes_per_token(step.model_config, element_bytes) // layers,
+        experts=step.experts,
+        expert_fraction=step.expert_fraction,
     )

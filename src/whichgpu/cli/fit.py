@@ -56,6 +56,7 @@ def fit(
     pipeline_parallel: o.PipelineParallelOption = None,
     virtual_stages: o.VirtualStagesOption = None,
     context_parallel: o.ContextParallelOption = None,
+    expert_parallel: o.ExpertParallelOption = None,
     fp8_all_gather: o.Fp8AllGatherOption = False,
     network: o.NetworkOption = None,
     context: o.ContextOption = None,

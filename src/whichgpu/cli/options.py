@@ -334,6 +334,19 @@ ContextParallelOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+ExpertParallelOption = Annotated[
+    Optional[int],  # noqa: UP045
+    typer.Option(
+        "--expert-parallel",
+        help="Training a mixture of experts: data-parallel copies that spread each layer's "
+        "routed experts between them (expert parallel, as Megatron-Core's "
+        "--expert-model-parallel-size and torchtitan's expert_parallel_degree; default 1). "
+        "Each GPU holds 1/E of the experts and sends its tokens to their experts and back by "
+        "all-to-all, twice a layer each pass. E divides the copies and the experts: "
+        "mixtral-8x7b --gpus 64 --expert-parallel 8 --sharding zero1.",
+        rich_help_panel=_RUN,
+    ),
+]
 NetworkOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(

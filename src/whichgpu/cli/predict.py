@@ -46,6 +46,7 @@ def predict(
     pipeline_parallel: o.PipelineParallelOption = None,
     virtual_stages: o.VirtualStagesOption = None,
     context_parallel: o.ContextParallelOption = None,
+    expert_parallel: o.ExpertParallelOption = None,
     tensor_parallel_overlap: o.TensorParallelOverlapOption = False,
     fp8_all_gather: o.Fp8AllGatherOption = False,
     network: o.NetworkOption = None,

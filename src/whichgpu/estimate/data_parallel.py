@@ -188,6 +188,21 @@ def link_domain(gpu: GpuSpec, links: LinkData | None = None) -> int:
     return max(data.max_gpus_per_node, gpu.interconnect_domain_gpus or 0)
 
 
+def span_link(
+    gpu: GpuSpec, span: int, network: str | None, links: LinkData | None = None
+) -> tuple[float, str]:
+    """The rate one GPU exchanges at among ``span`` neighbouring GPUs like ``gpu``, and the link
+    in words: the node's (or NVLink domain's) own link at the share NCCL reaches there while
+    they fit in it, else the GPU's own NIC on the fabric ``network`` (None: the default)."""
+    data = links or load_links()
+    if span <= link_domain(gpu, data):
+        node = gpu_link(gpu, span, data)
+        return node.bus_bytes_per_s, node.description
+    fabric = get_fabric(network, data)
+    rate = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
+    return rate, f"{fabric.id}, {fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s per GPU"
+
+
 def gpu_link(
     gpu: GpuSpec, n_gpus: int, links: LinkData | None = None, network: str | None = None
 ) -> Link:
@@ -285,12 +300,16 @@ def memory_parallel(
     virtual: int = 1,
     fp8_gather: bool = False,
     context: int = 1,
+    expert: int = 1,
+    expert_fraction: float = 0.0,
 ) -> Parallel:
     """What one GPU's memory is split by: ``n_gpus`` data-parallel copies and ``sharding``,
     with HSDP's shard group in place of the GPUs (``shard_group``), each copy split ``tensor``
     ways within layers and ``pipeline`` ways by layer (``virtual`` chunks per GPU);
     ``fp8_gather``: FSDP gathers the blocks' weights in fp8; ``context``: the GPUs that split
-    each sequence, counted among the ``n_gpus`` that share the model state."""
+    each sequence, counted among the ``n_gpus`` that share the model state; ``expert``: the
+    copies each layer's routed experts (``expert_fraction`` of the parameters) are spread
+    over."""
     return Parallel(
         shard_group(n_gpus, sharding, links, tensor=tensor),
         sharding,
@@ -299,14 +318,19 @@ def memory_parallel(
         virtual,
         fp8_gather,
         context,
+        expert,
+        expert_fraction if expert > 1 else 0.0,
     )
 
 
-def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
+def run_parallel(
+    run: RunConfig, links: LinkData | None = None, expert_fraction: float = 0.0
+) -> Parallel:
     """What one GPU of a training ``run`` holds a share of: the GPUs that share its model
     state under its sharding (the data-parallel copies times the context-parallel GPUs of
-    each), each copy split by its tensor- and pipeline-parallel degrees
-    (``memory_parallel``)."""
+    each), each copy split by its tensor- and pipeline-parallel degrees, and under expert
+    parallel 1/E of the routed experts (``expert_fraction`` of the parameters;
+    ``memory_parallel``)."""
     return memory_parallel(
         run.state_group(),
         run.sharding,
@@ -316,6 +340,8 @@ def run_parallel(run: RunConfig, links: LinkData | None = None) -> Parallel:
         virtual=run.virtual_stages,
         fp8_gather=run.fp8_all_gather,
         context=run.context_parallel,
+        expert=run.expert_parallel,
+        expert_fraction=expert_fraction,
     )
 
 

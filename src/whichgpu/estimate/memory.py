@@ -36,6 +36,7 @@ from whichgpu.errors import UsageError
 from whichgpu.estimate.allocator import CachingAllocator, round_request
 from whichgpu.estimate.attention import AttentionExtra, step_attention_extra
 from whichgpu.estimate.data_parallel import run_parallel
+from whichgpu.estimate.expert_parallel import Experts
 from whichgpu.estimate.paged import is_paged, memory_note, paged_out_bytes
 from whichgpu.estimate.serving import kv_heads_on_one_gpu, kv_on_one_gpu, serving_estimate
 from whichgpu.estimate.sharding import (
@@ -627,6 +628,7 @@ def estimate_on_gpu(
     kv_head_count: int | None = None,
     serving: ServingEngine | None = None,
     compiled_saving: Callable[[int, int | None], int] | None = None,
+    experts: Experts | None = None,
 ) -> MemoryEstimate:
     """The memory estimate of ``memory``'s step on ``gpu``.
 
@@ -636,7 +638,9 @@ def estimate_on_gpu(
     Unset: the largest batch that fits is the headline (or 1 if none fits).
 
     ``run.gpus`` > 1: every figure is for one of the GPUs training together, each with its own
-    batch, under ``run.sharding`` (``whichgpu.estimate.sharding``).
+    batch, under ``run.sharding`` (``whichgpu.estimate.sharding``); under expert parallel
+    ``experts`` are the model's routed experts, which each GPU holds 1/E of and whose tokens
+    it sends out and takes in (``estimate.expert_parallel``).
 
     ``shorter_seq_when_unfit``: when not even batch 1 fits at a sequence model's length, the
     longest shorter length of ``SHORTER_SEQ_LADDER`` that does (``fits_at_seq_len``).
@@ -665,7 +669,10 @@ def estimate_on_gpu(
     outside = outside_allocator(stack, gpus=run.gpus, groups=groups)
     outside_bytes = sum(outside.values())
     tensor = run.mode == "inference" and run.gpus > 1
-    parallel = SINGLE_GPU if tensor else run_parallel(run)
+    expert_fraction = 0.0
+    if experts is not None and run.expert_parallel > 1:
+        expert_fraction = experts.fraction(profile.params_total)
+    parallel = SINGLE_GPU if tensor else run_parallel(run, expert_fraction=expert_fraction)
     heads = kv_head_count or 1
     compiled = compiled_saving is not None and not parallel.model_parallel
     if tensor and kv_head_count is None:
@@ -695,9 +702,17 @@ def estimate_on_gpu(
     def ring_bytes(batch: int, length: int | None) -> int:
         return memory.context_ring_bytes(batch, length, run.context_parallel, run.tensor_parallel)
 
+    def dispatch_bytes(batch: int, length: int | None) -> int:
+        """Expert parallel: the buffer of this GPU's tokens on their way to their experts,
+        beside the traced step's own (one layer's, while it runs)."""
+        if expert_fraction == 0 or experts is None:
+            return 0
+        tokens = batch * (length or 1) // run.context_parallel
+        return round_request(tokens * experts.dispatch_bytes_per_token())
+
     def attention_bytes(batch: int, length: int | None = seq_len) -> int:
         extra = memory.attention_extra(gpu, batch, length, run.precision).total_bytes
-        return extra + ring_bytes(batch, length)
+        return extra + ring_bytes(batch, length) + dispatch_bytes(batch, length)
 
     budget = capacity.bytes - outside_bytes
 
@@ -756,6 +771,9 @@ def estimate_on_gpu(
     ring = ring_bytes(batch, seq_len)
     if ring:
         overheads["context_parallel_ring"] = ring
+    dispatch = dispatch_bytes(batch, seq_len)
+    if dispatch:
+        overheads["expert_parallel_dispatch"] = dispatch
     attention_note: tuple[str, ...] = ()
     if attention.total_bytes:
         attention_note = (

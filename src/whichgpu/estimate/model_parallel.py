@@ -37,10 +37,10 @@ from whichgpu.estimate.data_parallel import (
     gpu_link,
     link_domain,
     load_links,
+    span_link,
 )
 from whichgpu.estimate.serving import attention_heads, kv_heads, layer_shape
 from whichgpu.schema import GpuSpec, RunConfig
-from whichgpu.units import GB
 
 TENSOR_EXCHANGES_PER_LAYER = 4
 """All-reduce volumes a tensor-parallel layer exchanges per micro-step: one after the attention
@@ -239,18 +239,10 @@ def context_ring(
     innermost, then context), so the ring stays in the node (or NVLink domain) while
     ``T x C`` GPUs fit in it, at the node link's rate NCCL reaches, and otherwise crosses the
     network at the GPU's own NIC's."""
-    data = links or load_links()
     c = run.context_parallel
-    span = run.tensor_parallel * c
-    if span <= link_domain(gpu, data):
-        node = gpu_link(gpu, span, data)
-        rate, words = node.bus_bytes_per_s, node.description
-    else:
-        fabric = get_fabric(run.network, data)
-        rate = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
-        words = f"{fabric.id}, {fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s per GPU"
+    rate, words = span_link(gpu, run.tensor_parallel * c, run.network, links)
     pass_s = (c - 1) * tokens / c * kv_bytes_per_token / rate  # one layer, one pass
-    recomputed = _recomputed_layers(run)
+    recomputed = recomputed_layers(run)
     forward, backward = (s / layers for s in attention_s)
     # a recomputed layer's attention runs in the backward phase beside its own ring pass
     forward_exposed = max(0.0, pass_s - forward)
@@ -262,7 +254,7 @@ def context_ring(
     )
 
 
-def _recomputed_layers(run: RunConfig) -> float:
+def recomputed_layers(run: RunConfig) -> float:
     """Share of the layers whose forward pass the backward repeats (``full``: all;
     ``every-N``: one in N); none for ``selective``, which keeps attention's outputs."""
     every = run.checkpointing_every_layers()
@@ -275,7 +267,7 @@ def _recomputed_exchanges(run: RunConfig) -> float:
     """Exchanges per layer that recomputation repeats: the forward's two for every
     recomputed layer (``full``: all; ``every-N``: one in N); none for ``selective``, which
     recomputes only the cheap operators between the exchanges."""
-    return RECOMPUTED_EXCHANGES_PER_LAYER * _recomputed_layers(run)
+    return RECOMPUTED_EXCHANGES_PER_LAYER * recomputed_layers(run)
 
 
 def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, str]:
@@ -283,12 +275,7 @@ def _stage_rate(gpu: GpuSpec, run: RunConfig, data: LinkData) -> tuple[float, st
     node's link while the whole run is in one node (or one NVLink domain, ``link_domain``);
     the sending GPU's own NIC otherwise (the stages of a run across nodes are whole nodes, or
     some boundary crosses one)."""
-    if run.gpus <= link_domain(gpu, data):
-        link = gpu_link(gpu, run.gpus, data)
-        return link.bus_bytes_per_s, link.description
-    fabric = get_fabric(run.network, data)
-    rate = fabric.bytes_per_s_per_gpu * data.bus_efficiency["network"]
-    return rate, f"{fabric.id}, {fabric.bytes_per_s_per_gpu / GB:,.0f} GB/s per GPU"
+    return span_link(gpu, run.gpus, run.network, data)
 
 
 def data_parallel_link(gpu: GpuSpec, run: RunConfig, links: LinkData | None = None) -> Link:

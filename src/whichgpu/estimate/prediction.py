@@ -28,11 +28,13 @@ from whichgpu.estimate.data_parallel import (
     node_count,
     shard_group,
 )
+from whichgpu.estimate.expert_parallel import Experts, all_to_all, expert_note
 from whichgpu.estimate.memory import split_package_note
 from whichgpu.estimate.model_parallel import (
     data_parallel_link,
     model_parallel_note,
     model_parallel_step,
+    recomputed_layers,
 )
 from whichgpu.estimate.paged import paging_seconds, speed_note
 from whichgpu.estimate.serving import experts_read_share, kv_heads_on_one_gpu
@@ -87,6 +89,10 @@ class StepState:
     kv_bytes_per_token: int = 0
     """Split training: one token's keys and values in one layer, all key/value heads, in the
     activations' dtype (what context parallel passes around its ring)."""
+    experts: Experts | None = None
+    """Expert-parallel training: the model's routed experts (what the all-to-alls carry)."""
+    expert_fraction: float = 0.0
+    """Expert-parallel training: the routed experts' share of the parameters."""
 
     def attention_bytes_share(self, gpus: int) -> float | None:
         """The share of attention's bytes (its KV reads) one of ``gpus`` tensor-parallel GPUs
@@ -534,6 +540,16 @@ class ThroughputPredictor:
                 base["link"] = split.tensor_link.description
             elif split.stage_link is not None:
                 base["link"] = split.stage_link
+        if self.run.expert_parallel > 1 and self.state.experts is not None:
+            moved = all_to_all(
+                self.run,
+                gpu,
+                self.state.experts,
+                tokens=memory.batch_size * (memory.seq_len or 1) // self.run.context_parallel,
+                recomputed_share=recomputed_layers(self.run),
+            )
+            split_s += moved.step_s
+            assumptions += (expert_note(self.run, self.state.expert_fraction, moved),)
         if self.run.gpus > 1 and self.run.mode == "train":
             backward_s = step.phase_s.get("backward", 0.0)
             exchanges = 1

@@ -72,6 +72,17 @@ class Parallel:
     """GPUs each sequence is split over (context parallel): each holds 1/``context`` of every
     activation and the whole model state, which it shares with the others as data-parallel
     copies do (``gpus`` counts them)."""
+    expert: int = 1
+    """Data-parallel copies each layer's routed experts are spread over (expert parallel):
+    each holds 1/``expert`` of them."""
+    expert_fraction: float = 0.0
+    """The routed experts' share of the model's parameters (``expert`` > 1)."""
+
+    @property
+    def expert_share(self) -> float:
+        """Share of the model state one GPU holds of what it holds whole under expert parallel:
+        everything but the routed experts, and 1/``expert`` of those (1 without it)."""
+        return 1.0 - self.expert_fraction * (1.0 - 1.0 / self.expert)
 
     @property
     def model_parallel(self) -> bool:
@@ -118,6 +129,10 @@ class ShardingPlan:
     shard_optimizer_state: bool = False
     """The optimizer state and the optimizer step's temporaries are split ``1/N`` although the
     gradients are not (ZeRO-1); with ``shard_gradients`` they are split anyway."""
+    expert_share: float = 1.0
+    """Share of each model-state tensor one GPU holds where the data-parallel strategy keeps it
+    whole, under expert parallel (``Parallel.expert_share``); what ZeRO or FSDP shards 1/N stays
+    1/N of the model (the experts' state is sharded over the N / E copies that hold them)."""
 
     @property
     def identity(self) -> bool:
@@ -358,6 +373,9 @@ def make_plan(
             assumptions=split_notes + dp_notes,
         )
     n, how = parallel.gpus, parallel.sharding
+    if parallel.expert > 1:
+        return _with_experts(parallel, parameter_bytes, gradient_bytes, trainable_params,
+                             sixteen_bit_working=sixteen_bit_working)  # fmt: skip
     label = {
         "ddp": "DDP",
         "zero1": "ZeRO-1",
@@ -476,6 +494,72 @@ def make_plan(
     return ShardingPlan(parallel, (), each_pass, each_backward, True, True, False, notes, working)
 
 
+def _with_experts(
+    parallel: Parallel,
+    parameter_bytes: Sequence[int],
+    gradient_bytes: Sequence[int],
+    trainable_params: int,
+    *,
+    sixteen_bit_working: bool,
+) -> ShardingPlan:
+    """The data-parallel plan of ``parallel`` under expert parallel: the plan without it, with
+    what that holds whole (DDP's buckets, ZeRO's reduce bucket, FSDP's gathered and unsharded
+    units) at the share of the model an expert-parallel GPU holds (the routed experts, in the
+    repeated blocks, 1/E of theirs), and ``expert_share`` for the rank's whole state."""
+    plain = make_plan(
+        replace(parallel, expert=1, expert_fraction=0.0),
+        parameter_bytes,
+        gradient_bytes,
+        trainable_params,
+        sixteen_bit_working=sixteen_bit_working,
+    )
+    share = parallel.expert_share
+    block, blocks = repeated_block(parameter_bytes)
+    experts_bytes = parallel.expert_fraction * sum(parameter_bytes)
+    # a gathered or unsharded unit is a block (a layer) with its experts, or the root without
+    block_share = (
+        1.0 - min(1.0, experts_bytes / (block * blocks)) * (1.0 - 1.0 / parallel.expert)
+        if blocks
+        else share
+    )
+
+    def blocks_at_share(added: Added, root: int) -> Added:
+        """``added``, the root's unit first where there is one, with the blocks' units at
+        ``block_share``."""
+        return tuple(
+            (b if i == 0 and root else _model_parallel_bytes(b, block_share), c)
+            for i, (b, c) in enumerate(added)
+        )
+
+    if plain.shard_parameters:  # FSDP / ZeRO-3: the root whole, the blocks at their share
+        grad_block, grad_blocks = repeated_block(gradient_bytes)
+        each_pass = blocks_at_share(plain.each_pass, sum(parameter_bytes) - block * blocks)
+        each_backward = blocks_at_share(
+            plain.each_backward, sum(gradient_bytes) - grad_block * grad_blocks
+        )
+        wrap = plain.wrap
+    else:  # DDP's buckets, ZeRO's reduce bucket: a share of the gradients they hold
+        each_pass, each_backward = plain.each_pass, plain.each_backward
+        wrap = tuple(
+            (_model_parallel_bytes(b, share) if c == "gradient" else b, c) for b, c in plain.wrap
+        )
+    note = (
+        f"expert parallel {parallel.expert}: the routed experts are "
+        f"{parallel.expert_fraction:.0%} of the parameters and each GPU holds 1/"
+        f"{parallel.expert} of them, so what it holds whole is {share:.1%} of the model's "
+        "state; what is sharded stays 1/N of it (the experts' over the copies that hold them)"
+    )
+    return replace(
+        plain,
+        parallel=parallel,
+        wrap=wrap,
+        each_pass=each_pass,
+        each_backward=each_backward,
+        expert_share=share,
+        assumptions=(*plain.assumptions, note),
+    )
+
+
 def rank_events(
     handles: Sequence[int],
     sizes: Sequence[int],
@@ -513,6 +597,10 @@ def rank_events(
         out.extend((h, nbytes, False, c) for h, nbytes, _, c in held)
         held.clear()
 
+    def whole(nbytes: int) -> int:
+        """What one GPU holds of a state tensor it keeps whole (expert parallel: its share)."""
+        return _model_parallel_bytes(nbytes, plan.expert_share)
+
     for handle, size, alloc, category, now in zip(
         handles, sizes, allocs, categories, phases, strict=True
     ):
@@ -536,11 +624,11 @@ def rank_events(
             out.append((handle, resized.pop(handle, size), False, category))
             continue
         if category == "parameter" and plan.working_parameters and not plan.shard_parameters:
-            resized[handle] = working_bytes(size)
+            resized[handle] = whole(working_bytes(size))
             out.append((handle, resized[handle], True, category))
             continue
         if category == "gradient" and plan.working_parameters and not plan.shard_gradients:
-            resized[handle] = working_bytes(size)  # ZeRO-1: whole, at the 16-bit parameters'
+            resized[handle] = whole(working_bytes(size))  # ZeRO-1: at the 16-bit parameters'
             out.append((handle, resized[handle], True, category))
             continue
         state = plan.shard_gradients or plan.shard_optimizer_state
@@ -551,13 +639,17 @@ def rank_events(
             or (category == "temporary" and now == "optimizer" and state)
         )
         if not shard or size == 0:
+            state = category in _MODEL_STATE or (category == "temporary" and now == "optimizer")
+            if state and plan.expert_share < 1 and size:
+                resized[handle] = whole(size)
+                size = resized[handle]
             out.append((handle, size, True, category))
             continue
         part = shard_bytes(size, n)
         resized[handle] = part
         if category == "gradient" and plan.copy_full_gradients:
             full = next(added)
-            full_bytes = working_bytes(size) if plan.working_parameters else size
+            full_bytes = whole(working_bytes(size) if plan.working_parameters else size)
             out.append((full, full_bytes, True, category))
             out.append((handle, part, True, category))
             out.append((full, full_bytes, False, category))

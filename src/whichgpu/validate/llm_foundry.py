@@ -42,7 +42,7 @@ from whichgpu.errors import WhichGpuError
 from whichgpu.profiles.scalable import ScalableProfile
 from whichgpu.profiles.stored import profile_key
 from whichgpu.schema import FsdpFitCase, ReferenceThroughputCase, RunConfig
-from whichgpu.validate.timing import UNFIT_NOTE, fit_options, predict_even_if_unfit
+from whichgpu.validate.timing import fit_options, per_gpu_case, predict_even_if_unfit
 from whichgpu.workloads import run_config
 from whichgpu.workloads.base import Workload
 from whichgpu.workloads.profile_cache import (
@@ -389,17 +389,7 @@ def foundry_throughput(
         except WhichGpuError as exc:
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue
-        per_gpu = None if estimate.throughput is None else estimate.throughput / r.n_gpus
-        out.append(
-            ReferenceThroughputCase(
-                **base,
-                predicted=per_gpu,
-                error=None if per_gpu is None else per_gpu / r.tokens_per_s_per_gpu - 1,
-                predicted_mfu=estimate.mfu,
-                fits=fits,
-                note="" if fits else UNFIT_NOTE,
-            )
-        )
+        out.append(per_gpu_case(base, estimate, fits, r.n_gpus, ""))
     return out
 
 

@@ -4,8 +4,9 @@ Llama 3 pre-training: GPUs, TP, PP, virtual pipeline, micro-batch, global batch,
 length, precision and the tokens/s per GPU reached) is asked of ``predict`` with the same split
 (timed as if it fitted where ``fit`` refuses it, ``timing.predict_even_if_unfit``), and the
 tokens/s per GPU compared (error positive: predicted faster); rows whose settings whichgpu does
-not model (expert parallel, no micro-batch or tokens/s stated) are listed with the
-reason they are left out. Megatron's distributed optimizer shards
+not model (no micro-batch or tokens/s stated, lengths beyond the model's positions) are listed
+with the reason they are left out. Expert-parallel rows (Mixtral) run ``expert_parallel``.
+Megatron's distributed optimizer shards
 optimizer state and master weights and reduces the whole gradients once a step (ZeRO-1:
 ``zero1``); rows whose notes say FSDP is on run as ``fsdp``; tensor parallel's exchanges
 overlap the matrix products (``tensor_parallel_overlap``), as NVIDIA's performance recipes
@@ -177,8 +178,6 @@ class ParallelRow:
         from whichgpu.workloads import get_workload
 
         why = []
-        if (self.ep or 1) != 1:
-            why.append(f"expert parallel {self.ep} is not modelled")
         positions: int | None = None
         try:
             positions = get_workload(self.model).info.max_seq_len
@@ -223,6 +222,7 @@ class ParallelRow:
             pipeline_parallel=self.pp,
             virtual_stages=self.vp or 1,
             context_parallel=self.cp or 1,
+            expert_parallel=self.ep or 1,
             # NVIDIA's performance recipes overlap tensor parallel's exchanges (the README)
             tensor_parallel_overlap=self.tp > 1,
             grad_accum=self.grad_accum(),
@@ -239,7 +239,16 @@ class ParallelRow:
             f"{self.gpus} GPUs, {self.layout}, micro-batch {self.micro_batch_run()}, grad_accum "
             f"{self.grad_accum()}, L{self.seq_len}, {self.precision}, {self.sharding}, fused "
             "kernels as --compile"
+            + (EXPERTS_NOTE if (self.ep or 1) > 1 and self.precision == "fp8" else "")
         )
+
+
+EXPERTS_NOTE = (
+    "; the experts' grouped products in bf16 (whichgpu's fp8 is torchao's Float8Linear, which "
+    "converts linear layers only; Transformer Engine runs them in fp8)"
+)
+"""The note of an expert-parallel fp8 row: what whichgpu runs at bf16 that the row ran in
+fp8."""
 
 
 DERIVED_NOTE = (

@@ -19,7 +19,7 @@ from typing import Any
 from whichgpu.errors import WhichGpuError
 from whichgpu.schema import ReferenceMemoryCase, ReferenceThroughputCase, RunConfig
 from whichgpu.units import GIB
-from whichgpu.validate.timing import UNFIT_NOTE, fit_options, predict_even_if_unfit
+from whichgpu.validate.timing import fit_options, per_gpu_case, predict_even_if_unfit
 from whichgpu.workloads import run_config
 
 SOURCE = "recipes"
@@ -75,6 +75,11 @@ def _row(row: dict[str, Any]) -> RecipeRun:
     )
 
 
+def _case(r: RecipeRun) -> dict[str, Any]:
+    """What a memory and a speed case of run ``r`` share."""
+    return {"source": SOURCE, "case": r.id, "workload": r.workload, "gpu": r.gpu, "run": r.run}
+
+
 def recipes_memory(
     runs: list[RecipeRun] | None = None, progress: Callable[[str], None] | None = None
 ) -> list[ReferenceMemoryCase]:
@@ -85,13 +90,7 @@ def recipes_memory(
     for r in recipe_runs() if runs is None else runs:
         if progress is not None:
             progress(r.id)
-        base: dict[str, Any] = {
-            "source": SOURCE,
-            "case": r.id,
-            "workload": r.workload,
-            "gpu": r.gpu,
-            "run": r.run,
-        }
+        base = _case(r)
         try:
             (estimate,) = fit(r.workload, gpus=[r.gpu], **fit_options(r.run))
         except WhichGpuError as exc:
@@ -120,12 +119,8 @@ def recipes_throughput(
     for r in recipe_runs() if runs is None else runs:
         if progress is not None:
             progress(r.id)
-        base: dict[str, Any] = {
-            "source": SOURCE,
-            "case": r.id,
-            "workload": r.workload,
-            "gpu": r.gpu,
-            "run": r.run,
+        base = {
+            **_case(r),
             "quantity": "tokens/s per GPU",
             "measured": r.tokens_per_s_per_gpu,
         }
@@ -134,15 +129,5 @@ def recipes_throughput(
         except WhichGpuError as exc:
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue
-        per_gpu = None if estimate.throughput is None else estimate.throughput / r.run.gpus
-        out.append(
-            ReferenceThroughputCase(
-                **base,
-                predicted=per_gpu,
-                error=None if per_gpu is None else per_gpu / r.tokens_per_s_per_gpu - 1,
-                predicted_mfu=estimate.mfu,
-                fits=fits,
-                note=r.recipe if fits else f"{r.recipe}; {UNFIT_NOTE}",
-            )
-        )
+        out.append(per_gpu_case(base, estimate, fits, r.run.gpus, r.recipe))
     return out

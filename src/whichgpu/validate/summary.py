@@ -76,7 +76,8 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "compiled step (--compile: "
         "the work between the matrix products fused into kernels that read their inputs once); "
         "nodes of 8 joined by the default fabric (InfiniBand NDR), GB200 within its 72-GPU "
-        "NVLink domain; left out: expert parallel, rows without a micro-batch or a tokens/s"
+        "NVLink domain; Mixtral's expert parallel as --expert-parallel; left out: rows without "
+        "a micro-batch or a tokens/s, or longer than the model's positions"
     ),
     "recipes": (
         "each row's GPUs, sharding, micro-batch, sequence length and precision "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from whichgpu.schema import RunConfig, ThroughputEstimate
+from whichgpu.schema import ReferenceThroughputCase, RunConfig, ThroughputEstimate
 
 UNFIT_NOTE = "fit refuses it: timed as if it fitted"
 """A case's note when ``fit`` says the measured run does not fit."""
@@ -49,6 +49,23 @@ def predict_even_if_unfit(
     return _timed_as_if_fitting(workload, gpu, estimate.run, config, task, stack), False
 
 
+def per_gpu_case(
+    base: dict[str, Any], estimate: ThroughputEstimate, fits: bool, gpus: int, note: str
+) -> ReferenceThroughputCase:
+    """A tokens/s-per-GPU case: ``base`` (its reference, run and measurement) against
+    ``estimate``'s throughput over the run's ``gpus``, with ``note`` (and, where ``fit``
+    refused the run, ``UNFIT_NOTE``)."""
+    per_gpu = None if estimate.throughput is None else estimate.throughput / gpus
+    return ReferenceThroughputCase(
+        **base,
+        predicted=per_gpu,
+        error=None if per_gpu is None else per_gpu / base["measured"] - 1,
+        predicted_mfu=estimate.mfu,
+        fits=fits,
+        note="; ".join(n for n in (note, "" if fits else UNFIT_NOTE) if n),
+    )
+
+
 def _timed_as_if_fitting(
     workload: str | None,
     gpu: str,
@@ -78,6 +95,7 @@ def _timed_as_if_fitting(
         software,
         method=step.method,
         search_seq_len=False,
+        experts=step.experts,
     )
     return _predictor(chosen, step, software).on_gpu(
         spec, gpu_rates(spec, software), memory.model_copy(update={"fits": True})

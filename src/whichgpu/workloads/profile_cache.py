@@ -172,6 +172,7 @@ def traced_run(run: RunConfig) -> RunConfig:
         "pipeline_parallel": 1,
         "virtual_stages": 1,
         "context_parallel": 1,
+        "expert_parallel": 1,
         "fp8_all_gather": False,
         "network": None,
         "compile": False,

@@ -91,10 +91,15 @@ def run_config(**options: Any) -> RunConfig:
         )
     if "checkpointing_policy" in given:
         given["checkpointing_policy"] = _checkpointing_policy(given)
-    split = [given.get(n, 1) for n in ("tensor_parallel", "pipeline_parallel", "context_parallel")]
+    split = [
+        given.get(n, 1)
+        for n in ("tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel")
+    ]
     if "gpus" not in given and all(isinstance(n, int) and n >= 1 for n in split):
         count = math.prod(split)
-        if count > 1:  # a split without a GPU count: one copy of the model on as many GPUs
+        # a split without a GPU count: one copy of the model on as many GPUs (expert
+        # parallel: as many copies as the experts are spread over)
+        if count > 1:
             given["gpus"] = count
     unknown = sorted(set(given) - set(RunConfig.model_fields))
     if unknown:
@@ -118,6 +123,7 @@ def run_config(**options: Any) -> RunConfig:
         "pipeline_parallel",
         "virtual_stages",
         "context_parallel",
+        "expert_parallel",
     ):
         value = getattr(run, name)
         if name == "new_tokens" and value == 0:  # prefill-only requests (inference only)
@@ -154,7 +160,13 @@ def run_config(**options: Any) -> RunConfig:
                 f"{option('sharding')} {run.sharding} splits training state; it applies to "
                 f"{option('mode')} train only."
             )
-        for name in ("tensor_parallel", "pipeline_parallel", "virtual_stages", "context_parallel"):
+        for name in (
+            "tensor_parallel",
+            "pipeline_parallel",
+            "virtual_stages",
+            "context_parallel",
+            "expert_parallel",
+        ):
             if name in given and given[name] != 1:
                 raise UsageError(
                     f"{option(name)} splits a training run; inference on "
@@ -199,6 +211,8 @@ def run_config(**options: Any) -> RunConfig:
         )
     if run.model_parallel() > 1:
         _check_model_parallel(run)
+    if run.expert_parallel > 1:
+        _check_expert_parallel(run)
     if run.method == "full" and run.lora_targets:
         raise UsageError(f"{option('lora_targets')} needs {option('method')} lora or qlora.")
     if run.method == "full" and "lora_rank" in given:
@@ -311,6 +325,44 @@ def _check_model_parallel(run: RunConfig) -> None:
             f"{words} is modelled with PyTorch's optimizers; bitsandbytes' 8-bit optimizers "
             "are not run tensor or pipeline parallel by the frameworks that split models "
             f"(Megatron-LM, torchtitan). Use {option('optimizer')} adamw."
+        )
+
+
+def _check_expert_parallel(run: RunConfig) -> None:
+    """Refuse an expert-parallel plan that cannot run as asked, or that the estimates do not
+    model, with the reason (what the model must allow, routed experts that divide evenly, is
+    checked against its config: ``estimate.expert_parallel.plan_refusal``)."""
+    e, copies = run.expert_parallel, run.data_parallel()
+    if copies % e:
+        fits = [n for n in range(2, copies + 1) if copies % n == 0 and n <= 64]
+        raise NotSplittable(
+            f"{option('expert_parallel')} {e} spreads each layer's experts over {e} "
+            f"data-parallel copies, and the run has {copies} (its {run.gpus} GPUs"
+            + (f" over {run.model_parallel()} per micro-batch" if run.model_parallel() > 1 else "")
+            + f"): give {option('gpu_count')} a multiple of {e * run.model_parallel()}"
+            + (f", or an expert-parallel degree of {', '.join(map(str, fits[:6]))}" if fits else "")
+            + "."
+        )
+    if run.tensor_parallel > 1:
+        raise UsageError(
+            f"{option('expert_parallel')} with {option('tensor_parallel')} is not modelled "
+            "(the frameworks then split the experts' tokens and weights over the tensor-parallel "
+            f"GPUs too); use {option('tensor_parallel')} 1, or drop {option('expert_parallel')}."
+        )
+    if run.sharding == "hsdp":
+        raise UsageError(
+            f"{option('expert_parallel')} with {option('sharding')} hsdp is not modelled; use "
+            "ddp, zero1, zero2, zero3 or fsdp."
+        )
+    if run.method != "full":
+        raise UsageError(
+            f"{option('expert_parallel')} is modelled for full training only; "
+            f"{option('method')} {run.method} trains a few adapter weights."
+        )
+    if run.optimizer in ("adamw-8bit", "paged-adamw-8bit"):
+        raise UsageError(
+            f"{option('expert_parallel')} is modelled with PyTorch's optimizers; use "
+            f"{option('optimizer')} adamw."
         )
 
 
