@@ -1695,7 +1695,10 @@ class ThroughputEstimate(_Tabular):
     link: str | None = None
     """N GPUs: the link they exchange gradients over, in words (None for one GPU)."""
     mfu: float | None
-    """Model FLOPs utilisation: step FLOPs / step time over the peak of the run's precision."""
+    """Model FLOPs utilisation: step FLOPs / step time over the peak of the run's precision.
+    The step's FLOPs are those it runs, as the bench's FLOP counter counts them: a checkpointed
+    step's recomputation is counted (what is often called hardware FLOPs utilisation), so it
+    reads higher than an MFU that counts the model's FLOPs once."""
     time_shares: dict[str, float]
     """Share of the step bound by ``matrix`` engines, ``memory`` bandwidth, ``launch``, and on
     N GPUs the gradient ``exchange`` that does not hide behind backward."""
