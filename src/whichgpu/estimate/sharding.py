@@ -374,8 +374,13 @@ def make_plan(
         )
     n, how = parallel.gpus, parallel.sharding
     if parallel.expert > 1:
-        return _with_experts(parallel, parameter_bytes, gradient_bytes, trainable_params,
-                             sixteen_bit_working=sixteen_bit_working)  # fmt: skip
+        return _with_experts(
+            parallel,
+            parameter_bytes,
+            gradient_bytes,
+            trainable_params,
+            sixteen_bit_working=sixteen_bit_working,
+        )
     label = {
         "ddp": "DDP",
         "zero1": "ZeRO-1",
@@ -639,8 +644,8 @@ def rank_events(
             or (category == "temporary" and now == "optimizer" and state)
         )
         if not shard or size == 0:
-            state = category in _MODEL_STATE or (category == "temporary" and now == "optimizer")
-            if state and plan.expert_share < 1 and size:
+            of_model = category in _MODEL_STATE or (category == "temporary" and now == "optimizer")
+            if of_model and plan.expert_share < 1 and size:
                 resized[handle] = whole(size)
                 size = resized[handle]
             out.append((handle, size, True, category))
