@@ -1375,6 +1375,9 @@ class MemoryEstimate(_Tabular):
     """Optimizer state in unified memory (``--optimizer paged-adamw-8bit``): resident in the
     GPU's free memory while there is room, paged to host memory when not; not in
     ``device_total_bytes`` (nor in ``breakdown``). 0 for other optimizers."""
+    experts_per_layer: int | None = None
+    """Training a mixture of experts: its routed experts per layer (from its config), which
+    ``--expert-parallel`` can spread over the data-parallel copies; None for a dense model."""
     paged_out_bytes: int = 0
     """The part of ``paged_state_bytes`` that cannot stay resident at this batch:
     ``max(0, paged_state_bytes - max(headroom_bytes, 0))``; each optimizer step pages it in

@@ -139,3 +139,21 @@ def test_cli() -> None:
     )
     assert refused.returncode != 0 and "--expert-parallel 3" in refused.stderr
     assert "Traceback" not in refused.stderr
+
+
+def test_fit_suggests_expert_parallel_for_a_mixture_of_experts_held_whole() -> None:
+    """Where a mixture of experts does not fit with every expert on every GPU, ``fit`` names
+    ``--expert-parallel`` among the levers (not for a dense model, nor where FSDP shards the
+    experts already); the result says how many experts a layer has."""
+    tight = {**SIZES, "gpu_count": 2, "sharding": "ddp", "batch_size": 8, "seq_len": 256}
+    (estimate,) = fit(config=TINY_MIXTRAL, gpus=["h100-sxm"], **tight)
+    assert estimate.experts_per_layer == 4
+    (dense,) = fit("llama-3.2-1b", gpus=["h100-sxm"], seq_len=512, batch_size=1)
+    assert dense.experts_per_layer is None
+    asked = ("fit", "mixtral-8x7b", "--gpu", "h100-sxm", "--gpus", "8", "--seq-len", "512")
+    whole = run_cli(*asked, "--batch-size", "1")
+    assert whole.returncode == 0, whole.stderr
+    text = " ".join(whole.stdout.split())
+    assert "Nothing fits as asked" in text and "--expert-parallel E with --gpus a multiple" in text
+    sharded = run_cli(*asked, "--batch-size", "1", "--sharding", "fsdp")
+    assert "Nothing fits as asked" in sharded.stdout and "--expert-parallel" not in sharded.stdout

@@ -306,7 +306,9 @@ class Step:
     compiled: CompiledStep | None = None
     """With ``run.compile``: what compilation changes in the step, by size."""
     experts: Experts | None = None
-    """With ``run.expert_parallel`` > 1: the model's routed experts."""
+    """A mixture of experts' routed experts, from its config (training; None for a dense
+    model or one without a config). Expert parallel spreads them when
+    ``run.expert_parallel`` > 1."""
 
     @property
     def expert_fraction(self) -> float:
@@ -403,6 +405,8 @@ def prepare(
     experts = None
     if run.expert_parallel > 1:
         doc, experts = _expert_parallel_config(chosen, run, config)
+    elif run.mode == "train" and chosen.info.is_sequence_model:
+        experts = _routed_experts(chosen, config)
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
             f"{option('gpu_count')} with {option('mode')} inference serves a language model "
@@ -505,6 +509,17 @@ def _expert_parallel_config(
     if refusal is not None or found is None:
         raise NotSplittable(f"{why}: {refusal}.")
     return doc, found
+
+
+def _routed_experts(chosen: Workload, config: Path | str | None) -> Experts | None:
+    """The routed experts of a model whose ``config.json`` names them (what ``fit`` offers
+    expert parallel for); None for a dense model or one without a readable config."""
+    from whichgpu.estimate.expert_parallel import experts_of
+
+    try:
+        return experts_of(_config_doc(chosen, config))
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
 
 
 def _step_memory(workload: Workload, run: RunConfig, profile: ScalableProfile) -> StepMemory:

@@ -868,6 +868,7 @@ def estimate_on_gpu(
         serving=served,
         paged_state_bytes=paged_state,
         paged_out_bytes=paged_out,
+        experts_per_layer=None if experts is None else experts.experts,
     )
 
 

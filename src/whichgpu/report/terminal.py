@@ -438,6 +438,17 @@ def _training_levers(first: MemoryEstimate) -> list[str]:
             "--context-parallel C with --gpus C or more (each GPU holds 1/C of every "
             "sequence's activations)"
         )
+    experts = first.experts_per_layer
+    if (
+        experts
+        and first.run.mode == "train"
+        and first.run.expert_parallel == 1
+        and first.run.sharding in ("ddp", "zero1", "zero2")
+    ):  # every GPU holds every expert's weights whole (most of a mixture of experts)
+        levers.append(
+            f"--expert-parallel E with --gpus a multiple of E (E dividing the {experts} "
+            "experts a layer: each GPU holds 1/E of them)"
+        )
     return levers
 
 
