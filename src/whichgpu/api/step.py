@@ -404,9 +404,9 @@ def prepare(
         doc = _model_parallel_config(chosen, run, config)
     experts = None
     if run.expert_parallel > 1:
-        doc, experts = _expert_parallel_config(chosen, run, config)
+        doc, experts = _expert_parallel_config(chosen, run, config, doc)
     elif run.mode == "train" and chosen.info.is_sequence_model:
-        experts = _routed_experts(chosen, config)
+        experts = _routed_experts(chosen, config, doc)
     if run.mode == "inference" and run.gpus > 1 and kv_per_token is None:
         raise NotSplittable(
             f"{option('gpu_count')} with {option('mode')} inference serves a language model "
@@ -486,11 +486,15 @@ def _model_parallel_config(
 
 
 def _expert_parallel_config(
-    chosen: Workload, run: RunConfig, config: Path | str | None
+    chosen: Workload,
+    run: RunConfig,
+    config: Path | str | None,
+    loaded: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], Experts]:
-    """The ``config.json`` of a mixture of experts trained expert parallel and its routed
-    experts; a model without them, or whose experts do not split as asked
-    (``estimate.expert_parallel.plan_refusal``), raises ``NotSplittable``."""
+    """The ``config.json`` of a mixture of experts trained expert parallel (``loaded``: when
+    the caller has read it already) and its routed experts; a model without them, or whose
+    experts do not split as asked (``estimate.expert_parallel.plan_refusal``), raises
+    ``NotSplittable``."""
     from whichgpu.estimate.expert_parallel import experts_of, plan_refusal
 
     why = (
@@ -498,7 +502,7 @@ def _expert_parallel_config(
         f"({option('expert_parallel')})"
     )
     try:
-        doc = _config_doc(chosen, config)
+        doc = loaded if loaded is not None else _config_doc(chosen, config)
         refusal = plan_refusal(doc, run)
         found = experts_of(doc)
     except (OSError, KeyError, TypeError, ValueError):
@@ -511,13 +515,16 @@ def _expert_parallel_config(
     return doc, found
 
 
-def _routed_experts(chosen: Workload, config: Path | str | None) -> Experts | None:
-    """The routed experts of a model whose ``config.json`` names them (what ``fit`` offers
-    expert parallel for); None for a dense model or one without a readable config."""
+def _routed_experts(
+    chosen: Workload, config: Path | str | None, loaded: dict[str, Any] | None
+) -> Experts | None:
+    """The routed experts of a model whose ``config.json`` (``loaded``: when the caller has
+    read it already) names them, what ``fit`` offers expert parallel for; None for a dense
+    model or one without a readable config."""
     from whichgpu.estimate.expert_parallel import experts_of
 
     try:
-        return experts_of(_config_doc(chosen, config))
+        return experts_of(loaded if loaded is not None else _config_doc(chosen, config))
     except (OSError, KeyError, TypeError, ValueError):
         return None
 

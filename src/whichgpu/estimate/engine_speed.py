@@ -46,6 +46,7 @@ from whichgpu.estimate.serving import (
     kv_heads_on_one_gpu,
     layer_shape,
     routed_experts,
+    text_config,
 )
 from whichgpu.estimate.throughput import (
     GpuRates,
@@ -187,8 +188,7 @@ def model_shape(
     """The shape of the model of a Hugging Face ``config.json`` (GPT-2's names too), its
     ``weights_bytes`` (in the serving dtype) stored as ``weight_format`` says (None: as they
     are): the linear layers' weights in the quantized format, the rest in the serving dtype."""
-    inner = config.get("text_config")
-    cfg: Mapping[str, Any] = inner if isinstance(inner, Mapping) else config
+    cfg = text_config(config)
     layers, hidden = layer_shape(cfg)
     heads = attention_heads(cfg)
     head_dim = int(cfg.get("head_dim") or hidden // heads)

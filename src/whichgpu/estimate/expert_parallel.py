@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whichgpu.estimate.data_parallel import LinkData, load_links, span_link
-from whichgpu.estimate.serving import layer_shape, routed_experts
+from whichgpu.estimate.serving import layer_shape, routed_experts, text_config
 from whichgpu.schema import GpuSpec, RunConfig
 
 DISPATCH_VALUE_BYTES = 2
@@ -64,8 +64,7 @@ def experts_of(config: Mapping[str, Any]) -> Experts | None:
     """The routed experts of a Hugging Face ``config.json`` (Mixtral's ``num_local_experts``,
     Qwen-MoE's ``num_experts``, each expert an MLP of ``moe_intermediate_size`` or
     ``intermediate_size``); None for a dense model."""
-    inner = config.get("text_config")
-    cfg: Mapping[str, Any] = inner if isinstance(inner, Mapping) else config
+    cfg = text_config(config)
     routed = routed_experts(cfg)
     if routed is None:
         return None

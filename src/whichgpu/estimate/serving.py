@@ -39,35 +39,37 @@ def serving_dtype_bytes(precision: Precision) -> int:
     return _DTYPE_BYTES[precision]
 
 
-def _text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+def text_config(config: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The language model's part of a Hugging Face ``config.json``: its ``text_config`` where
+    it has one (a multimodal model's), else the config itself."""
     inner = config.get("text_config")
     return inner if isinstance(inner, Mapping) else config
 
 
 def layer_shape(config: Mapping[str, Any]) -> tuple[int, int]:
     """``(layers, hidden size)`` of a Hugging Face ``config.json`` (GPT-2's names too)."""
-    config = _text_config(config)
+    config = text_config(config)
     layers = int(config.get("num_hidden_layers") or config["n_layer"])
     return layers, int(config.get("hidden_size") or config["n_embd"])
 
 
 def attention_heads(config: Mapping[str, Any]) -> int:
     """Attention (query) heads of a Hugging Face ``config.json`` (GPT-2's ``n_head``)."""
-    config = _text_config(config)
+    config = text_config(config)
     return int(config.get("num_attention_heads") or config["n_head"])
 
 
 def kv_heads(config: Mapping[str, Any]) -> int:
     """Key/value heads of a Hugging Face ``config.json`` (``num_key_value_heads``; the
     attention heads without GQA)."""
-    return int(_text_config(config).get("num_key_value_heads") or attention_heads(config))
+    return int(text_config(config).get("num_key_value_heads") or attention_heads(config))
 
 
 def routed_experts(config: Mapping[str, Any]) -> tuple[int, int] | None:
     """(experts each token is routed to, experts per layer) of a mixture-of-experts config
     (Mixtral's ``num_experts_per_tok`` of ``num_local_experts``, Qwen-MoE's ``num_experts``);
     None for a dense model."""
-    config = _text_config(config)
+    config = text_config(config)
     total = config.get("num_local_experts") or config.get("num_experts")
     active = config.get("num_experts_per_tok")
     if not total or not active:
@@ -124,7 +126,7 @@ def kv_bytes_per_token(config: Mapping[str, Any], dtype_bytes: int) -> int:
     """Keys and values of one token over all layers: ``layers x 2 x kv_heads x head_dim x
     dtype_bytes``, from a Hugging Face ``config.json`` (GQA-aware: ``num_key_value_heads``;
     GPT-2's ``n_layer``/``n_head``/``n_embd`` names too; a ``text_config`` is looked into)."""
-    config = _text_config(config)
+    config = text_config(config)
     layers, hidden = layer_shape(config)
     head_dim = int(config.get("head_dim") or hidden // attention_heads(config))
     return layers * 2 * kv_heads(config) * head_dim * dtype_bytes

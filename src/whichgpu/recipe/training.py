@@ -5,6 +5,7 @@ policy's contexts, and fairseq's ``--fp16`` (an fp16 model with a flat fp32 mast
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
@@ -233,12 +234,9 @@ def compiled_checkpoint_contexts(run: RunConfig) -> Callable[[], tuple[Any, Any]
         """The forward pass of one checkpointed call: its operators tagged, the tags undone
         when the call ends."""
 
-        region = 0
-        """The call's number, its operators' ``ac_graph_id``."""
-
         def __enter__(self) -> Any:
             self.outside = dict(fx_traceback.current_meta)
-            fx_traceback.current_meta["ac_graph_id"] = self.region
+            fx_traceback.current_meta["ac_graph_id"] = self.ac_graph_id
             return super().__enter__()  # type: ignore[no-untyped-call]
 
         def __exit__(self, *exc: Any) -> Any:
@@ -252,7 +250,7 @@ def compiled_checkpoint_contexts(run: RunConfig) -> Callable[[], tuple[Any, Any]
         del ctx, op, args, kwargs
         return CheckpointPolicy.PREFER_RECOMPUTE
 
-    calls = iter(range(1, 1 << 30))
+    calls = itertools.count(1)
 
     def contexts() -> tuple[Any, Any]:
         policy = selective_policy() if run.checkpointing_policy == "selective" else recompute_all
@@ -260,7 +258,7 @@ def compiled_checkpoint_contexts(run: RunConfig) -> Callable[[], tuple[Any, Any]
             policy
         )
         region = Region(policy, forward.storage)
-        region.region = region.ac_graph_id = next(calls)
+        region.ac_graph_id = next(calls)  # the call's own region (set here for any torch)
         return region, recompute
 
     return contexts
