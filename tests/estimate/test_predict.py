@@ -602,6 +602,30 @@ def test_attention_kernels_of_amperes_instructions_run_at_the_stacks_share_on_ho
     assert ampere[0] == ampere[1]
 
 
+def test_pytorch_before_2_11_runs_flash_attention_2_on_hopper() -> None:
+    """torch 2.5.1-2.8 and 2.10 from the CUDA 12 wheels dispatch SDPA to FlashAttention-2 on an H100
+    (cuDNN's attention opt-in): the stack says so, and only Hopper's attention slows."""
+    from whichgpu.catalog.stacks import get_stack
+
+    flash = get_stack("pytorch2-cuda12-flash-attention-2")
+    today = get_stack()
+    assert flash.hopper_attention_percent == 52 and today.hopper_attention_percent == 100
+    # every other figure is today's stack's
+    differs = {
+        k
+        for k, v in flash.model_dump().items()
+        if v != today.model_dump()[k] and k not in ("id", "label", "default", "provenance")
+    }
+    assert differs == {"hopper_attention_percent"}
+    options = {"batch_size": 1, "seq_len": 4096, "precision": "bf16"}
+    stacks = (None, "pytorch2-cuda12-flash-attention-2")
+    h100 = [predict("llama-3.2-1b", gpus=["h100-sxm"], stack=s, **options)[0] for s in stacks]
+    a100 = [predict("llama-3.2-1b", gpus=["a100-sxm4-80gb"], stack=s, **options)[0] for s in stacks]
+    assert h100[0].throughput and h100[1].throughput
+    assert h100[1].throughput < h100[0].throughput
+    assert a100[0].throughput == a100[1].throughput
+
+
 def test_a_card_held_below_its_boost_clock_runs_large_gemms_at_its_measured_rate() -> None:
     from whichgpu.estimate.engine_speed import engine_rates
 

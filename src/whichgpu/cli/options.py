@@ -43,8 +43,10 @@ StackOption = Annotated[
         "--stack",
         help=(
             "Software stack: the memory it holds outside PyTorch's allocator, how fast its "
-            "attention runs on Hopper and whether a compiled step masks it (pytorch2-cuda12, "
-            "pytorch2-cuda12-transformers-5.17, lambda-2020, llm-foundry-2023)."
+            "attention runs on Hopper and whether a compiled step masks it (pytorch2-cuda12: "
+            "torch 2.11 or later; pytorch2-cuda12-flash-attention-2: torch 2.5.1 to 2.8 or "
+            "2.10, whose SDPA runs FlashAttention-2 on Hopper; pytorch2-cuda12-transformers-5.17, "
+            "lambda-2020, llm-foundry-2023)."
         ),
         show_default="pytorch2-cuda12",
     ),

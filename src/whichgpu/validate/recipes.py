@@ -44,6 +44,8 @@ class RecipeRun:
     """Published peak reserved memory per GPU (GiB as published, in bytes)."""
     recipe: str
     """What the run's precision stands for, and what whichgpu models differently."""
+    stack: str | None
+    """The software stack the run's PyTorch corresponds to (``--stack``; None: the default)."""
 
 
 def recipe_runs() -> list[RecipeRun]:
@@ -72,6 +74,7 @@ def _row(row: dict[str, Any]) -> RecipeRun:
         tokens_per_s_per_gpu=float(row["tokens_per_s_per_gpu"]),
         peak_reserved_bytes=round(float(row["peak_reserved_gib"]) * GIB),
         recipe=row["recipe"],
+        stack=row.get("stack"),
     )
 
 
@@ -92,7 +95,7 @@ def recipes_memory(
             progress(r.id)
         base = _case(r)
         try:
-            (estimate,) = fit(r.workload, gpus=[r.gpu], **fit_options(r.run))
+            (estimate,) = fit(r.workload, gpus=[r.gpu], stack=r.stack, **fit_options(r.run))
         except WhichGpuError as exc:
             out.append(ReferenceMemoryCase(**base, note=f"fit failed: {exc}"))
             continue
@@ -125,7 +128,7 @@ def recipes_throughput(
             "measured": r.tokens_per_s_per_gpu,
         }
         try:
-            estimate, fits = predict_even_if_unfit(r.workload, r.gpu, r.run)
+            estimate, fits = predict_even_if_unfit(r.workload, r.gpu, r.run, stack=r.stack)
         except WhichGpuError as exc:
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue
