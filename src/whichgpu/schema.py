@@ -457,6 +457,8 @@ class Comparison(_Tabular):
 
 Mode = Literal["train", "inference"]
 Precision = Literal["fp32", "tf32", "fp16", "bf16", "bf16-pure", "fp8"]
+Fp8Recipe = Literal["tensorwise", "rowwise"]
+"""torchao's float8 training recipes whichgpu models (``RunConfig.fp8_recipe``)."""
 Optimizer = Literal["adamw", "adamw-8bit", "adafactor", "sgd", "paged-adamw-8bit"]
 OptimizerImpl = Literal["foreach", "for-loop", "fused", "in-backward"]
 """How the optimizer step runs: ``foreach`` (PyTorch's default on CUDA: each operation over all
@@ -589,6 +591,12 @@ class RunConfig(_Frozen):
     own micro-batch through the rest of the model, and the experts' gradients are reduced over
     the copies that hold the same experts (``data_parallel() / E``). 1: every GPU holds every
     expert."""
+    fp8_recipe: Fp8Recipe = "tensorwise"
+    """Training in ``fp8``: torchao's scaling recipe (``Float8LinearConfig.from_recipe_name``).
+    ``tensorwise``: one scale per tensor (e4m3 forward, e5m2 gradients); ``rowwise``: one scale
+    per row or column (all e4m3), the forward product a CUTLASS rowwise kernel and the
+    backward's cuBLAS products followed by a rescaling kernel each, and the weight cast twice,
+    once for each product it enters."""
     fp8_all_gather: bool = False
     """Training in ``fp8`` under ``zero3``/``fsdp``/``hsdp``: FSDP gathers the converted linear
     layers' weights in fp8, one byte a weight instead of two (torchao's
@@ -723,6 +731,8 @@ class RunConfig(_Frozen):
                 parts.append(f"gradient accumulation {self.grad_accum}")
             if self.compile:
                 parts.append("torch.compile")
+            if self.precision == "fp8" and self.fp8_recipe != "tensorwise":
+                parts.append(f"{self.fp8_recipe} scaling")
             if self.fp8_all_gather:
                 parts.append("fp8 all-gather")
             if self.model_parallel() > 1:

@@ -65,6 +65,73 @@ def test_linear_layers_found_from_the_profile() -> None:
     )
 
 
+def test_rowwise_adds_a_rescaling_kernel_per_backward_product_and_casts_weights_twice() -> None:
+    """torchao's rowwise recipe: every product in e4m3; each backward product (grad-input,
+    grad-weight) runs cuBLAS's kernel and then a kernel that reads and writes its bf16 output
+    again, scaled; each grad-input product casts its weight again, along the other axis."""
+    from whichgpu.estimate.fp8 import AMAX_OP, CAST_OP, RESCALE_OP
+
+    base = load_stem(LLAMA)
+    assert base is not None
+    tensorwise = fp8_profile(base).at(1, 512).ops
+    rowwise = fp8_profile(base, "rowwise").at(1, 512).ops
+    assert not [op for op in tensorwise if op.name == RESCALE_OP]
+    rescales = [op for op in rowwise if op.name == RESCALE_OP]
+    assert len(rescales) == 32 * 7 * 2 and all(op.phase == "backward" for op in rescales)
+    # each reads its product's bf16 output and writes it again: the grad-weight ones are the
+    # converted weights' size, the grad-input ones the tokens x the layer's input size
+    weight_sized = sum(op.bytes_written for op in rescales if op.bytes_written in WEIGHT_BYTES)
+    assert weight_sized == 2 * LINEAR_WEIGHTS
+    assert all(op.bytes_read == op.bytes_written for op in rescales)
+    assert {op.dtype for op in rowwise if op.dtype.startswith("float8")} == {"float8_e4m3fn"}
+
+    def casts(ops: tuple[object, ...]) -> int:
+        return sum(1 for op in ops if getattr(op, "name", "") in (AMAX_OP, CAST_OP))
+
+    # one more cast (max-abs and copy) for each of the 224 grad-input products
+    assert casts(rowwise) - casts(tensorwise) == 2 * 32 * 7
+    # slower, by what those kernels move; memory about the same
+    options = {
+        "batch_size": 1,
+        "seq_len": 4096,
+        "precision": "fp8",
+        "gpu_count": 8,
+        "sharding": "fsdp",
+    }
+    speeds = {
+        r: predict("llama-3.1-8b", gpus=["h100-sxm"], fp8_recipe=r, **options)[0]
+        for r in ("tensorwise", "rowwise")
+    }
+    assert speeds["rowwise"].throughput and speeds["tensorwise"].throughput
+    assert 0.85 < speeds["rowwise"].throughput / speeds["tensorwise"].throughput < 0.99
+    assert any("rowwise dynamic scaling" in a for a in speeds["rowwise"].assumptions)
+    memory = {
+        r: fit("llama-3.1-8b", gpus=["h100-sxm"], fp8_recipe=r, **options)[0]
+        for r in ("tensorwise", "rowwise")
+    }
+    grown = memory["rowwise"].peak_reserved_bytes - memory["tensorwise"].peak_reserved_bytes
+    assert 0 <= grown <= 2**30
+
+
+WEIGHT_BYTES = {2 * a * b for a, b in ((4096, 4096), (1024, 4096), (4096, 14336))}
+"""The bf16 sizes of Llama 3.1 8B's converted weights."""
+
+
+def test_rowwise_is_for_fp8_and_gathers_in_bf16() -> None:
+    with pytest.raises(UsageError, match="it needs precision fp8"):
+        fit("llama-3.2-1b", gpus=["h100-sxm"], precision="bf16", fp8_recipe="rowwise")
+    with pytest.raises(UsageError, match="gathers them in bf16"):
+        predict(
+            "llama-3.2-1b",
+            gpus=["h100-sxm"],
+            precision="fp8",
+            fp8_recipe="rowwise",
+            gpu_count=8,
+            sharding="fsdp",
+            fp8_all_gather=True,
+        )
+
+
 def test_memory_from_the_recipe() -> None:
     """One GPU, AMP: autocast's bf16 copy of each converted weight (2 bytes, held from the
     forward to its backward) is an fp8 copy (1 byte): the live peak drops by one byte per
@@ -128,7 +195,11 @@ def test_speedup_against_published_torchao_h100() -> None:
     """torchao's published torchtitan runs (``validate/data/recipes``): compiled, selectively
     checkpointed, FSDP2 on 8 H100s, bf16 and tensorwise fp8 (from stored profiles and
     partitions, or traced once: about a minute)."""
-    runs = {r.run.precision: r for r in recipe_runs()}
+    runs = {
+        r.run.precision: r
+        for r in recipe_runs()
+        if r.gpu == "h100-sxm" and r.run.fp8_recipe == "tensorwise"
+    }
     published = runs["fp8"].tokens_per_s_per_gpu / runs["bf16"].tokens_per_s_per_gpu
     out = {
         p: predict(r.workload, gpus=[r.gpu], stack=r.stack, **fit_options(r.run))[0]

@@ -44,6 +44,38 @@ def test_conversion_swaps_exactly_those_layers_and_the_step_still_trains() -> No
     assert first.weight.dtype == torch.float32  # master weights stay fp32
 
 
+def test_rowwise_conversion_scales_every_cast_per_axis_and_trains() -> None:
+    from torchao.float8.config import ScalingGranularity
+    from torchao.float8.float8_linear import Float8Linear
+
+    torch.manual_seed(0)
+    model = _model()
+    note = convert_to_fp8(model, "rowwise")
+    swapped = [m for m in model.modules() if isinstance(m, Float8Linear)]
+    assert len(swapped) == 2 and "rowwise" in note and "e4m3 throughout" in note
+    config = swapped[0].config
+    casts = (
+        config.cast_config_input,
+        config.cast_config_weight,
+        config.cast_config_grad_output,
+        config.cast_config_weight_for_grad_input,
+    )
+    assert all(c.scaling_granularity is ScalingGranularity.AXISWISE for c in casts)
+    assert config.cast_config_grad_output.target_dtype == torch.float8_e4m3fn
+    # the backward's products accumulate in full precision: torchao's rescaled cuBLAS path
+    assert not config.gemm_config_grad_input.use_fast_accum
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(torch.randn(8, 64)).float().square().mean()
+    loss.backward()  # type: ignore[no-untyped-call]
+    first = model[0]
+    assert isinstance(first, torch.nn.Linear) and first.weight.grad is not None
+
+
+def test_an_unknown_recipe_is_refused() -> None:
+    with pytest.raises(UnsupportedWorkload, match="tensorwise, rowwise"):
+        convert_to_fp8(_model(), "blockwise")
+
+
 def test_a_model_with_nothing_to_convert_is_refused() -> None:
     with pytest.raises(UnsupportedWorkload, match="multiples of 16"):
         convert_to_fp8(torch.nn.Sequential(torch.nn.Linear(10, 16), torch.nn.Linear(16, 16)))

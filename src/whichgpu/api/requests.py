@@ -83,6 +83,7 @@ class RunOptions:
     context_parallel: int | None = None
     expert_parallel: int | None = None
     tensor_parallel_overlap: bool | None = None
+    fp8_recipe: str | None = None
     fp8_all_gather: bool | None = None
     network: str | None = None
 

@@ -388,7 +388,8 @@ def prepare(
     # an fp8 run is derived from its bf16 AMP step (``estimate.fp8``), never traced
     profile, method = loaded or scalable_profile(chosen, fp8.base_run(run), progress)
     if run.precision == "fp8" and profile.run.precision != "fp8":
-        profile, method = fp8.fp8_profile(profile), f"{method}; fp8 derived from its bf16 AMP step"
+        profile = fp8.fp8_profile(profile, run.fp8_recipe)
+        method = f"{method}; fp8 ({run.fp8_recipe}) derived from its bf16 AMP step"
     if config is not None:  # answers name the model, not only its file
         profile = replace(profile, workload=config_label(config, profile.params_total))
     seq_limit = chosen.info.max_seq_len

@@ -110,7 +110,7 @@ class TorchSession:
                 built = apply_method(workload.build(_built_as(run)), run)
                 model = built.model.to(target)
                 if run.precision == "fp8":
-                    self._notes.append(convert_to_fp8(model))
+                    self._notes.append(convert_to_fp8(model, run.fp8_recipe))
                     if device.kind == "cpu":
                         self._notes.append(
                             "fp8 on the CPU: torchao emulates the fp8 matrix products in "

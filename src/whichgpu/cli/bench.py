@@ -98,6 +98,7 @@ def bench(
     ] = "cuda",
     mode: o.ModeOption = None,
     precision: o.PrecisionOption = None,
+    fp8_recipe: o.Fp8RecipeOption = None,
     batch_size: o.BatchOption = None,
     seq_len: o.SeqOption = None,
     optimizer: o.OptimizerOption = None,

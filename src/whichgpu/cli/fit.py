@@ -57,6 +57,7 @@ def fit(
     virtual_stages: o.VirtualStagesOption = None,
     context_parallel: o.ContextParallelOption = None,
     expert_parallel: o.ExpertParallelOption = None,
+    fp8_recipe: o.Fp8RecipeOption = None,
     fp8_all_gather: o.Fp8AllGatherOption = False,
     network: o.NetworkOption = None,
     context: o.ContextOption = None,

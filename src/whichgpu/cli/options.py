@@ -267,6 +267,18 @@ ShardingOption = Annotated[
         rich_help_panel=_RUN,
     ),
 ]
+Fp8RecipeOption = Annotated[
+    Optional[str],  # noqa: UP045
+    typer.Option(
+        "--fp8-recipe",
+        help="Training with --precision fp8: torchao's scaling recipe. tensorwise (default): "
+        "one scale per tensor, e4m3 forward and e5m2 gradients. rowwise: one scale per row or "
+        "column, all e4m3 (more robust to outliers, slower: a rescaling kernel after each "
+        "backward product, the weights cast twice).",
+        show_default="tensorwise",
+        rich_help_panel=_RUN,
+    ),
+]
 Fp8AllGatherOption = Annotated[
     bool,
     typer.Option(

@@ -77,6 +77,7 @@ def recommend(
     context_parallel: o.ContextParallelOption = None,
     expert_parallel: o.ExpertParallelOption = None,
     tensor_parallel_overlap: o.TensorParallelOverlapOption = False,
+    fp8_recipe: o.Fp8RecipeOption = None,
     fp8_all_gather: o.Fp8AllGatherOption = False,
     network: o.NetworkOption = None,
     context: o.ContextOption = None,

@@ -1,10 +1,12 @@
 """fp8 training (``--precision fp8``), derived from the bf16 AMP step rather than traced.
 
-The recipe modelled is torchao's ``Float8Linear`` with its default tensorwise dynamic scaling
-(``convert_to_float8_training``). This module finds the linear layers it converts in a bf16
-AMP profile, writes the step with their fp8 weight copies and casts in place of autocast's
-16-bit ones (``fp8_profile``, ``fp8_linears``), and says which GPUs cannot run it
-(``fp8_refusal``); everything else is the bf16 AMP step unchanged.
+The recipes modelled are torchao's ``Float8Linear`` with dynamic scaling
+(``convert_to_float8_training``): tensorwise (its default) and rowwise
+(``RunConfig.fp8_recipe``). This module finds the linear layers it converts in a bf16 AMP
+profile, writes the step with their fp8 weight copies and casts in place of autocast's 16-bit
+ones, and under rowwise the backward products' rescaling kernels and the weights' second casts
+(``fp8_profile``, ``fp8_linears``), and says which GPUs cannot run it (``fp8_refusal``);
+everything else is the bf16 AMP step unchanged.
 
 The method: docs/memory.md, "fp8 training" (memory); docs/throughput.md, "fp8 training" (time).
 """
@@ -39,13 +41,30 @@ RECIPE = (
     "torch.compile fuses them (a max-abs pass and a cast per tensor); derived from the bf16 "
     "AMP step (whichgpu.estimate.fp8)"
 )
+ROWWISE_RECIPE = (
+    "fp8 training: torchao Float8Linear, rowwise dynamic scaling (one scale per row or column, "
+    "all e4m3), the linear layers' three GEMMs in fp8 but the last layer's: the forward's a "
+    "CUTLASS rowwise kernel, timed at the fp8 rate (most shapes run at 90-100 % of the "
+    "tensorwise kernel's, pytorch/pytorch issue #147971); the backward's two, which accumulate "
+    "in full precision, cuBLAS's kernel followed by a rescaling kernel each that reads and "
+    "writes the product (torchao's workaround for the slow CUTLASS kernel, issue #2184); the "
+    "weight cast once for the forward and again for the grad-input product; master weights, "
+    "gradients, optimizer state, attention and other layers as bf16 AMP; casts as "
+    "torch.compile fuses them (a max-abs pass and a cast per tensor); derived from the bf16 "
+    "AMP step (whichgpu.estimate.fp8)"
+)
+RECIPES = {"tensorwise": RECIPE, "rowwise": ROWWISE_RECIPE}
+"""What each ``RunConfig.fp8_recipe`` stands for, as the profile's ``choices["fp8"]`` says."""
 
 
 AMAX_OP = "whichgpu.fp8_amax"
 """The operator name of a cast's max-abs reduction (it writes the scale)."""
 CAST_OP = "whichgpu.fp8_cast"
 """The operator name of a cast's scaled copy to fp8."""
-CAST_OPS = (AMAX_OP, CAST_OP)
+RESCALE_OP = "whichgpu.fp8_rescale"
+"""The operator name of rowwise scaling's rescaling of a backward product (its output times
+the outer product of the two operands' scales, a kernel of its own under torch.compile)."""
+CAST_OPS = (AMAX_OP, CAST_OP, RESCALE_OP)
 """The operators ``fp8_profile`` inserts: timed as ``torch.compile`` builds them already."""
 
 
@@ -58,7 +77,7 @@ def base_run(run: RunConfig) -> RunConfig:
     other precision)."""
     if run.precision != "fp8":
         return run
-    return run.model_copy(update={"precision": TRACED_PRECISION})
+    return run.model_copy(update={"precision": TRACED_PRECISION, "fp8_recipe": "tensorwise"})
 
 
 def check_run(run: RunConfig) -> None:
@@ -181,33 +200,44 @@ class _Gemm:
     """Operator index in the steady step."""
     casts: tuple[int, ...]
     """Polynomials of the element counts of the operands cast to fp8 around it."""
+    rescaled: int | None = None
+    """Rowwise scaling's backward products: the polynomial of the product's output elements,
+    which a rescaling kernel reads and writes again in bf16 (None: no rescaling)."""
 
 
-_DERIVED: dict[int, tuple[ScalableProfile, ScalableProfile, Fp8Linears]] = {}
+_DERIVED: dict[tuple[int, str], tuple[ScalableProfile, ScalableProfile, Fp8Linears]] = {}
 
 
-def fp8_profile(profile: ScalableProfile) -> ScalableProfile:
-    """The fp8 training step derived from ``profile``, a bf16 AMP training step (memoised)."""
-    return _derive(profile)[0]
+def fp8_profile(profile: ScalableProfile, recipe: str = "tensorwise") -> ScalableProfile:
+    """The fp8 training step derived from ``profile``, a bf16 AMP training step, under
+    torchao's ``recipe`` (``RunConfig.fp8_recipe``; memoised)."""
+    return _derive(profile, recipe)[0]
 
 
 def fp8_linears(profile: ScalableProfile) -> Fp8Linears:
-    """What ``fp8_profile`` converts in ``profile``."""
-    return _derive(profile)[1]
+    """What ``fp8_profile`` converts in ``profile`` (the same layers under every recipe)."""
+    return _derive(profile, "tensorwise")[1]
 
 
-def _derive(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
-    found = _DERIVED.get(id(profile))
+def _derive(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8Linears]:
+    if recipe not in RECIPES:
+        raise UsageError(
+            f"{option('fp8_recipe')} {recipe}: torchao's recipes modelled are "
+            f"{', '.join(RECIPES)}."
+        )
+    key = (id(profile), recipe)
+    found = _DERIVED.get(key)
     if found is not None and found[0] is profile:
         return found[1], found[2]
-    derived, linears = _build(profile)
+    derived, linears = _build(profile, recipe)
     if len(_DERIVED) >= 16:
         _DERIVED.clear()
-    _DERIVED[id(profile)] = (profile, derived, linears)
+    _DERIVED[key] = (profile, derived, linears)
     return derived, linears
 
 
-def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
+def _build(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8Linears]:
+    rowwise = recipe == "rowwise"
     table = _Table(profile.polynomials)
     events = profile.events
     casts_code = CATEGORIES.index("parameter_cast")
@@ -256,23 +286,29 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
 
     ops = list(profile.ops)
     gemms: list[_Gemm] = []
-    for i, _shape, role in (f for f in found if f[1] in converted_shapes):
+    for i, shape, role in (f for f in found if f[1] in converted_shapes):
         op = ops[i]
         assert op.gemm_bmnk is not None
         _, m_at, n_at, k_at = op.gemm_bmnk
         m, n, k = (table.constant_of(p) for p in (m_at, n_at, k_at))
+        backward = op.phase != "forward"
+        rescaled: int | None = None
         if role == "rows":
-            assert k is not None
+            assert k is not None and n is not None
             casts: tuple[int, ...] = (table.scaled(m_at, k),)  # the token-side operand
+            if rowwise and backward:
+                # the weight again, scaled along its other axis (torchao's
+                # cast_config_weight_for_grad_input); the product rescaled after cuBLAS's
+                casts += (table.constant(shape[0] * shape[1]),)
+                rescaled = table.scaled(m_at, n)
         else:
             assert m is not None and n is not None
             casts = (table.scaled(k_at, m), table.scaled(k_at, n))
-        gemms.append(_Gemm(i, casts))
-        ops[i] = replace(
-            op,
-            dtype=FORWARD_DTYPE if op.phase == "forward" else BACKWARD_DTYPE,
-            bytes_read=table.scaled(op.bytes_read, Fraction(1, 2)),
-        )
+            if rowwise:
+                rescaled = table.constant(m * n)
+        gemms.append(_Gemm(i, casts, rescaled))
+        dtype = FORWARD_DTYPE if not backward or rowwise else BACKWARD_DTYPE
+        ops[i] = replace(op, dtype=dtype, bytes_read=table.scaled(op.bytes_read, Fraction(1, 2)))
 
     # autocast's 16-bit copies of the converted weights become fp8 copies (same lifetime);
     # the cast that makes each reads the fp32 weight twice (max-abs, cast) and writes half
@@ -326,6 +362,14 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
                 cast_op(CAST_OP, "elementwise", phase, elements, elements),
             )
         ]
+        if gemm.rescaled is not None:
+            # rowwise: the product's bf16 output read and written again, scaled (placed before
+            # the product in the list; the step's time does not depend on the order)
+            inserted[gemm.index].append(
+                cast_op(
+                    RESCALE_OP, "elementwise", phase, gemm.rescaled, table.scaled(gemm.rescaled, 2)
+                )
+            )
 
     # the new operator list, and where each old operator moved
     new_ops: list[StoredOp] = []
@@ -360,12 +404,15 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
             g = by_gemm[queue.pop(0)]
             index = offset + moved[g.index] if step == last else moved[g.index]
             handles = []
-            for elements in g.casts:
-                rows.append([index, storage, 1, CATEGORIES.index("temporary"), step, elements])
-                handles.append((storage, elements))
+            # the fp8 copies (a byte an element) and, rowwise, the rescaled bf16 product beside
+            # the product it replaces
+            sizes = [*g.casts, *([table.scaled(g.rescaled, 2)] if g.rescaled is not None else [])]
+            for size in sizes:
+                rows.append([index, storage, 1, CATEGORIES.index("temporary"), step, size])
+                handles.append((storage, size))
                 storage += 1
-            for handle, elements in handles:
-                rows.append([index, handle, 0, CATEGORIES.index("temporary"), step, elements])
+            for handle, size in handles:
+                rows.append([index, handle, 0, CATEGORIES.index("temporary"), step, size])
 
     steps = sorted(set(events[:, 4].tolist()))
     for step in steps:
@@ -384,7 +431,7 @@ def _build(profile: ScalableProfile) -> tuple[ScalableProfile, Fp8Linears]:
     derived = replace(
         profile,
         run=profile.run.model_copy(update={"precision": "fp8"}),
-        choices={**profile.choices, "fp8": RECIPE},
+        choices={**profile.choices, "fp8": RECIPES[recipe]},
         polynomials=table.polynomials(),
         events=derived_events,
         ops=tuple(new_ops),

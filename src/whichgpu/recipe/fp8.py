@@ -6,8 +6,10 @@ its default tensorwise dynamic scaling: e4m3 for inputs and weights, e5m2 for ou
 gradients), the same layers ``whichgpu.estimate.fp8`` converts in its estimate: every
 ``nn.Linear`` whose input and output sizes are multiples of 16 (``torch._scaled_mm``'s
 requirement), except the last one the model registers (a language model's output
-projection), which torchao's README leaves in bf16 too. torchao is imported only here, only
-when an fp8 run is built; without it the bench says how to install it.
+projection), which torchao's README leaves in bf16 too. ``--fp8-recipe rowwise`` converts them
+with torchao's rowwise recipe instead (``Float8LinearConfig.from_recipe_name("rowwise")``).
+torchao is imported only here, only when an fp8 run is built; without it the bench says how to
+install it.
 """
 
 from __future__ import annotations
@@ -45,22 +47,35 @@ def converted_names(model: torch.nn.Module) -> list[str]:
     ]
 
 
-def convert_to_fp8(model: torch.nn.Module) -> str:
+RECIPE_WORDS = {
+    "tensorwise": "tensorwise dynamic scaling, e4m3 forward, e5m2 gradients",
+    "rowwise": "rowwise dynamic scaling, one scale per row or column, e4m3 throughout",
+}
+"""How a result's note names each recipe."""
+
+
+def convert_to_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> str:
     """Swap ``model``'s converted linear layers (``converted_names``) for torchao's
-    ``Float8Linear`` in place; returns a note saying how many, for the result. Raises
-    ``UnsupportedWorkload`` when torchao is missing or the model has no layer to convert."""
+    ``Float8Linear`` in place, scaled by torchao's ``recipe`` (``tensorwise``, ``rowwise``);
+    returns a note saying how many, for the result. Raises ``UnsupportedWorkload`` when torchao
+    is missing or the model has no layer to convert."""
     names = set(converted_names(model))
     if not names:
         raise UnsupportedWorkload(
             f"{option('precision')} fp8 converts linear layers whose sizes are multiples of "
             f"{FP8_ALIGNMENT} (all but the last); this model has none."
         )
-    convert = _torchao_convert()
-    convert(model, module_filter_fn=lambda _module, fqn: fqn in names)
+    if recipe not in RECIPE_WORDS:
+        raise UnsupportedWorkload(
+            f"{option('fp8_recipe')} {recipe}: the recipes measured are "
+            f"{', '.join(RECIPE_WORDS)}."
+        )
+    convert, config_of = _torchao_convert()
+    config = None if recipe == "tensorwise" else config_of(recipe)
+    convert(model, module_filter_fn=lambda _module, fqn: fqn in names, config=config)
     return (
-        f"fp8: {len(names)} linear layers run torchao's Float8Linear (tensorwise dynamic "
-        "scaling, e4m3 forward, e5m2 gradients), the last linear layer and everything else "
-        "bf16 AMP over fp32 master weights"
+        f"fp8: {len(names)} linear layers run torchao's Float8Linear ({RECIPE_WORDS[recipe]}), "
+        "the last linear layer and everything else bf16 AMP over fp32 master weights"
     )
 
 
@@ -82,16 +97,17 @@ def check_device(kind: str, capability: tuple[int, int] | None) -> str | None:
     return None
 
 
-def _torchao_convert() -> Any:
+def _torchao_convert() -> tuple[Any, Any]:
+    """torchao's ``convert_to_float8_training`` and ``Float8LinearConfig.from_recipe_name``."""
     # torchao logs each optional C++ extension built for another torch that it cannot load;
     # float8 training does not use them
     quiet = logging.getLogger("torchao")
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        from torchao.float8 import convert_to_float8_training
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
     except ImportError:
         raise UnsupportedWorkload(TORCHAO_MISSING) from None
     finally:
         quiet.setLevel(level)
-    return convert_to_float8_training
+    return convert_to_float8_training, Float8LinearConfig.from_recipe_name

@@ -65,6 +65,7 @@ def _row(row: dict[str, Any]) -> RecipeRun:
         compile=bool(row["compile"]),
         checkpointing=row.get("checkpointing_policy") is not None,
         checkpointing_policy=row.get("checkpointing_policy") or "full",
+        fp8_recipe=row.get("fp8_recipe"),
     )
     return RecipeRun(
         id=row["id"],

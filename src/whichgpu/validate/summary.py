@@ -83,9 +83,10 @@ SOURCE_SETTINGS: dict[ReferenceSource, str] = {
         "each row's GPUs, sharding, micro-batch, sequence length and precision "
         "(validate/data/recipes/README.md), --compile and --checkpointing-policy selective as "
         "the runs compiled and checkpointed (torchtitan's op mode); fp8 as torchao's "
-        "tensorwise Float8Linear; --stack pytorch2-cuda12-flash-attention-2 as the runs' "
-        "torch 2.7 ran SDPA's FlashAttention-2 on Hopper; peak reserved per GPU against fit, "
-        "tokens/s per GPU against predict"
+        "Float8Linear with each row's recipe (tensorwise, or --fp8-recipe rowwise); the H100 "
+        "rows with --stack pytorch2-cuda12-flash-attention-2, as their torch 2.7 ran SDPA's "
+        "FlashAttention-2 on Hopper; peak reserved per GPU against fit, tokens/s per GPU "
+        "against predict"
     ),
 }
 """How each reference outside Lambda's table and the own measurements is read (printed

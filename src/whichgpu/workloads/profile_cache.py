@@ -173,6 +173,7 @@ def traced_run(run: RunConfig) -> RunConfig:
         "virtual_stages": 1,
         "context_parallel": 1,
         "expert_parallel": 1,
+        "fp8_recipe": "tensorwise",
         "fp8_all_gather": False,
         "network": None,
         "compile": False,

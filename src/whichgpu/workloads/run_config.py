@@ -197,6 +197,11 @@ def run_config(**options: Any) -> RunConfig:
         )
     if run.optimizer_impl == "in-backward":
         _check_in_backward(run)
+    if run.fp8_recipe != "tensorwise" and run.precision != "fp8":
+        raise UsageError(
+            f"{option('fp8_recipe')} {run.fp8_recipe} is a scaling recipe of fp8 training; it "
+            f"needs {option('precision')} fp8."
+        )
     if run.fp8_all_gather:
         _check_fp8_all_gather(run)
     if run.tensor_parallel_overlap and run.tensor_parallel == 1:
@@ -265,6 +270,12 @@ def _check_fp8_all_gather(run: RunConfig) -> None:
         raise UsageError(
             f"{flag}: with one data-parallel copy FSDP gathers nothing; give "
             f"{option('gpu_count')} 2 or more data-parallel GPUs, or drop {flag}."
+        )
+    if run.fp8_recipe != "tensorwise":
+        raise UsageError(
+            f"{flag} gathers weights cast with one scale per tensor; torchao's "
+            f"{run.fp8_recipe} scaling gathers them in bf16. Use {option('fp8_recipe')} "
+            f"tensorwise, or drop {flag}."
         )
 
 
