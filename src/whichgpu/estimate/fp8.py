@@ -222,8 +222,7 @@ def fp8_linears(profile: ScalableProfile) -> Fp8Linears:
 def _derive(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8Linears]:
     if recipe not in RECIPES:
         raise UsageError(
-            f"{option('fp8_recipe')} {recipe}: torchao's recipes modelled are "
-            f"{', '.join(RECIPES)}."
+            f"{option('fp8_recipe')} {recipe}: torchao's recipes modelled are {', '.join(RECIPES)}."
         )
     key = (id(profile), recipe)
     found = _DERIVED.get(key)

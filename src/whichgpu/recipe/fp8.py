@@ -67,8 +67,7 @@ def convert_to_fp8(model: torch.nn.Module, recipe: str = "tensorwise") -> str:
         )
     if recipe not in RECIPE_WORDS:
         raise UnsupportedWorkload(
-            f"{option('fp8_recipe')} {recipe}: the recipes measured are "
-            f"{', '.join(RECIPE_WORDS)}."
+            f"{option('fp8_recipe')} {recipe}: the recipes measured are {', '.join(RECIPE_WORDS)}."
         )
     convert, config_of = _torchao_convert()
     config = None if recipe == "tensorwise" else config_of(recipe)
