@@ -113,6 +113,25 @@ def test_rowwise_adds_a_rescaling_kernel_per_backward_product_and_casts_weights_
     assert 0 <= grown <= 2**30
 
 
+def test_a_recomputed_forward_product_is_a_forward_one() -> None:
+    """Selective checkpointing recomputes k, o and up in the backward phase: forward products
+    (e4m3, and under rowwise no rescaling and no second weight cast), told from the grad-input
+    products by the grad-weight product beside each of those."""
+    from whichgpu.estimate.fp8 import RESCALE_OP
+
+    base = load_stem(LLAMA + "_ckptselective")
+    assert base is not None
+    for recipe in ("tensorwise", "rowwise"):
+        ops = fp8_profile(base, recipe).at(1, 512).ops
+        e4m3 = [op for op in ops if op.dtype == "float8_e4m3fn" and op.phase == "backward"]
+        e5m2 = [op for op in ops if op.dtype == "float8_e5m2"]
+        rescales = [op for op in ops if op.name == RESCALE_OP]
+        if recipe == "tensorwise":
+            assert len(e4m3) == 32 * 3 and len(e5m2) == 32 * 7 * 2 and not rescales
+        else:
+            assert len(e4m3) == 32 * (3 + 7 * 2) and not e5m2 and len(rescales) == 32 * 7 * 2
+
+
 WEIGHT_BYTES = {2 * a * b for a, b in ((4096, 4096), (1024, 4096), (4096, 14336))}
 """The bf16 sizes of Llama 3.1 8B's converted weights."""
 

@@ -205,6 +205,30 @@ class _Gemm:
     which a rescaling kernel reads and writes again in bf16 (None: no rescaling)."""
 
 
+GRAD_PAIR_OPS = 8
+"""Operators at most between a linear layer's grad-weight and grad-input products: autograd
+computes both in the layer's one backward node, one after the other."""
+
+
+def _grad_input_products(
+    found: list[tuple[int, tuple[int, int], str]], ops: tuple[StoredOp, ...]
+) -> set[int]:
+    """The operator indices of ``found``'s grad-input products: a backward-phase product with
+    the tokens as its rows, next to a grad-weight product of the same weight. Another such
+    product is a forward one recomputed by activation checkpointing."""
+    pairs = set()
+    for j, (i, shape, role) in enumerate(found):
+        if role != "rows" or ops[i].phase == "forward":
+            continue
+        neighbours = found[max(j - 1, 0) : j] + found[j + 1 : j + 2]
+        if any(
+            r == "weight_grad" and s == shape and abs(x - i) <= GRAD_PAIR_OPS
+            for x, s, r in neighbours
+        ):
+            pairs.add(i)
+    return pairs
+
+
 _DERIVED: dict[tuple[int, str], tuple[ScalableProfile, ScalableProfile, Fp8Linears]] = {}
 
 
@@ -282,6 +306,7 @@ def _build(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8L
     kept = forward[-1][1]  # the last linear layer stays bf16
     converted_shapes = {f[1] for f in found} - {kept}
     converted_elements = {a * b for a, b in converted_shapes} - {kept[0] * kept[1]}
+    grad_inputs = _grad_input_products(found, profile.ops)
 
     ops = list(profile.ops)
     gemms: list[_Gemm] = []
@@ -290,7 +315,9 @@ def _build(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8L
         assert op.gemm_bmnk is not None
         _, m_at, n_at, k_at = op.gemm_bmnk
         m, n, k = (table.constant_of(p) for p in (m_at, n_at, k_at))
-        backward = op.phase != "forward"
+        # a checkpointed layer's recomputed forward product runs in the backward phase, and
+        # runs as the forward one does
+        backward = role == "weight_grad" or i in grad_inputs
         rescaled: int | None = None
         if role == "rows":
             assert k is not None and n is not None
