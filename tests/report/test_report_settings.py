@@ -137,3 +137,22 @@ def test_a_cluster_is_ranked_and_its_break_even_is_one_machines() -> None:
     assert data.memory[0].max_batch_size == lead.max_batch_size
     page = render_html(data)
     assert "16 GPUs in 2 machines of 8 joined by" in _header(page)
+
+
+def test_a_model_that_fits_only_sharded_is_timed_on_the_gpus_together() -> None:
+    """Llama 3.1 8B under FSDP fits eight H100s but not one: the speed shown is of the eight
+    together (the run asked), and a dollar buys each GPU's share of it."""
+    asked = {"gpus": ["h100-sxm"], "gpu_count": 8, "sharding": "fsdp", "seq_len": 2048, "top": 1}
+    data = wg.report("llama-3.1-8b", **asked)
+    (speed,) = data.speeds
+    (together,) = wg.predict(
+        "llama-3.1-8b",
+        gpus=["h100-sxm"],
+        gpu_count=8,
+        sharding="fsdp",
+        seq_len=2048,
+        batch_size=data.ranking.ranking[0].batch_size,
+    )
+    assert together.throughput is not None
+    assert speed.throughput == pytest.approx(together.throughput)
+    assert any("sharded over them (fsdp)" in n for n in data.notes)

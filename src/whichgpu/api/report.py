@@ -37,6 +37,7 @@ from whichgpu.schema import (
     Breakeven,
     MemoryEstimate,
     Ranking,
+    RunConfig,
     ThroughputEstimate,
     ValueTable,
 )
@@ -154,14 +155,19 @@ def answer_report(
     measured, _ = measurements(chosen, one_gpu, asked.store, get_stack(asked.stack), [])
     speeds, ref_id = _speed_points(chosen, ranking, speeds_predicted, measured, ref_id, notes)
     per_gpu: Sequence[SpeedPoint] = speeds
-    if ranking.run.model_parallel() > 1:
+    if _together(ranking.run):
         # the speeds are of the ranking's GPUs together; what a dollar buys is per GPU
         per_gpu = [
             p.model_copy(update={"throughput": p.throughput / ranking.run.gpus}) for p in speeds
         ]
+        how = (
+            f"the model is split over them ({ranking.run.model_parallel_words()})"
+            if ranking.run.model_parallel() > 1
+            else f"the model state is sharded over them ({ranking.run.sharding})"
+        )
         notes.append(
             f"Performance per dollar counts each GPU's share of the {ranking.run.gpus} GPUs' "
-            f"speed: the model is split over them ({ranking.run.model_parallel_words()})."
+            f"speed: {how}."
         )
     tables = _value_tables(per_gpu, ref_id, catalog, notes)
     lead = ranking.ranking[0] if ranking.ranking else None
@@ -198,16 +204,24 @@ def answer_report(
     )
 
 
+def _together(run: RunConfig) -> bool:
+    """Whether ``run``'s speed is only of its GPUs together: its model split over them (tensor,
+    pipeline or context parallel), or its state sharded over them (ZeRO, FSDP), whose one-GPU
+    run holds the whole state and is not the run asked."""
+    return run.model_parallel() > 1 or (run.gpus > 1 and run.sharding != "ddp")
+
+
 def _predicted(
     target: Target, ranking: Ranking, shown: Sequence[str], asked: RecommendRequest
 ) -> tuple[ResultList[ThroughputEstimate], ResultList[MemoryEstimate]]:
     """The predicted speeds and the memory of the ``shown`` GPUs, for the run the ranking
     answered (a preset's options included): the speeds of one GPU each (of the ranking's GPUs
-    together where the model is split tensor or pipeline parallel); the memory per GPU
+    together where the model is split or its state sharded over them: ``_together``); the
+    memory per GPU
     of the ranking's GPU count, so that its sharding (and DDP's gradient buckets) is in it;
     with the question's serving engine, each speed carries the engine's (``serving_speed``)."""
-    # a split model has no one-GPU run: its speeds are of the ranking's GPUs together
-    split = ranking.run.model_parallel() > 1
+    # a split or sharded model has no one-GPU run: its speeds are of the ranking's GPUs together
+    split = _together(ranking.run)
     run = run_config(
         **ranking.run.model_dump(exclude_defaults=True, exclude=set() if split else {"gpus"})
     )

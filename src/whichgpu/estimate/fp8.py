@@ -456,7 +456,7 @@ def _build(profile: ScalableProfile, recipe: str) -> tuple[ScalableProfile, Fp8L
 
     derived = replace(
         profile,
-        run=profile.run.model_copy(update={"precision": "fp8"}),
+        run=profile.run.model_copy(update={"precision": "fp8", "fp8_recipe": recipe}),
         choices={**profile.choices, "fp8": RECIPES[recipe]},
         polynomials=table.polynomials(),
         events=derived_events,
