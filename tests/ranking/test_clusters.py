@@ -143,3 +143,30 @@ def test_the_cli_names_the_machines_and_the_fabric_in_its_json() -> None:
     assert "2 machines of 8" in doc["answer"] and "InfiniBand HDR" in doc["answer"]
     assert doc["run"]["network"] == "ib-hdr"
     assert any("ib-hdr" in a and a.startswith("clusters: ") for a in doc["assumptions"])
+
+
+def test_auto_goes_on_to_clusters_when_a_sharded_state_does_not_fit_one_machine() -> None:
+    """Where nothing ranks on one machine because the model state does not fit, auto goes on
+    to clusters when the run shards that state (each GPU more holds less) and says why; under
+    DDP more GPUs hold no less, and it stays. (Llama 3.1 70B under FSDP on H100s with
+    checkpointing: 8 GPUs need 182 GiB a GPU, 32 fit; docs/recommend.md.)"""
+    from types import SimpleNamespace
+
+    from whichgpu.api.recommend import _cluster_note, _needs_a_cluster
+    from whichgpu.schema import Exclusion
+
+    ranked = wg.recommend("llama-3.2-1b", gpu_count=8, gpus=["h100-sxm"], acquire="rent", **ASK)
+    out = [
+        Exclusion(gpu="h100-sxm", gpu_name="H100 SXM", count=n, kind="memory", reason="")
+        for n in (1, 2, 4, 8)
+    ]
+    nothing = ranked.model_copy(update={"ranking": (), "excluded": tuple(out)})
+    auto = SimpleNamespace(gpu_count="auto", question=SimpleNamespace(within_hours=None))
+    assert _needs_a_cluster(auto, nothing, None)  # type: ignore[arg-type]
+    why = _cluster_note(auto, nothing, None)  # type: ignore[arg-type]
+    assert "no machine of 1 to 8 GPUs holds the model state sharded over it (fsdp)" in why
+    whole = nothing.model_copy(update={"run": nothing.run.model_copy(update={"sharding": "ddp"})})
+    assert not _needs_a_cluster(auto, whole, None)  # type: ignore[arg-type]
+    counted = SimpleNamespace(gpu_count=8, question=auto.question)
+    assert not _needs_a_cluster(counted, nothing, None)  # type: ignore[arg-type]
+    assert not _needs_a_cluster(auto, ranked, None)  # type: ignore[arg-type]

@@ -209,7 +209,7 @@ def answer_recommend(
     ranking = ranked(sized)
     if _needs_a_cluster(asked, ranking, engine):
         sized = size(AUTO_CLUSTERS, sized)
-        ranking = ranked(sized, (_cluster_note(asked, given.network),))
+        ranking = ranked(sized, (_cluster_note(asked, ranking, given.network),))
     if sized.run.mode == "inference" and any(
         c.throughput_unit == "tokens/s" for c in ranking.ranking
     ):  # what the rate counts: the whole request, prefill included
@@ -220,35 +220,43 @@ def answer_recommend(
 
 
 def _needs_a_cluster(asked: QuestionAsked, ranking: Ranking, engine: ServingEngine | None) -> bool:
-    """Whether ``--gpus auto`` goes on to clusters (``AUTO_CLUSTERS``): when no machine of 1 to
-    8 GPUs finishes the training job within the deadline, so that nothing ranks and the
-    deadline left out at least one of them. Nothing else widens it: a budget only tightens
-    with more machines, and memory per GPU is ``fit``'s question (``--sharding fsdp`` over a
-    machine's 8 is the lever the answer names)."""
+    """Whether ``--gpus auto`` goes on to clusters (``AUTO_CLUSTERS``): when nothing ranks on
+    machines of 1 to 8 GPUs for training, and at least one was left out because it could not
+    finish the job within the deadline, or because the model state did not fit while the run
+    shards it over the GPUs (ZeRO, FSDP, HSDP: each GPU more holds less). Nothing else widens
+    it: a budget only tightens with more machines, and where the state is whole on every GPU
+    (DDP) more GPUs hold no less (``--sharding fsdp`` is the lever the answer names)."""
     auto = isinstance(asked.gpu_count, str) and asked.gpu_count.strip().lower() == "auto"
-    return (
-        auto
-        and engine is None
-        and ranking.run.mode == "train"
-        and asked.question.within_hours is not None
-        and not ranking.ranking
-        and any(e.kind == "time" for e in ranking.excluded)
+    if not auto or engine is not None or ranking.run.mode != "train" or ranking.ranking:
+        return False
+    late = asked.question.within_hours is not None and any(
+        e.kind == "time" for e in ranking.excluded
     )
+    return late or _too_big_for_a_machine(ranking)
 
 
-def _cluster_note(asked: QuestionAsked, network: str | None) -> str:
-    """What ``--gpus auto`` did when one machine could not meet the deadline, in words."""
+def _too_big_for_a_machine(ranking: Ranking) -> bool:
+    """Whether ``ranking`` left GPUs out for memory on a run that shards its state."""
+    return ranking.run.sharding != "ddp" and any(e.kind == "memory" for e in ranking.excluded)
+
+
+def _cluster_note(asked: QuestionAsked, ranking: Ranking, network: str | None) -> str:
+    """What ``--gpus auto`` did when one machine could not do the job, in words."""
     from whichgpu.estimate.data_parallel import get_fabric, node_count
 
     fabric = get_fabric(network)
     nodes = ", ".join(str(node_count(n)) for n in AUTO_CLUSTERS)
     gpus = ", ".join(str(n) for n in AUTO_CLUSTERS)
-    within = asked.question.within_hours or 0.0
+    within = asked.question.within_hours
+    why = (
+        f"finishes the job within {within:,.0f} h"
+        if within is not None and any(e.kind == "time" for e in ranking.excluded)
+        else f"holds the model state sharded over it ({ranking.run.sharding})"
+    )
     return (
-        f"--gpus auto: no machine of 1 to 8 GPUs finishes the job within {within:,.0f} h, so "
-        f"clusters of {gpus} GPUs ({nodes} machines of 8 joined by {fabric.name}, "
-        f"{fabric.id}) were ranked too; a --gpus count or range (e.g. 8-256) asks for "
-        "larger ones"
+        f"--gpus auto: no machine of 1 to 8 GPUs {why}, so clusters of {gpus} GPUs ({nodes} "
+        f"machines of 8 joined by {fabric.name}, {fabric.id}) were ranked too; a --gpus count "
+        "or range (e.g. 8-256) asks for larger ones"
     )
 
 

@@ -837,6 +837,12 @@ def _next_steps(
             steps.append(
                 "--sharding fsdp (split the weights, gradients and optimizer state over the GPUs)"
             )
+        if run.mode == "train" and run.sharding != "ddp":
+            # a sharded state shrinks with every GPU more, past one machine too
+            steps.append(
+                "more GPUs: a --gpus count or range past what was tried (e.g. --gpus 16-256, "
+                "machines of 8 joined by --network)"
+            )
     if counts.get("budget") and q.mode == "buy":
         if not q.gpu_only:
             steps.append("--gpu-only if you have the computer")
