@@ -229,10 +229,14 @@ def _needs_a_cluster(asked: QuestionAsked, ranking: Ranking, engine: ServingEngi
     auto = isinstance(asked.gpu_count, str) and asked.gpu_count.strip().lower() == "auto"
     if not auto or engine is not None or ranking.run.mode != "train" or ranking.ranking:
         return False
-    late = asked.question.within_hours is not None and any(
+    return _too_late(asked, ranking) or _too_big_for_a_machine(ranking)
+
+
+def _too_late(asked: QuestionAsked, ranking: Ranking) -> bool:
+    """Whether ``ranking`` left GPUs out for missing the question's deadline."""
+    return asked.question.within_hours is not None and any(
         e.kind == "time" for e in ranking.excluded
     )
-    return late or _too_big_for_a_machine(ranking)
 
 
 def _too_big_for_a_machine(ranking: Ranking) -> bool:
@@ -247,10 +251,9 @@ def _cluster_note(asked: QuestionAsked, ranking: Ranking, network: str | None) -
     fabric = get_fabric(network)
     nodes = ", ".join(str(node_count(n)) for n in AUTO_CLUSTERS)
     gpus = ", ".join(str(n) for n in AUTO_CLUSTERS)
-    within = asked.question.within_hours
     why = (
-        f"finishes the job within {within:,.0f} h"
-        if within is not None and any(e.kind == "time" for e in ranking.excluded)
+        f"finishes the job within {asked.question.within_hours or 0.0:,.0f} h"
+        if _too_late(asked, ranking)
         else f"holds the model state sharded over it ({ranking.run.sharding})"
     )
     return (
