@@ -535,7 +535,10 @@ class RunConfig(_Frozen):
     """The training step runs under ``torch.compile`` (default mode, inductor): ``bench``
     measures it so; ``fit`` leaves out of the forward and backward passes' peak the
     activations inductor's partitioner recomputes instead of saving (derived on fake tensors,
-    ``trace.compiled``)."""
+    ``trace.compiled``). A language model's inference (``mode="inference"``): its decode steps
+    run compiled as transformers' ``generate`` runs a static cache (``mode="reduce-overhead"``,
+    CUDA graphs; the prefill eager): ``predict`` times them without the per-operator dispatch
+    floor and ``bench`` measures them so."""
     method: Method = "full"
     """``full`` fine-tuning / training, ``lora``, or ``qlora`` (4-bit NF4 base weights)."""
     lora_rank: int = 16
@@ -739,6 +742,8 @@ class RunConfig(_Frozen):
                 parts.append(self.model_parallel_words())
             if self.expert_parallel > 1:
                 parts.append(f"expert parallel {self.expert_parallel}")
+        if self.mode == "inference" and self.compile:
+            parts.append("compiled decoding")
         tokens = seq_len or self.seq_len
         if self.mode == "inference" and self.context:
             parts.append(f"context {self.context} + {self.new_tokens or 0} new tokens")

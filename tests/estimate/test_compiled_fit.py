@@ -43,9 +43,18 @@ def test_compiled_peak_is_the_eager_one_less_what_min_cut_does_not_save(
     assert any("min_cut_rematerialization_partition" in a for a in compiled.assumptions)  # type: ignore[attr-defined]
 
 
-def test_compile_refuses_inference() -> None:
-    with pytest.raises(UsageError, match="a compiled inference step is not modelled"):
-        fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, mode="inference")
+def test_compiled_decoding_holds_what_the_eager_request_holds() -> None:
+    asked = {"mode": "inference", "context": 64, "new_tokens": 8, "concurrency": 2}
+    (eager,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], **asked)
+    (compiled,) = fit(config=TINY_LLAMA, gpus=["h100-sxm"], compile=True, **asked)
+    assert compiled.peak_reserved_bytes == eager.peak_reserved_bytes
+    assert compiled.max_batch_size == eager.max_batch_size
+    assert "compiled decoding" in compiled.run.describe()
+
+
+def test_compile_refuses_inference_of_a_model_that_does_not_generate() -> None:
+    with pytest.raises(UsageError, match="does not generate, and its compiled forward pass"):
+        fit("resnet50", gpus=["h100-sxm"], compile=True, mode="inference")
 
 
 @pytest.mark.parametrize("policy", ["full", "selective", "every-2"])

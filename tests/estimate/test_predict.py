@@ -309,6 +309,37 @@ def test_inference_of_a_language_model_is_prefill_then_decode_steps() -> None:
     assert 1.1 < h100.decode_step_s / h200.decode_step_s < 4.8 / 3.35
 
 
+def test_compiled_decoding_streams_without_the_dispatch_floor() -> None:
+    """--compile with inference: the decode steps replay a CUDA graph (transformers' generate on
+    a static cache), so at one sequence they stream the weights at the bandwidth share alone,
+    while the prefill stays eager."""
+    asked = {"mode": "inference", "context": 512, "new_tokens": 64, "concurrency": 1}
+    eager, compiled = (
+        {
+            gpu: wg.predict("llama-3.1-8b", gpus=[gpu], compile=c, **asked)[0]  # type: ignore[arg-type]
+            for gpu in ("h100-sxm", "h200-sxm")
+        }
+        for c in (False, True)
+    )
+    for gpu in ("h100-sxm", "h200-sxm"):
+        assert compiled[gpu].prefill_s == eager[gpu].prefill_s
+        assert compiled[gpu].decode_step_s < eager[gpu].decode_step_s  # type: ignore[operator]
+        assert any(a.startswith("compiled decoding (--compile)") for a in compiled[gpu].assumptions)
+        assert "compiled decoding" in compiled[gpu].run.describe()
+    # memory bound: the step follows the bandwidth (4.8 vs 3.35 TB/s), the eager one does not
+    h100, h200 = (compiled[g].decode_step_s for g in ("h100-sxm", "h200-sxm"))
+    assert h100 is not None and h200 is not None
+    assert h100 / h200 == pytest.approx(4.8 / 3.35, rel=0.03)
+    plain = (eager[g].decode_step_s for g in ("h100-sxm", "h200-sxm"))
+    assert next(plain) / next(plain) < 1.2  # type: ignore[operator]
+
+
+def test_compiled_inference_of_a_model_that_does_not_generate_is_refused() -> None:
+    cli = run_cli("predict", "resnet50", "--mode", "inference", "--compile", "--gpu", "a100-80gb")
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    assert "resnet50 does not generate" in cli.stderr and "drop --compile" in cli.stderr
+
+
 def test_inference_of_other_models_is_one_forward_pass() -> None:
     train = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64)[0]
     infer = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64, mode="inference")[0]

@@ -415,9 +415,21 @@ def prepare(
             f"{chosen.info.name} does not generate, so each GPU would run a copy of it: "
             "estimate one GPU."
         )
+    if run.compile and run.mode == "inference" and kv_per_token is None:
+        raise UsageError(
+            f"{option('compile')} with {option('mode')} inference estimates a language model's "
+            f"compiled decoding (CUDA graphs, as transformers' generate runs a static cache); "
+            f"{chosen.info.name} does not generate, and its compiled forward pass is not "
+            f"modelled: drop {option('compile')} for the eager estimate."
+        )
     memory = _step_memory(chosen, run, profile)
-    # fp8's saving is its bf16 AMP step's (the same graph but for the linear layers' casts)
-    compiled = CompiledStep(chosen, fp8.base_run(run), progress) if run.compile else None
+    # fp8's saving is its bf16 AMP step's (the same graph but for the linear layers' casts);
+    # a compiled inference step changes the decode's time, not what it holds (estimate.prediction)
+    compiled = (
+        CompiledStep(chosen, fp8.base_run(run), progress)
+        if run.compile and run.mode == "train"
+        else None
+    )
     return Step(
         run,
         profile,

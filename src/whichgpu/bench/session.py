@@ -71,6 +71,12 @@ COMPILED_NOTE = (
     "compilation)"
 )
 """The note of a session with ``--compile``."""
+COMPILED_DECODING_NOTE = (
+    "compiled decoding: the decode steps ran under torch.compile(mode='reduce-overhead') (CUDA "
+    "graphs on a GPU; the warm-up absorbs the compilation and the capture), the prefill "
+    "eagerly, as transformers' generate runs a static cache"
+)
+"""The note of a causal language model's inference session with ``--compile``."""
 
 
 class TorchSession:
@@ -149,11 +155,19 @@ class TorchSession:
             model = self._join_group(model, spec)
         self._eager = model
         self._model: torch.nn.Module = model
+        self._cache: Any = None
+        """Compiled decoding's one KV cache, reset for each request (``_inference_step``)."""
         self._compiled = False
-        if spec.compile:
+        if spec.compile and self._serving is not None:  # as generate runs a static cache
+            self._model = torch.compile(model, mode="reduce-overhead")  # type: ignore[assignment]
+            self._compiled = True
+            self._notes.append(COMPILED_DECODING_NOTE)
+        elif spec.compile:
             self._model = torch.compile(model)  # type: ignore[assignment]
             self._compiled = True
-        self._notes.append(COMPILED_NOTE if self._compiled else EAGER_NOTE)
+            self._notes.append(COMPILED_NOTE)
+        else:
+            self._notes.append(EAGER_NOTE)
         self._optimizer: torch.optim.Optimizer | None = None
         self._scaler: Any = None
         if run.mode == "train":
@@ -353,8 +367,15 @@ class TorchSession:
         with torch.inference_mode(), self._autocast():
             if self._serving is None:
                 self._built.infer(model, self._batch)
-            else:
-                _serve(model, self._batch["input_ids"], self._serving)
+            else:  # the prefill eager, as generate runs it; the decode steps on ``model``
+                cache = None
+                if model is not self._eager:  # compiled: one cache, reset, as generate keeps it
+                    if self._cache is None:
+                        self._cache = static_cache(self._eager, self._serving)
+                    else:
+                        self._cache.reset()
+                    cache = self._cache
+                _serve(self._eager, model, self._batch["input_ids"], self._serving, cache)
 
     def _eager_only(self) -> contextlib.AbstractContextManager[Any]:
         if self._compiled:
@@ -415,16 +436,26 @@ def _built_as(run: RunConfig) -> RunConfig:
     return run
 
 
-def _serve(model: torch.nn.Module, ids: torch.Tensor, serving: ServingSizes) -> None:
-    """One request batch: a static cache for context + new tokens, the prefill, then a greedy
-    decode step per new token (the tracer's ``_serve``, run to the end of the request)."""
-    cache = static_cache(model, serving)
-    step = generation_arguments(model, cache)
-    out = model(input_ids=ids, **step)
+def _serve(
+    prefill: torch.nn.Module,
+    decode: torch.nn.Module,
+    ids: torch.Tensor,
+    serving: ServingSizes,
+    cache: Any = None,
+) -> None:
+    """One request batch: a static cache for context + new tokens (``cache``, emptied, where
+    given), the prefill on ``prefill``, then a greedy decode step per new token on ``decode``
+    (the same model, or it compiled) (the tracer's ``_serve``, run to the end of the request).
+    A compiled decode keeps one cache across requests, as ``generate`` does: a new cache's
+    tensors at new addresses would make CUDA graphs record again."""
+    if cache is None:
+        cache = static_cache(prefill, serving)
+    step = generation_arguments(prefill, cache)
+    out = prefill(input_ids=ids, **step)
     token = out.logits[:, -1:].argmax(dim=-1)
     del out
     for _ in range(serving.new_tokens):
-        out = model(input_ids=token, **step)
+        out = decode(input_ids=token, **step)
         token = out.logits[:, -1:].argmax(dim=-1)
         del out
 

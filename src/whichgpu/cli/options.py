@@ -194,7 +194,10 @@ CompileOption = Annotated[
         "AOTAutograd's partition of the step on fake tensors). With --checkpointing the "
         "checkpointed layers keep what their policy keeps and recompute the rest fused; the "
         "memory saving is applied per data-parallel GPU, not where tensor, pipeline or "
-        "context parallel split a micro-batch.",
+        "context parallel split a micro-batch. With --mode inference (a language model): "
+        "compiled decoding, as transformers' generate runs a static cache (the decode steps "
+        "under torch.compile mode reduce-overhead, replayed as CUDA graphs; the prefill "
+        "eager): decode steps without the per-operator dispatch floor.",
         rich_help_panel=_RUN,
     ),
 ]

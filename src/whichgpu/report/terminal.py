@@ -775,6 +775,8 @@ def predict_view(estimates: Sequence[ThroughputEstimate]) -> RenderableType:
         gpus = f", {first.n_gpus} GPUs, {copies} data-parallel copies ({first.run.sharding})"
     if first.run.mode == "inference":
         what = f"  inference, {first.run.precision}"
+        if first.run.compile:
+            what += ", compiled decoding"
         if first.run.context:
             what += f", context {first.run.context}, {first.run.new_tokens} new tokens"
         head = Text.assemble((first.workload, "bold"), what)
