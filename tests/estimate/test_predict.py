@@ -340,6 +340,19 @@ def test_compiled_inference_of_a_model_that_does_not_generate_is_refused() -> No
     assert "resnet50 does not generate" in cli.stderr and "drop --compile" in cli.stderr
 
 
+def test_compile_leaves_out_gpus_too_old_for_triton() -> None:
+    """inductor's Triton kernels need compute capability 7.0: a Pascal card cannot compile."""
+    asked = {"mode": "inference", "context": 256, "new_tokens": 16, "concurrency": 1}
+    both = wg.predict("llama-3.2-1b", gpus=["tesla-p40", "rtx-3090"], compile=True, **asked)  # type: ignore[arg-type]
+    assert [e.gpu for e in both] == ["rtx-3090"]
+    why = "Tesla P40 (compute capability 6.1) cannot run torch.compile"
+    assert any(why in n for n in both.notes)
+    assert wg.predict("llama-3.2-1b", gpus=["tesla-p40"], **asked)  # type: ignore[arg-type]
+    cli = run_cli("fit", "llama-3.2-1b", "--compile", "--gpu", "p40", "--seq-len", "256")
+    assert cli.returncode == 2 and "Traceback" not in cli.stderr
+    assert "GPUTooOldForTriton" in cli.stderr and "drop --compile" in cli.stderr
+
+
 def test_inference_of_other_models_is_one_forward_pass() -> None:
     train = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64)[0]
     infer = wg.predict("resnet50", gpus=["a100-80gb"], batch_size=64, mode="inference")[0]

@@ -94,6 +94,7 @@ def answer_fit(
         checked_quantization,
         engine_quantization,
     )
+    from whichgpu.estimate.compiled import compile_refusal
     from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.fp8 import check_gpu, fp8_refusal
     from whichgpu.estimate.memory import estimate_on_gpu
@@ -137,7 +138,8 @@ def answer_fit(
                 check_gpu(gpu)
             refused.append(f"{gpu.name} is left out: {why}.")
             continue
-        if (why := paged_refusal(step.run, gpu)) is not None:
+        why = paged_refusal(step.run, gpu) or (compile_refusal(gpu) if step.run.compile else None)
+        if why is not None:
             if len(asked.targets) == 1:
                 raise UsageError(f"{why}.")
             refused.append(f"{gpu.name} is left out: {why}.")

@@ -261,15 +261,17 @@ def _speeds(
 
 
 def _fp8_refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
-    """Why ``gpu`` cannot run the step's fp8 (or its paged optimizer) at all (None: it can,
-    or the step has neither); a GPU asked about ``alone`` raises it."""
+    """Why ``gpu`` cannot run the step's fp8, its paged optimizer or its ``torch.compile`` at
+    all (None: it can, or the step has none of them); a GPU asked about ``alone`` raises it."""
+    from whichgpu.estimate.compiled import compile_refusal
     from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
     from whichgpu.estimate.paged import paged_refusal
 
-    if (paged := paged_refusal(step.run, gpu)) is not None:
+    why = paged_refusal(step.run, gpu) or (compile_refusal(gpu) if step.run.compile else None)
+    if why is not None:
         if alone:
-            raise UsageError(f"{paged}.")
-        return UsageError(paged)
+            raise UsageError(f"{why}.")
+        return UsageError(why)
     if step.run.precision != "fp8" or (why := fp8_refusal(gpu)) is None:
         return None
     if alone:

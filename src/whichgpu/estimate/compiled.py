@@ -23,7 +23,33 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.estimate.throughput import FUSED_PHASES, OpTable, SerialWork, select_rows
+from whichgpu.schema import GpuSpec, Vendor
 from whichgpu.units import GB
+
+TRITON_MIN_CAPABILITY = (7, 0)
+"""The oldest NVIDIA GPU inductor compiles for: its kernels are Triton's, and torch raises
+``GPUTooOldForTriton`` ("Triton only supports devices of CUDA Capability >= 7.0",
+``torch/_inductor/exc.py``) on an older one."""
+
+
+def compile_refusal(gpu: GpuSpec) -> str | None:
+    """Why ``torch.compile`` cannot run on ``gpu`` (None: it can, as far as known): an NVIDIA
+    GPU older than ``TRITON_MIN_CAPABILITY``."""
+    device = gpu.one_device()
+    if device.vendor != Vendor.NVIDIA or not device.compute_capability:
+        return None
+    try:
+        major, minor = (int(part) for part in device.compute_capability.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) >= TRITON_MIN_CAPABILITY:
+        return None
+    return (
+        f"{gpu.name} (compute capability {device.compute_capability}) cannot run torch.compile: "
+        "inductor's kernels are Triton's, which need compute capability 7.0 or later (torch "
+        "raises GPUTooOldForTriton); drop --compile"
+    )
+
 
 FUSED_KIND = "fused"
 """The operator kind of an inductor kernel in a compiled step's table."""
