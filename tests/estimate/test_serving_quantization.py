@@ -276,3 +276,61 @@ def test_mixtral_served_reads_less_than_its_weights_at_batch_one() -> None:
     assert speed is not None
     assert speed.decode_bytes < 0.35 * 93e9 / 2 * 1.2  # ~13B active of 47B, per GPU of 2
     assert any("mixture of experts" in a and "uniform" in a for a in speed.assumptions)
+
+
+def test_compiled_decoding_reads_quantized_weights() -> None:
+    """--compile --quantization: torchao's weight-only int8 and int4, no engine. The decode
+    step reads the stored bytes at the format's share of the 16-bit bandwidth; fit holds the
+    stored weights; int4 needs tinygemm's Ampere or later; fp8 is an engine's."""
+    from whichgpu.estimate.engine_speed import COMPILED_WEIGHT_FORMATS, model_shape
+    from whichgpu.estimate.throughput import load_inference_parameters
+
+    ask = {"mode": "inference", "compile": True, "concurrency": 1, "context": 64, "new_tokens": 32}
+    step = {
+        q: wg.predict("llama-3.1-8b", gpus=["h100-sxm"], quantization=q, **ask)[0]  # type: ignore[arg-type]
+        for q in (None, "int8", "int4")
+    }
+    bf16, int8, int4 = (step[q].decode_step_s for q in (None, "int8", "int4"))
+    assert bf16 is not None and int8 is not None and int4 is not None
+    assert bf16 > int8 > int4
+    ratios = load_inference_parameters().weight_only_bandwidth_ratio
+    # the linear layers (all but the 16-bit embedding and head) dominate a batch-1 step
+    for q, t in (("int8", int8), ("int4", int4)):
+        per_weight = COMPILED_WEIGHT_FORMATS[q].bytes_per_weight(4096) / 2
+        linear_share = per_weight / ratios[q]
+        assert t / bf16 == pytest.approx(linear_share, rel=0.15)
+        assert any(
+            f"weights stored as {COMPILED_WEIGHT_FORMATS[q].label}" in a
+            for a in step[q].assumptions
+        )
+    (plain,) = wg.fit("llama-3.1-8b", gpus=["h100-sxm"], **ask)  # type: ignore[arg-type]
+    (held,) = wg.fit("llama-3.1-8b", gpus=["h100-sxm"], quantization="int4", **ask)  # type: ignore[arg-type]
+    smaller = plain.breakdown["weights"] - held.breakdown["weights"]
+    stored = model_shape(
+        {
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "vocab_size": 128256,
+        },
+        plain.breakdown["weights"],
+        131072,
+        2,
+        COMPILED_WEIGHT_FORMATS["int4"],
+    ).weights_bytes
+    assert smaller == plain.breakdown["weights"] - stored
+    assert held.peak_reserved_bytes == plain.peak_reserved_bytes - smaller
+    assert held.max_batch_size >= plain.max_batch_size
+    with pytest.raises(UsageError, match="tinygemm"):
+        wg.predict("llama-3.1-8b", gpus=["v100-sxm2-32gb"], quantization="int4", **ask)  # type: ignore[arg-type]
+    out = wg.predict(
+        "llama-3.1-8b", gpus=["v100-sxm2-32gb", "a100-80gb"], quantization="int4", **ask
+    )  # type: ignore[arg-type]
+    assert [e.gpu for e in out] == ["a100-sxm4-80gb"]
+    assert any("V100" in n and "tinygemm" in n for n in out.notes)
+    with pytest.raises(UsageError, match="fp8 weights are modelled for serving engines"):
+        wg.predict("llama-3.1-8b", gpus=["h100-sxm"], quantization="fp8", **ask)  # type: ignore[arg-type]
+    with pytest.raises(UsageError, match="or compiled decoding stores the weights"):
+        wg.predict("llama-3.1-8b", gpus=["h100-sxm"], quantization="int8", mode="inference")

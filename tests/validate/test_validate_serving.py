@@ -16,7 +16,7 @@ def test_every_row_names_a_catalog_gpu_a_workload_and_a_known_quantity() -> None
     for row in rows:
         assert catalog.resolve(row.gpu) is not None
         assert row.quantity in QUANTITIES and row.value > 0
-        assert row.engine in ("vllm", "tensorrt-llm")
+        assert row.engine in ("vllm", "tensorrt-llm", "compiled")
     assert "serving" in SOURCES
 
 
@@ -83,3 +83,27 @@ def test_an_unbounded_row_is_predicted_at_the_most_the_engine_holds() -> None:
     assert case.predicted is not None and case.error == pytest.approx(
         case.predicted / row.value - 1
     )
+
+
+def test_a_compiled_decoding_row_is_predict_compile_of_the_request() -> None:
+    """torchao's batch-1 compiled decoding: predict --compile (no engine) with the row's
+    quantization; its generated tokens/s over the whole request, prefill included."""
+    (row,) = [
+        r
+        for r in serving_rows()
+        if r.engine == "compiled" and r.gpu == "h100-sxm" and r.quantization == "int4"
+    ]
+    (case,) = serving_throughput([row])
+    (estimate,) = wg.predict(
+        "llama-3.1-8b",
+        gpus=["h100-sxm"],
+        mode="inference",
+        compile=True,
+        quantization="int4",
+        concurrency=1,
+        context=row.input_tokens,
+        new_tokens=row.output_tokens,
+    )
+    assert case.quantity == "compiled decoding tokens/s"
+    assert case.predicted == pytest.approx(estimate.throughput)
+    assert case.error == pytest.approx(case.predicted / row.value - 1)

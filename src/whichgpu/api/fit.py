@@ -92,6 +92,7 @@ def answer_fit(
     from whichgpu.api.serving import (
         checked_kv_cache_dtype,
         checked_quantization,
+        compiled_weights,
         engine_quantization,
     )
     from whichgpu.estimate.compiled import compile_refusal
@@ -121,7 +122,11 @@ def answer_fit(
         config=request.target.config,
         progress=progress,
     )
-    step = replace(asked.step, kv_cache_dtype=kv_cache_dtype)
+    step = replace(
+        asked.step,
+        kv_cache_dtype=kv_cache_dtype,
+        quantization=checked if engine is None else None,  # compiled decoding's
+    )
     if engine is not None and step.kv_per_token is None:
         raise UsageError(
             f"{option('serving')} applies to language models that generate; "
@@ -144,6 +149,13 @@ def answer_fit(
                 raise UsageError(f"{why}.")
             refused.append(f"{gpu.name} is left out: {why}.")
             continue
+        try:
+            quantized = compiled_weights(step, gpu)
+        except QuantizationRefused as exc:
+            if len(asked.targets) == 1:
+                raise
+            refused.append(str(exc))
+            continue
         estimate = estimate_on_gpu(
             step.memory,
             step.run,
@@ -158,6 +170,7 @@ def answer_fit(
             kv_per_token_bytes=step.kv_per_token,
             kv_head_count=step.kv_heads,
             serving=engine,
+            quantized=quantized,
         )
         if engine is not None:
             try:

@@ -148,7 +148,11 @@ def answer_predict(
         progress=progress,
         one_node=True,
     )
-    asked = replace(asked, step=replace(asked.step, kv_cache_dtype=kv_cache_dtype))
+    compiled_quantization = quantization if engine is None else None  # compiled decoding's
+    asked = replace(
+        asked,
+        step=replace(asked.step, kv_cache_dtype=kv_cache_dtype, quantization=compiled_quantization),
+    )
     calibrate = request.calibrate
     measured = _calibration_source(calibrate, request.store) if calibrate is not None else None
     if measured is not None and asked.step.run.mode != "train":
@@ -292,9 +296,17 @@ def _sized_on_gpu(
     weights stored as ``quantization`` says) and how the engine runs those weights there
     (``engine_quantization``); or why the engine cannot run them there, which a GPU asked
     about ``alone`` raises."""
+    from whichgpu.api.serving import compiled_weights
+    from whichgpu.estimate.engine_speed import QuantizationRefused
     from whichgpu.estimate.memory import estimate_on_gpu
 
     step = asked.step
+    try:
+        quantized = compiled_weights(step, gpu)
+    except QuantizationRefused as exc:
+        if alone:
+            raise
+        return exc
     estimate = estimate_on_gpu(
         step.memory,
         step.run,
@@ -308,11 +320,10 @@ def _sized_on_gpu(
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
         serving=engine,
+        quantized=quantized,
     )
     if engine is None:
         return estimate, None
-    from whichgpu.estimate.engine_speed import QuantizationRefused
-
     try:
         return engine_quantization(step, engine, gpu, estimate, asked.software, quantization)
     except QuantizationRefused as exc:

@@ -21,6 +21,7 @@ from whichgpu.api.requests import RecommendRequest, RunOptions, Target
 from whichgpu.api.serving import (
     checked_kv_cache_dtype,
     checked_quantization,
+    compiled_weights,
     engine_quantization,
     serving_speed_on_gpu,
 )
@@ -345,7 +346,11 @@ def _sized(
             out.notes.append(f"no machines of {count} GPUs: {exc}")
             continue
         out.loaded = (step.profile, step.method)
-        step = replace(step, kv_cache_dtype=kv_cache_dtype)
+        step = replace(
+            step,
+            kv_cache_dtype=kv_cache_dtype,
+            quantization=quantization if engine is None else None,  # compiled decoding's
+        )
         if engine is not None and (step.kv_per_token is None or step.model_config is None):
             raise UsageError(
                 f"{option('serving')} applies to language models that generate; "
@@ -401,6 +406,11 @@ def _option(
     from whichgpu.estimate.throughput import gpu_rates
     from whichgpu.ranking.rank import Option
 
+    quantized = refused = None
+    try:
+        quantized = compiled_weights(step, gpu)
+    except QuantizationRefused as exc:
+        refused = str(exc)
     memory = estimate_on_gpu(
         step.memory,
         step.run,
@@ -415,9 +425,10 @@ def _option(
         kv_per_token_bytes=step.kv_per_token,
         kv_head_count=step.kv_heads,
         serving=engine,
+        quantized=quantized,
     )
-    path = refused = None
-    if step.run.precision == "fp8":
+    path = None
+    if refused is None and step.run.precision == "fp8":
         from whichgpu.estimate.fp8 import fp8_refusal
 
         refused = fp8_refusal(gpu)

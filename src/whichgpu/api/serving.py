@@ -83,15 +83,28 @@ def checked_quantization(
     quantization: str | None, engine: ServingEngine | None, run: RunConfig
 ) -> Quantization | None:
     """``quantization`` checked: one of ``engine_speed.QUANTIZATIONS``, with a serving engine
-    and a 16-bit serving dtype (the layers left unquantized and the activations)."""
-    from whichgpu.estimate.engine_speed import QUANTIZATIONS
+    or compiled decoding (inference ``--compile``: torchao's weight-only int8 and int4), and a
+    16-bit serving dtype (the layers left unquantized and the activations)."""
+    from whichgpu.estimate.engine_speed import COMPILED_WEIGHT_FORMATS, QUANTIZATIONS
 
     if quantization is None:
         return None
-    if engine is None:
+    compiled_decoding = engine is None and run.mode == "inference" and run.compile
+    if engine is None and not compiled_decoding:
         raise UsageError(
-            f"{option('quantization')} is how a serving engine stores the weights; add "
-            f"{option('serving')} vllm (or tensorrt-llm)."
+            f"{option('quantization')} is how a serving engine or compiled decoding stores the "
+            f"weights; add {option('serving')} vllm (or tensorrt-llm), or {option('compile')} "
+            f"with {option('mode')} inference (int8, int4)."
+        )
+    if (
+        compiled_decoding
+        and quantization in QUANTIZATIONS
+        and quantization not in COMPILED_WEIGHT_FORMATS
+    ):
+        raise UsageError(
+            f"{option('quantization')} {quantization} with {option('compile')}: compiled "
+            f"decoding models torchao's weight-only {', '.join(COMPILED_WEIGHT_FORMATS)}; "
+            f"fp8 weights are modelled for serving engines ({option('serving')} vllm)."
         )
     for known in QUANTIZATIONS:
         if quantization == known:
@@ -150,6 +163,33 @@ def kv_cache_note(step: Step, source: str) -> str:
         "attention kernel; accuracy (scales calibrated or 1.0) is the user's to check; the "
         f"engine keeps it on this GPU per {source}"
     )
+
+
+def compiled_weights(step: Step, gpu: GpuSpec) -> tuple[int, str] | None:
+    """Compiled decoding's quantized weights on ``gpu`` (None: none asked): the bytes one GPU
+    holds less than the traced 16-bit request, and the format in words;
+    ``QuantizationRefused`` where the GPU cannot run them (``compiled_quantization_refusal``)."""
+    if step.quantization is None:
+        return None
+    from whichgpu.estimate.engine_speed import (
+        COMPILED_WEIGHT_FORMATS,
+        QuantizationRefused,
+        compiled_quantization_refusal,
+        model_shape,
+    )
+    from whichgpu.estimate.memory import weights_bytes
+    from whichgpu.estimate.serving import serving_dtype_bytes
+
+    why = compiled_quantization_refusal(step.quantization, gpu)
+    if why is not None:
+        raise QuantizationRefused(f"{why}.")
+    assert step.model_config is not None and step.kv_per_token is not None
+    fmt = COMPILED_WEIGHT_FORMATS[step.quantization]
+    held = weights_bytes(step.profile)
+    stored = model_shape(
+        step.model_config, held, step.kv_per_token, serving_dtype_bytes(step.run.precision), fmt
+    ).weights_bytes
+    return max(held - stored, 0) // step.run.gpus, fmt.label
 
 
 def engine_quantization(

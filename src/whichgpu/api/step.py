@@ -33,9 +33,10 @@ from whichgpu.workloads.run_config import inference_context, split_options
 
 if TYPE_CHECKING:
     from whichgpu.estimate.compiled import FusedKernels
+    from whichgpu.estimate.engine_speed import Quantization
     from whichgpu.estimate.expert_parallel import Experts
     from whichgpu.estimate.memory import StepMemory
-    from whichgpu.estimate.prediction import StepState, ThroughputPredictor
+    from whichgpu.estimate.prediction import QuantizedWeights, StepState, ThroughputPredictor
     from whichgpu.trace.compiled import CompiledActivations
 
 
@@ -305,6 +306,10 @@ class Step:
     cache in the serving dtype whatever this says."""
     compiled: CompiledStep | None = None
     """With ``run.compile``: what compilation changes in the step, by size."""
+    quantization: Quantization | None = None
+    """Compiled decoding's quantized weights (``--compile --quantization``, no serving
+    engine: ``engine_speed.COMPILED_WEIGHT_FORMATS``); None: as the model holds them. A
+    serving engine's quantization is the engine's (``api.serving.engine_quantization``)."""
     experts: Experts | None = None
     """A mixture of experts' routed experts, from its config (training; None for a dense
     model or one without a config). Expert parallel spreads them when
@@ -582,6 +587,30 @@ def predictor(
         routed=None if step.model_config is None else routed_experts(step.model_config),
         compiled_kernels=None if step.compiled is None else step.compiled.kernels,
         compiled_causal_mask=stack.compiled_causal_mask,
+        quantized=_quantized_weights(step),
+    )
+
+
+def _quantized_weights(step: Step) -> QuantizedWeights | None:
+    """How compiled decoding's weight products read ``step.quantization``'s weights (None:
+    16-bit)."""
+    if step.quantization is None or step.model_config is None:
+        return None
+    from whichgpu.estimate.engine_speed import COMPILED_WEIGHT_FORMATS
+    from whichgpu.estimate.prediction import QuantizedWeights
+    from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes, text_config
+    from whichgpu.estimate.throughput import load_inference_parameters
+
+    fmt = COMPILED_WEIGHT_FORMATS[step.quantization]
+    _, hidden = layer_shape(step.model_config)
+    vocab = int(text_config(step.model_config).get("vocab_size") or 0)
+    inference = load_inference_parameters()
+    return QuantizedWeights(
+        weight_ratio=fmt.bytes_per_weight(hidden) / serving_dtype_bytes(step.run.precision),
+        head_elements=hidden * vocab,
+        label=fmt.label,
+        bandwidth_ratio=inference.weight_only_bandwidth_ratio[step.quantization],
+        source=inference.weight_only_source,
     )
 
 

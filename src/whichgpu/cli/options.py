@@ -428,7 +428,9 @@ QuantizationOption = Annotated[
         "weight-only, W4A16), int8 (weight-only, W8A16) or fp8 (with fp8 activations, W8A8, "
         "where the GPU has fp8 tensor cores; else weight-only where the engine can). Sizes the "
         "weights' bytes (read every decode step; the rest of the memory is KV cache). A GPU "
-        "the engine cannot run it on is refused, with why.",
+        "the engine cannot run it on is refused, with why. With --compile and --mode "
+        "inference (no engine): torchao's weight-only int8 or int4 (tinygemm, Ampere and "
+        "later), as gpt-fast and transformers' TorchAoConfig quantize.",
         rich_help_panel=_RUN,
         show_default=False,
     ),

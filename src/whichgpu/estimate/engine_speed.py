@@ -274,6 +274,49 @@ WEIGHT_FORMATS: dict[Quantization, WeightFormat] = {
 }
 """The stored formats of ``--quantization``: see docs/serving.md for their sources."""
 
+COMPILED_WEIGHT_FORMATS: dict[Quantization, WeightFormat] = {
+    # torchao Int4WeightOnlyConfig: uint4 in groups of 128 along the input, a bf16 scale and a
+    # bf16 zero point per group (tinygemm's scales_and_zeros), run by aten._weight_int4pack_mm
+    "int4": WeightFormat("int4", "int4 weight-only (torchao, tinygemm)", 4, 128, 2, 16),
+    # torchao Int8WeightOnlyConfig: int8 with one bf16 scale per output channel, widened to
+    # 16 bits inside the kernel inductor generates for the product
+    "int8": WeightFormat("int8", "int8 weight-only (torchao)", 8, None, 2, 0),
+}
+"""How compiled decoding (``--compile``, no engine) stores quantized weights: torchao's
+weight-only configurations, as gpt-fast and transformers' ``TorchAoConfig`` apply them."""
+
+TINYGEMM_MIN_CAPABILITY = (8, 0)
+"""The oldest NVIDIA GPU tinygemm's int4 product is built for: ``aten/src/ATen/native/cuda/
+int4mm.cu`` compiles its kernels only for ``__CUDA_ARCH__ >= 800`` (bf16 tensor-core
+instructions)."""
+
+
+def compiled_quantization_refusal(quantization: Quantization, gpu: GpuSpec) -> str | None:
+    """Why compiled decoding cannot run ``quantization`` on ``gpu`` (None: it can): a format
+    torchao's weight-only path does not have (fp8: a serving engine's), int4 off NVIDIA or
+    before Ampere (tinygemm)."""
+    fmt = COMPILED_WEIGHT_FORMATS.get(quantization)
+    if fmt is None:
+        return (
+            f"compiled decoding models torchao's weight-only {', '.join(COMPILED_WEIGHT_FORMATS)}; "
+            f"{quantization} weights are modelled for serving engines: use {option('serving')} "
+            "vllm or tensorrt-llm"
+        )
+    if quantization != "int4":
+        return None
+    capability = _capability(gpu.compute_capability) if gpu.vendor == Vendor.NVIDIA else None
+    if capability is not None and capability >= TINYGEMM_MIN_CAPABILITY:
+        return None
+    what = (
+        f"compute capability {gpu.compute_capability}"
+        if gpu.vendor == Vendor.NVIDIA
+        else f"a {gpu.vendor.value} GPU"
+    )
+    return (
+        f"{gpu.name} ({what}) cannot run {fmt.label}: tinygemm's int4 kernels are built for "
+        "NVIDIA compute capability 8.0 and later (int4mm.cu); use int8"
+    )
+
 
 @dataclass(frozen=True)
 class QuantizedPath:

@@ -629,6 +629,7 @@ def estimate_on_gpu(
     serving: ServingEngine | None = None,
     compiled_saving: Callable[[int, int | None], int] | None = None,
     experts: Experts | None = None,
+    quantized: tuple[int, str] | None = None,
 ) -> MemoryEstimate:
     """The memory estimate of ``memory``'s step on ``gpu``.
 
@@ -649,7 +650,9 @@ def estimate_on_gpu(
     and ``seq_len`` the context; ``kv_per_token_bytes`` (from the model config) is reported,
     and ``serving`` adds that engine's paged-KV-cache answer (``estimate.serving``). With
     ``run.gpus`` > 1 the model is served tensor parallel and ``kv_head_count`` (the model's KV
-    heads) says how its cache splits.
+    heads) says how its cache splits. ``quantized`` (compiled decoding of quantized weights):
+    the bytes one GPU's weights hold less than in the serving dtype, and the format in words;
+    the traced request holds them in 16 bits.
     """
     profile = memory.profile
     seq_len = run.seq_len if profile.is_sequence_model else None
@@ -715,6 +718,7 @@ def estimate_on_gpu(
         return extra + ring_bytes(batch, length) + dispatch_bytes(batch, length)
 
     budget = capacity.bytes - outside_bytes
+    smaller_weights = 0 if quantized is None else quantized[0]
 
     def reserved_at(batch: int, length: int | None = seq_len) -> int:
         """Peak reserved bytes on one GPU (of N tensor-parallel ones for inference), with what
@@ -727,6 +731,7 @@ def estimate_on_gpu(
             replay.peak_reserved_bytes
             - saving(replay, batch, length)
             - compiled_cut(replay, batch, length)
+            - smaller_weights
             + attention_bytes(batch, length)
         )
         workspace = memory.conv_workspace_bytes(batch, length, stack.cudnn_workspace_percent)
@@ -741,8 +746,10 @@ def estimate_on_gpu(
     # the largest batch: the memoised search over the replays answers for convolutions too
     if tensor or attention_differs or compiled:
         max_batch, capped = largest_batch(reserved_at, budget)
-    else:
-        max_batch, capped = memory.max_batch(seq_len, workspaces, parallel, budget)
+    else:  # what the quantized weights hold less leaves the same room at every batch
+        max_batch, capped = memory.max_batch(
+            seq_len, workspaces, parallel, budget + smaller_weights
+        )
     batch = run.batch_size or max(max_batch, 1)
     replay = replay_at(batch, seq_len)
     cut = compiled_cut(replay, batch, seq_len)
@@ -758,6 +765,7 @@ def estimate_on_gpu(
         breakdown["weights"] -= replay.live_at_peak.get("parameter", 0) * (n - 1) // n
         breakdown["activations"] -= kv_total - kv_here(kv_total)
     breakdown["activations"] -= cut
+    breakdown["weights"] -= smaller_weights
     breakdown["overhead"] = total - sum(breakdown.values())
     attention = memory.attention_extra(gpu, batch, seq_len, run.precision)
     overheads = {
@@ -843,7 +851,10 @@ def estimate_on_gpu(
         max_seq_len=max_seq[0] if max_seq else None,
         max_seq_len_capped=max_seq[1] if max_seq else False,
         fits_at_seq_len=shorter,
-        peak_allocated_bytes=replay.peak_allocated_bytes - saving(replay, batch, seq_len) - cut,
+        peak_allocated_bytes=replay.peak_allocated_bytes
+        - saving(replay, batch, seq_len)
+        - cut
+        - smaller_weights,
         peak_reserved_bytes=total - outside_bytes,
         device_total_bytes=total,
         capacity_bytes=capacity.bytes,
@@ -857,7 +868,8 @@ def estimate_on_gpu(
         + attention_note
         + paged_note
         + (_tensor_parallel_note(run.gpus, heads),) * tensor
-        + _compiled_note(compiled_saving is not None, compiled, cut, batch, run.checkpointing),
+        + _compiled_note(compiled_saving is not None, compiled, cut, batch, run.checkpointing)
+        + _quantized_note(quantized),
         method=method,
         kv_cache_bytes=None if kv_bytes is None else kv_here(kv_bytes),
         kv_bytes_per_token=(
@@ -869,6 +881,20 @@ def estimate_on_gpu(
         paged_state_bytes=paged_state,
         paged_out_bytes=paged_out,
         experts_per_layer=None if experts is None else experts.experts,
+    )
+
+
+def _quantized_note(quantized: tuple[int, str] | None) -> tuple[str, ...]:
+    """What the estimate assumed of quantized weights (nothing where there are none)."""
+    if quantized is None:
+        return ()
+    smaller, label = quantized
+    return (
+        f"weights stored as {label}: {smaller / GIB:.2f} GiB less than the traced 16-bit "
+        "request holds (the linear layers' weights with their scales and zero points; the "
+        "embeddings, head and norms stay 16-bit), quantized before they reach the GPU (a "
+        "quantized checkpoint, or quantized on the CPU: quantizing on the GPU first needs "
+        "room for the 16-bit model)",
     )
 
 

@@ -51,6 +51,7 @@ from whichgpu.estimate.throughput import (
     op_table,
     peak_flops_per_s,
     peak_limited_s,
+    quantize_weights,
     read_experts,
     restrict,
     select_rows,
@@ -72,6 +73,25 @@ COMPILED_DECODING_NOTE = (
     "cache a decode step reads (the safe side); memory is the eager request's"
 )
 """What a compiled inference estimate assumes (``--mode inference --compile``)."""
+
+
+@dataclass(frozen=True)
+class QuantizedWeights:
+    """Compiled decoding of quantized weights (``--compile --quantization``): what the weight
+    products read of their 16-bit bytes, and which product is the 16-bit head."""
+
+    weight_ratio: float
+    """Bytes of one stored weight (its scales and zero points included) over the serving
+    dtype's."""
+    bandwidth_ratio: float
+    """The bandwidth the format's compiled product reaches over a 16-bit product's
+    (``data/throughput.json``, ``inference.weight_only_bandwidth_ratio``)."""
+    source: str
+    """Where ``bandwidth_ratio`` comes from."""
+    head_elements: int
+    """The output head's K x N (hidden x vocabulary), left 16-bit."""
+    label: str
+    """The format in words."""
 
 
 @dataclass(frozen=True)
@@ -158,8 +178,11 @@ class ThroughputPredictor:
         routed: tuple[int, int] | None = None,
         compiled_kernels: Callable[[int, int | None], FusedKernels] | None = None,
         compiled_causal_mask: bool = False,
+        quantized: QuantizedWeights | None = None,
     ) -> None:
         self.profile = profile
+        self.quantized = quantized
+        """Compiled decoding's quantized weights (None: 16-bit)."""
         self.run = run
         self.params = params or load_parameters()
         self.band = error_band(self.params, profile.workload, family)
@@ -261,6 +284,17 @@ class ThroughputPredictor:
             )
             if run.compile:
                 notes += (COMPILED_DECODING_NOTE,)
+            if self.quantized is not None:
+                q = self.quantized
+                notes += (
+                    f"weights stored as {q.label}: each weight product reads "
+                    f"{q.weight_ratio:.3f} of its 16-bit bytes (scales and zero points "
+                    "included), widened inside the kernel, which streams them at "
+                    f"{q.bandwidth_ratio:.0%} of the bandwidth a 16-bit product reaches "
+                    f"({q.source}); FLOPs at the 16-bit rate; the head stays 16-bit. "
+                    "tinygemm's int4 kernels are made for few tokens and run a long prefill "
+                    "slower than 16-bit (not modelled)",
+                )
             if self.routed is not None:
                 active, total = self.routed
                 notes += (
@@ -422,10 +456,22 @@ class ThroughputPredictor:
             kv_share = self.state.attention_bytes_share(n)
             # the experts a pass reads: those its tokens are routed to (all, in a prefill)
             prefill_tokens = memory.batch_size * (memory.seq_len or 1)
+            prefill_part, decode_part = restrict(table, ("prefill",)), restrict(table, ("decode",))
+            if self.quantized is not None:  # the weight products read the stored format
+                q, sequences = self.quantized, memory.batch_size
+                prefill_part, decode_part = (
+                    quantize_weights(
+                        part,
+                        tokens,
+                        q.weight_ratio,
+                        q.head_elements,
+                        sequences,
+                        q.bandwidth_ratio,
+                    )
+                    for part, tokens in ((prefill_part, prefill_tokens), (decode_part, sequences))
+                )
             prefill_table = split_work(
-                read_experts(
-                    restrict(table, ("prefill",)), experts_read_share(self.routed, prefill_tokens)
-                ),
+                read_experts(prefill_part, experts_read_share(self.routed, prefill_tokens)),
                 n,
                 kv_share,
             )
@@ -442,10 +488,7 @@ class ThroughputPredictor:
                 launch_s=0.0 if self.run.compile else self.params.launch_s,
             )
             decode_table = split_work(
-                read_experts(
-                    restrict(table, ("decode",)),
-                    experts_read_share(self.routed, memory.batch_size),
-                ),
+                read_experts(decode_part, experts_read_share(self.routed, memory.batch_size)),
                 n,
                 kv_share,
             )

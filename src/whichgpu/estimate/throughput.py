@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Literal
@@ -310,13 +310,22 @@ class InferenceParameters:
     """Fraction of DRAM bandwidth a decode step's streaming operators reach."""
     source: str
     """Where it comes from."""
+    weight_only_bandwidth_ratio: Mapping[str, float]
+    """By weight-only format (``int8``, ``int4``): the bandwidth its compiled products reach
+    over a 16-bit product's (they widen the weights inside the kernel)."""
+    weight_only_source: str
+    """Where those ratios come from."""
 
 
 def load_inference_parameters() -> InferenceParameters:
     """The shipped inference constants (``data/throughput.json``, ``inference``)."""
     doc = _shipped_document()["inference"]
+    ratios = dict(doc["weight_only_bandwidth_ratio"])
     return InferenceParameters(
-        decode_memory_efficiency=float(doc["decode_memory_efficiency"]), source=str(doc["source"])
+        decode_memory_efficiency=float(doc["decode_memory_efficiency"]),
+        source=str(doc["source"]),
+        weight_only_bandwidth_ratio={k: float(v) for k, v in ratios.items() if k != "source"},
+        weight_only_source=str(ratios["source"]),
     )
 
 
@@ -770,6 +779,32 @@ def read_experts(table: OpTable, share: float) -> OpTable:
         return table
     scale = np.where(table.is_experts, share, 1.0)
     return replace(table, bytes_moved=table.bytes_moved * scale)
+
+
+def quantize_weights(
+    table: OpTable,
+    tokens: int,
+    weight_ratio: float,
+    head_elements: int,
+    head_tokens: int,
+    bandwidth_ratio: float = 1.0,
+) -> OpTable:
+    """``table`` with its weight products (``gemm`` rows) reading their weights at
+    ``weight_ratio`` of their 16-bit bytes: quantized weights, widened inside the kernel, so
+    the FLOPs and the rate stay. Each row runs ``tokens`` tokens through a K x N weight, so
+    its FLOPs are 2 x tokens x K x N and its 16-bit weight bytes 2 x K x N = FLOPs / tokens.
+    The kernel streams them at ``bandwidth_ratio`` of a 16-bit product's bandwidth, counted
+    as that many more bytes at the same bandwidth. The output head (K x N =
+    ``head_elements``: hidden x vocabulary, run on ``head_tokens``, the last position of each
+    sequence) stays 16-bit, as the quantizers leave it."""
+    gemm = np.array([kind == "gemm" for kind in table.kinds], dtype=bool)
+    head = np.isclose(table.flops / (2 * max(head_tokens, 1)), float(head_elements), rtol=1e-9)
+    gemm &= ~head
+    weight = np.minimum(table.flops / max(tokens, 1), table.bytes_moved)
+    stored = weight * weight_ratio / bandwidth_ratio
+    return replace(
+        table, bytes_moved=np.where(gemm, table.bytes_moved - weight + stored, table.bytes_moved)
+    )
 
 
 def split_work(table: OpTable, parts: int, attention_bytes_share: float | None = None) -> OpTable:

@@ -1,4 +1,5 @@
-"""Published serving measurements against ``predict --serving``: each row of
+"""Published serving measurements against ``predict --serving`` (and compiled decoding
+against ``predict --compile``): each row of
 ``data/serving/published.csv`` (an engine and its version, a GPU, a model, prompt and output
 lengths, a concurrency, and what was measured: output tokens/s, TPOT or TTFT) is asked of
 ``predict`` with the same settings, and the error is computed as for the training references
@@ -35,10 +36,15 @@ LONG_RUN_WAVES = 40
 """A ``long`` run is simulated with this many times its concurrency of requests, and its TTFT
 taken after the first wave (``ServingBenchmark.settled_mean_ttft_s``): what it settles to."""
 
+COMPILED = "compiled"
+"""The ``engine`` of a row of compiled decoding (``torch.compile``, no serving engine): asked
+of ``predict --mode inference --compile``."""
+
 QUANTITIES = {
     "output_tokens_per_s": "output tokens/s",
     "tpot_ms": "TPOT ms",
     "ttft_ms": "TTFT ms",
+    "compiled_tokens_per_s": "compiled decoding tokens/s",
 }
 """The quantities a row may give, and how the views name them."""
 
@@ -50,7 +56,8 @@ class ServingRow:
     source_id: str
     """Short name of the publication (the README lists each with its URL and date)."""
     engine: str
-    """Serving engine, as ``predict --serving`` names it (``vllm``, ``tensorrt-llm``)."""
+    """Serving engine, as ``predict --serving`` names it (``vllm``, ``tensorrt-llm``), or
+    ``compiled``: compiled decoding, no engine (``predict --compile``)."""
     engine_version: str
     """The engine's version the publication states."""
     gpu: str
@@ -119,6 +126,7 @@ class ServingRow:
             context=self.input_tokens,
             new_tokens=self.output_tokens,
             gpus=self.gpus,
+            compile=self.engine == COMPILED,
         )
 
 
@@ -158,9 +166,18 @@ def serving_rows() -> list[ServingRow]:
 
 
 def _asked(row: ServingRow, concurrency: int) -> ThroughputEstimate:
-    """``predict --serving``'s answer for ``row`` at ``concurrency``."""
+    """``predict --serving``'s answer for ``row`` at ``concurrency`` (a compiled decoding
+    row: ``predict --compile``'s)."""
     from whichgpu.api import predict
 
+    if row.engine == COMPILED:
+        (estimate,) = predict(
+            row.workload,
+            gpus=[row.gpu],
+            quantization=cast(Any, row.quantization),
+            **fit_options(row.run(concurrency)),
+        )
+        return estimate
     (estimate,) = predict(
         row.workload,
         gpus=[row.gpu],
@@ -193,7 +210,7 @@ def _predicted(row: ServingRow, speed: Any) -> float | None:
 
 def _error(row: ServingRow, predicted: float) -> float:
     """Positive: predicted faster (a throughput above, a time below the measured one)."""
-    if row.quantity == "output_tokens_per_s":
+    if row.quantity in ("output_tokens_per_s", "compiled_tokens_per_s"):
         return predicted / row.value - 1
     return row.value / predicted - 1
 
@@ -227,7 +244,10 @@ def serving_throughput(
             out.append(ReferenceThroughputCase(**base, predicted=None, note=str(exc)))
             continue
         speed = estimate.serving_speed
-        predicted = None if speed is None else _predicted(row, speed)
+        if row.engine == COMPILED:  # the request's generated tokens/s, its prefill included
+            predicted = estimate.throughput
+        else:
+            predicted = None if speed is None else _predicted(row, speed)
         if predicted is None:
             why = estimate.speed_unknown or "no serving speed for this run"
             out.append(ReferenceThroughputCase(**base, predicted=None, note=why))
