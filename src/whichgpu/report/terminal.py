@@ -295,8 +295,9 @@ def fit_view(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     what = first.run.describe(first.seq_len)
     if serving:
         what = (
-            f"inference, {first.run.precision}, context {first.seq_len} + "
-            f"{first.run.new_tokens} new tokens per sequence"
+            f"inference, {first.run.precision}"
+            + (", compiled decoding" if first.run.compile else "")
+            + f", context {first.seq_len} + {first.run.new_tokens} new tokens per sequence"
         )
     if first.gpus > 1:
         what += f"  (per GPU, {first.gpus} GPUs, {first.run.parallelism()})"
