@@ -310,7 +310,8 @@ class ThroughputPredictor:
             notes += (
                 f"served tensor parallel on {run.gpus} GPUs: each runs every operator of the "
                 f"prefill and the decode step on 1/{run.gpus} of its work (and still launches "
-                "every kernel)"
+                "every kernel"
+                + ("; compiled, the decode step's as one replayed graph)" if run.compile else ")")
                 + self._replicated_heads_note()
                 + ", plus two all-reduces of the hidden states "
                 "per layer and pass over NVLink/NVSwitch, the bridge or PCIe (each at least "
