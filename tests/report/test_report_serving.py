@@ -173,3 +173,13 @@ def test_single_serving_chart_needs_an_engine(tmp_path: Path) -> None:
     )
     assert done.returncode != 0
     assert "--serving vllm" in done.stderr
+
+
+def test_compiled_decoding_of_quantized_weights_holds_them_in_the_memory_section() -> None:
+    """Without an engine, --compile --quantization int4: the memory section is fit's with the
+    stored weights, as the ranking's."""
+    data = _report(compile=True, quantization="int4", acquire="buy")
+    (plain,) = wg.fit(MODEL, gpus=["h100-sxm"], mode="inference", concurrency=8, compile=True)
+    held = next(m for m in data.memory if m.gpu == "h100-sxm")
+    assert held.breakdown["weights"] < plain.breakdown["weights"]
+    assert any(a.startswith("weights stored as int4") for a in held.assumptions)

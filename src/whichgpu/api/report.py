@@ -238,7 +238,9 @@ def _predicted(
         )
     )
     per_gpu = run_config(**ranking.run.model_dump(exclude_defaults=True))
-    memory = answer_fit(FitRequest(target, per_gpu, gpus=shown, stack=stack))
+    # compiled decoding's quantized weights are what each GPU holds (an engine's: its own)
+    held = asked.quantization if asked.serving is None else None
+    memory = answer_fit(FitRequest(target, per_gpu, gpus=shown, stack=stack, quantization=held))
     return speeds, memory
 
 

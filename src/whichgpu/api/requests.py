@@ -124,7 +124,9 @@ class FitRequest:
     """A serving engine (``vllm``, ``tensorrt-llm``) whose paged KV cache decides what fits
     (inference of a language model); None: plain PyTorch generation."""
     quantization: str | None = None
-    """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``)."""
+    """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``);
+    without, compiled decoding's weight-only format (``int8``, ``int4``; inference with
+    ``compile``)."""
     kv_cache_dtype: str | None = None
     """With ``serving``: how the engine stores its KV cache (``auto``: the serving dtype, the
     default; ``fp8``: one byte per element)."""
@@ -156,7 +158,9 @@ class PredictRequest:
     ttft_ms: float | None = None
     """With ``serving``: a target time to first token, in milliseconds."""
     quantization: str | None = None
-    """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``)."""
+    """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``);
+    without, compiled decoding's weight-only format (``int8``, ``int4``; inference with
+    ``compile``)."""
     kv_cache_dtype: str | None = None
     """With ``serving``: how the engine stores its KV cache (``auto``: the serving dtype, the
     default; ``fp8``: one byte per element)."""
