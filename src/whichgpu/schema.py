@@ -1029,6 +1029,10 @@ class ServingEngine(_Frozen):
     cuda_graphs_decode: bool = True
     """Whether decode steps replay captured CUDA graphs (one launch per step, no per-operator
     host dispatch)."""
+    chunked_prefill: bool = True
+    """Whether the engine splits a prompt over steps by default (chunked prefill). False: a
+    prompt runs whole in one step, beside the decodes, when the step's token budget holds it,
+    and one longer than the budget is refused unless chunked prefill is switched on."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 

@@ -179,3 +179,32 @@ def test_cli_requests_misuse_is_a_clear_error(extra: tuple[str, ...], says: str)
     done = run_cli(*args, *extra)
     assert done.returncode == 2
     assert says in done.stderr and "Traceback" not in done.stderr
+
+
+def test_an_engine_without_chunked_prefill_runs_each_prompt_whole() -> None:
+    """TensorRT-LLM's default (enable_chunked_prefill off): two 1,500-token prompts arriving
+    together in a 2,048-token budget run one a step; chunked, the second starts beside the
+    first."""
+    whole = EngineSpeed(_shape(), _rates(tensor=250e12), chunk_tokens=2048, whole_prompts=True)
+    chunked = _speed()
+    ask = {"requests": 2, "concurrency": 2, "context": 1500, "new_tokens": 4, "running_limit": 8}
+    one, two = closed_loop(whole, **ask), closed_loop(chunked, **ask)  # type: ignore[arg-type]
+    assert one.steps == two.steps == 5  # the two prefill steps, then 3 decode steps
+    first = whole.step(1500, 1500 * 750, 1500).seconds
+    second = whole.step(1 + 1500, 1500 + 1 + 1500 * 750, 1500 + 1 + 1500).seconds
+    assert one.mean_ttft_s == pytest.approx((first + (first + second)) / 2)
+    assert two.mean_ttft_s != pytest.approx(
+        one.mean_ttft_s
+    )  # chunked: 548 tokens of it in step one
+    # a whole prompt's TTFT in the steady state is one step beside the decodes, where the
+    # chunked engine splits it over the budget the decodes leave
+    others = 999 * 1532  # the other sequences' decodes, at context + new tokens / 2
+    one_step = whole.step(999 + 1500, others + 1500 * 750, others + 1500).seconds
+    assert whole.ttft(1000, 1500, 64) == pytest.approx(one_step)
+    assert chunked.ttft(1000, 1500, 64) > whole.ttft(1000, 1500, 64)
+    # a burst: as many whole prompts a step as the budget holds (one of 1,500 in 2,048)
+    assert whole.burst(4, 1500, 16).ttft_s == pytest.approx(
+        4 * whole.step(1500, 1500 * 750, 1500).seconds
+    )
+    assert whole.prefill_tokens_per_step(4, 1500) == 1500
+    assert chunked.prefill_tokens_per_step(4, 1500) == 2048

@@ -301,3 +301,28 @@ def test_a_burst_prefills_every_prompt_then_decodes_them_together() -> None:
     # the steady state's step carries the next prompts beside the decodes: slower
     steady, _ = speed.steady_step(8, 1000, 128)
     assert burst.tpot_s < steady.seconds
+
+
+def test_tensorrt_llm_runs_prompts_whole_and_says_what_a_longer_one_needs() -> None:
+    """TensorRT-LLM's LLM API has chunked prefill off by default (vLLM's V1 always chunks):
+    its answer runs each prompt whole; a prompt past max_num_tokens, which its defaults
+    refuse, is answered for the engine with chunked prefill switched on, and says so."""
+    import whichgpu.api as wg
+
+    assert get_serving_engine("vllm").chunked_prefill
+    trt = get_serving_engine("tensorrt-llm")
+    assert not trt.chunked_prefill
+    assert trt.provenance["chunked_prefill"].source == "sw-trtllm-chunked-prefill"
+    ask = {"mode": "inference", "concurrency": 4, "new_tokens": 64, "gpus": ["h100-sxm"]}
+    (short,) = wg.predict("llama-3.1-8b", serving="tensorrt-llm", context=2048, **ask)  # type: ignore[arg-type]
+    (long,) = wg.predict("llama-3.1-8b", serving="tensorrt-llm", context=16000, **ask)  # type: ignore[arg-type]
+    assert short.serving_speed is not None and long.serving_speed is not None
+    assert any("runs each prompt whole" in a for a in short.serving_speed.assumptions)
+    assert any("TTFT: the prompt run whole" in a for a in short.serving_speed.assumptions)
+    refused = "defaults refuse a prompt of 16000 tokens"
+    assert any(
+        refused in a and "enable_chunked_prefill=True" in a for a in long.serving_speed.assumptions
+    )
+    (vllm,) = wg.predict("llama-3.1-8b", serving="vllm", context=16000, **ask)  # type: ignore[arg-type]
+    assert vllm.serving_speed is not None
+    assert not any("whole" in a or "refuse" in a for a in vllm.serving_speed.assumptions)

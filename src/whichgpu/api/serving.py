@@ -335,8 +335,31 @@ def _engine_speed(
     achievable, rate_notes = engine_rates(
         gpu, rates, run.precision, gpus=run.gpus, kv_heads_total=step.kv_heads or 0, path=path
     )
-    speed = EngineSpeed(shape, achievable, chunk_tokens=engine.prefill_chunk_tokens)
-    return speed, rate_notes
+    budget = engine.prefill_chunk_tokens
+    whole = not engine.chunked_prefill and (run.context or 0) <= budget
+    speed = EngineSpeed(shape, achievable, chunk_tokens=budget, whole_prompts=whole)
+    return speed, rate_notes + _prompt_note(engine, run.context or 0)
+
+
+def _prompt_note(engine: ServingEngine, context: int) -> tuple[str, ...]:
+    """How an engine without chunked prefill by default runs the prompts, in words (nothing
+    for one that chunks them)."""
+    if engine.chunked_prefill:
+        return ()
+    name = engine.label.split(",")[0].split(" (")[0]
+    budget = engine.prefill_chunk_tokens
+    if context <= budget:
+        return (
+            f"{name} runs each prompt whole, in one step beside the decodes (chunked prefill "
+            f"is off by default): a step takes the waiting prompts that fit its {budget}-token "
+            "budget whole, in arrival order",
+        )
+    return (
+        f"{name}'s defaults refuse a prompt of {context} tokens: with chunked prefill off (its "
+        f"default) a prompt may not exceed max_num_tokens ({budget}); this answer is of the "
+        "engine with enable_chunked_prefill=True, which serving such prompts needs, its "
+        f"prompts chunked into the {budget}-token step budget",
+    )
 
 
 def _rental(catalog: Catalog, gpu: GpuSpec, gpus: int) -> tuple[float | None, str | None]:
@@ -452,17 +475,23 @@ def _decoding_speed(
             rate_notes=rate_notes,
             burst=burst,
         )
-        + (() if benchmark is None else (_benchmark_note(benchmark, engine),)),
+        + (() if benchmark is None else (_benchmark_note(benchmark, engine, context),)),
     )
 
 
-def _benchmark_note(run: ServingBenchmark, engine: ServingEngine) -> str:
+def _benchmark_note(run: ServingBenchmark, engine: ServingEngine, context: int) -> str:
     """What the simulated benchmark run (``--requests``) assumes, in words."""
     return (
         f"benchmark run: {run.requests} requests of these fixed lengths, {run.concurrency} in "
         "flight (the client sends the next as one ends), simulated step by step: the first "
         "wave arrives together; each step runs the decodes, then the prompts in arrival order "
-        f"within the {engine.prefill_chunk_tokens}-token budget; at most {run.running_limit} "
+        f"within the {engine.prefill_chunk_tokens}-token budget"
+        + (
+            ""
+            if engine.chunked_prefill or context > engine.prefill_chunk_tokens
+            else " (each prompt whole, in a step whose budget holds it)"
+        )
+        + f"; at most {run.running_limit} "
         "sequences run (the engine's cap or its KV cache); a request sent as another ends "
         "joins a busy engine's step after the next; TTFT and TPOT are each request's, as a "
         "benchmark client measures them, with no HTTP, tokenization or scheduler time"
@@ -485,6 +514,7 @@ def _decoding_assumptions(
     step's model and what it reads, the ``quantized`` weights, a mixture of experts' routing,
     TTFT and TPOT, the rates (``rate_notes``) and the cost."""
     n = gpus
+    whole = not engine.chunked_prefill and context <= engine.prefill_chunk_tokens
     moe: tuple[str, ...] = ()
     if shape.experts:
         moe = (
@@ -507,8 +537,14 @@ def _decoding_assumptions(
         f"generation's average length (context {context} + {new}/2) and the activations",
         *quantized,
         *moe,
-        f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-token "
-        "step budget less the other sequences' decode tokens (steady state, no queueing)",
+        (
+            "TTFT: the prompt run whole in one step beside the other sequences' decode tokens "
+            "(steady state, no queueing)"
+            if whole
+            else f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-"
+            "token step budget less the other sequences' decode tokens (steady state, no "
+            "queueing)"
+        ),
         "TPOT: a step of the steady state, every sequence's decode token and beside them "
         "the prompts of the requests that replace the finished ones (each prompt prefilled "
         f"once over its {new} decode steps: concurrency x {context} / {new} prompt tokens a "
@@ -517,7 +553,8 @@ def _decoding_assumptions(
         "where the budget holds them back",
         f"burst (the same {concurrency} requests arriving together, an offline batch): their "
         f"prompts prefilled first in steps of the {engine.prefill_chunk_tokens}-token budget "
-        f"(the last request's TTFT, {burst.ttft_s * 1e3:,.1f} ms), then a decode step of all "
+        + ("(as many whole prompts a step as it holds) " if whole else "")
+        + f"(the last request's TTFT, {burst.ttft_s * 1e3:,.1f} ms), then a decode step of all "
         f"of them together per token (TPOT {burst.tpot_s * 1e3:,.2f} ms): "
         f"{burst.output_tokens_per_s:,.0f} output tokens/s, prefill included",
         *rate_notes,

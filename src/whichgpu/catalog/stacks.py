@@ -87,6 +87,7 @@ _ENGINE_FIELDS = (
     "prefill_chunk_tokens",
     "memory_fraction_of",
     "cuda_graphs_decode",
+    "chunked_prefill",
     "max_sequences",
     "max_sequences_small_gpu",
     "large_gpu_gib",

@@ -46,8 +46,10 @@ def closed_loop(
 
     Each step the engine runs every running sequence's decode token first, then the prompts
     in the order they arrived, each as much as the step's token budget (``speed.chunk_tokens``)
-    leaves; a waiting request starts when fewer than ``running_limit`` sequences run. A prompt
-    finished in a step yields its first token at the step's end; each later step yields one
+    leaves (an engine without chunked prefill, ``speed.whole_prompts``: each whole, while the
+    budget holds it); a waiting request starts when fewer than ``running_limit`` sequences
+    run. A prompt finished in a step yields its first token at the step's end; each later
+    step yields one
     more. When a request ends the client sends the next, at once, until ``requests`` were sent;
     it reaches a busy engine after the engine has begun its next step (the last token goes out
     at the step's end, the new request comes back through HTTP and tokenization), so it joins
@@ -75,6 +77,8 @@ def closed_loop(
             if left <= 0:
                 break
             size = min(context - req.prefilled, left)
+            if speed.whole_prompts and size < context - req.prefilled:
+                break  # a prompt runs whole, in a step whose budget holds it
             chunks.append((req, size))
             left -= size
         if not chunks:  # decode only: the same sequences until the first of them ends

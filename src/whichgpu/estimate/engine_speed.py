@@ -566,11 +566,16 @@ class EngineSpeed:
         rates: EngineRates,
         *,
         chunk_tokens: int,
+        whole_prompts: bool = False,
         reduce_s: Callable[[float, int, Link], float] = all_reduce_s,
     ) -> None:
         self.shape = shape
         self.rates = rates
         self.chunk_tokens = chunk_tokens
+        self.whole_prompts = whole_prompts
+        """The engine runs each prompt whole in one step (no chunked prefill; prompts no
+        longer than ``chunk_tokens``): a step takes the waiting prompts that fit its budget
+        whole, in arrival order."""
         self._reduce_s = reduce_s
 
     def step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
@@ -635,10 +640,13 @@ class EngineSpeed:
     def ttft(self, concurrency: int, context: int, new_tokens: int) -> float:
         """One request's prompt of ``context`` tokens prefilled in chunks: each step holds the
         other ``concurrency - 1`` sequences' decode tokens first, then as much of the prompt
-        as the engine's token budget leaves (at least one token)."""
+        as the engine's token budget leaves (at least one token). An engine that runs prompts
+        whole (``whole_prompts``) runs it in one step beside the decodes."""
         others = concurrency - 1
-        chunk = max(self.chunk_tokens - others, 1)
         length = context + new_tokens / 2  # where the other sequences are, on average
+        if self.whole_prompts:
+            return self._chunk_step(others, length, 0, context).seconds
+        chunk = max(self.chunk_tokens - others, 1)
         done, seconds = 0, 0.0
         steps = math.ceil(context / chunk)
         if steps > 64:  # equal chunks: time a few and scale (attention grows linearly)
@@ -660,6 +668,8 @@ class EngineSpeed:
         prefill and the ``new_tokens - 1`` decode steps after it."""
         total = concurrency * context
         budget = max(self.chunk_tokens, 1)
+        if self.whole_prompts:  # as many whole prompts a step as the budget holds
+            budget = max(budget // context, 1) * context
         full, rest = divmod(total, budget)
         prefill_s = 0.0
         for tokens, count in ((budget, full), (rest, 1 if rest else 0)):
@@ -710,8 +720,12 @@ class EngineSpeed:
 
     def prefill_tokens_per_step(self, concurrency: int, context: int) -> int:
         """Prompt tokens one step of prefill-only requests runs: ``min(token budget,
-        concurrency x context)`` (the engine fills its budget from the waiting prompts)."""
-        return max(min(self.chunk_tokens, concurrency * context), 1)
+        concurrency x context)`` (the engine fills its budget from the waiting prompts; one
+        that runs prompts whole, with as many whole prompts as the budget holds)."""
+        budget = self.chunk_tokens
+        if self.whole_prompts:
+            budget = max(budget // max(context, 1), 1) * context
+        return max(min(budget, concurrency * context), 1)
 
     def prefill_step(self, concurrency: int, context: int) -> StepCost:
         """A step of prefill-only requests (``new_tokens`` 0) at ``concurrency``, steady state:
