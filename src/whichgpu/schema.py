@@ -1036,6 +1036,12 @@ class ServingEngine(_Frozen):
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
 
+    def runs_prompts_whole(self, context: int) -> bool:
+        """Whether the engine, at its defaults, runs a prompt of ``context`` tokens whole in
+        one step: it does not chunk prompts and the step's budget holds this one (a longer
+        one needs chunked prefill switched on)."""
+        return not self.chunked_prefill and context <= self.prefill_chunk_tokens
+
     def is_small_gpu(self, capacity_gib: float, gpu_name: str) -> bool:
         """Whether the engine's defaults for small GPUs apply to a GPU of ``capacity_gib``
         named ``gpu_name``."""

@@ -335,9 +335,10 @@ def _engine_speed(
     achievable, rate_notes = engine_rates(
         gpu, rates, run.precision, gpus=run.gpus, kv_heads_total=step.kv_heads or 0, path=path
     )
-    budget = engine.prefill_chunk_tokens
-    whole = not engine.chunked_prefill and (run.context or 0) <= budget
-    speed = EngineSpeed(shape, achievable, chunk_tokens=budget, whole_prompts=whole)
+    whole = engine.runs_prompts_whole(run.context or 0)
+    speed = EngineSpeed(
+        shape, achievable, chunk_tokens=engine.prefill_chunk_tokens, whole_prompts=whole
+    )
     return speed, rate_notes + _prompt_note(engine, run.context or 0)
 
 
@@ -348,7 +349,7 @@ def _prompt_note(engine: ServingEngine, context: int) -> tuple[str, ...]:
         return ()
     name = engine.label.split(",")[0].split(" (")[0]
     budget = engine.prefill_chunk_tokens
-    if context <= budget:
+    if engine.runs_prompts_whole(context):
         return (
             f"{name} runs each prompt whole, in one step beside the decodes (chunked prefill "
             f"is off by default): a step takes the waiting prompts that fit its {budget}-token "
@@ -481,16 +482,13 @@ def _decoding_speed(
 
 def _benchmark_note(run: ServingBenchmark, engine: ServingEngine, context: int) -> str:
     """What the simulated benchmark run (``--requests``) assumes, in words."""
+    whole = engine.runs_prompts_whole(context)
     return (
         f"benchmark run: {run.requests} requests of these fixed lengths, {run.concurrency} in "
         "flight (the client sends the next as one ends), simulated step by step: the first "
         "wave arrives together; each step runs the decodes, then the prompts in arrival order "
         f"within the {engine.prefill_chunk_tokens}-token budget"
-        + (
-            ""
-            if engine.chunked_prefill or context > engine.prefill_chunk_tokens
-            else " (each prompt whole, in a step whose budget holds it)"
-        )
+        + (" (each prompt whole, in a step whose budget holds it)" * whole)
         + f"; at most {run.running_limit} "
         "sequences run (the engine's cap or its KV cache); a request sent as another ends "
         "joins a busy engine's step after the next; TTFT and TPOT are each request's, as a "
@@ -514,7 +512,7 @@ def _decoding_assumptions(
     step's model and what it reads, the ``quantized`` weights, a mixture of experts' routing,
     TTFT and TPOT, the rates (``rate_notes``) and the cost."""
     n = gpus
-    whole = not engine.chunked_prefill and context <= engine.prefill_chunk_tokens
+    whole = engine.runs_prompts_whole(context)
     moe: tuple[str, ...] = ()
     if shape.experts:
         moe = (
