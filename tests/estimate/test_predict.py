@@ -818,3 +818,24 @@ def test_predictions_take_no_2020_speed_factor_once_fitted_on_todays_runs() -> N
     assert old.prediction_factor("bert-base", "encoders") == params.workload_factors["bert-base"]
     (e,) = predict("bert-large", gpus=["h100-sxm"], seq_len=128)
     assert any("x1.00: no speed factor" in a for a in e.assumptions)
+
+
+def test_quantized_weights_are_read_in_their_format_but_the_head_and_the_rest() -> None:
+    """quantize_weights: a weight product at 1 token reads K x N x 2 bytes in 16 bits, so its
+    stored weight is FLOPs / tokens x the format's ratio, streamed at the kernel's share; the
+    head (hidden x vocabulary) stays; an expert row's bytes are every expert's weights."""
+    from dataclasses import replace as with_
+
+    from whichgpu.estimate.throughput import quantize_weights
+
+    hidden, vocab, k = 64, 1000, 128
+    flops = [2.0 * k * k, 2.0 * hidden * vocab, 2.0 * k * k, 100.0]
+    moved = [2.0 * k * k + 4 * k, 2.0 * hidden * vocab + 4000, 8 * 2.0 * k * k, 400.0]
+    table = _table(["gemm", "gemm", "gemm", "elementwise"], ["bfloat16"] * 4, flops, moved)
+    table = with_(table, is_experts=np.array([False, False, True, False]))
+    out = quantize_weights(table, 1, 0.25, hidden * vocab, 1, bandwidth_ratio=0.5)
+    assert out.bytes_moved[0] == pytest.approx(4 * k + 2.0 * k * k * 0.25 / 0.5)
+    assert out.bytes_moved[1] == moved[1]  # the head
+    assert out.bytes_moved[2] == pytest.approx(moved[2] * 0.25 / 0.5)  # all eight experts
+    assert out.bytes_moved[3] == moved[3]
+    assert np.array_equal(out.flops, table.flops)

@@ -796,11 +796,15 @@ def quantize_weights(
     The kernel streams them at ``bandwidth_ratio`` of a 16-bit product's bandwidth, counted
     as that many more bytes at the same bandwidth. The output head (K x N =
     ``head_elements``: hidden x vocabulary, run on ``head_tokens``, the last position of each
-    sequence) stays 16-bit, as the quantizers leave it."""
+    sequence) stays 16-bit, as the quantizers leave it. A mixture of experts' expert rows
+    (``is_experts``) count every expert's weights for the tokens routed to a few, so their
+    bytes, nearly all weights, are taken as the weights."""
     gemm = np.array([kind == "gemm" for kind in table.kinds], dtype=bool)
     head = np.isclose(table.flops / (2 * max(head_tokens, 1)), float(head_elements), rtol=1e-9)
     gemm &= ~head
     weight = np.minimum(table.flops / max(tokens, 1), table.bytes_moved)
+    if table.is_experts is not None:  # a layer's experts: every expert's weights, few tokens
+        weight = np.where(table.is_experts, table.bytes_moved, weight)
     stored = weight * weight_ratio / bandwidth_ratio
     return replace(
         table, bytes_moved=np.where(gemm, table.bytes_moved - weight + stored, table.bytes_moved)
