@@ -359,6 +359,15 @@ class GpuSpec(_Tabular):
         baseboard in a server sold whole, rather than a PCIe card or a whole computer (SoC)."""
         return self.form_factor in _BASEBOARD_FORMS
 
+    def capability(self) -> tuple[int, int] | None:
+        """``compute_capability`` as numbers (``"8.9"``: ``(8, 9)``); None when the catalog
+        gives none or not of that form."""
+        try:
+            major, minor = (self.compute_capability or "").split(".")[:2]
+            return int(major), int(minor)
+        except ValueError:
+            return None
+
     def one_device(self) -> GpuSpec:
         """The spec of one of ``devices`` devices (itself when the package is one): the memory,
         rates, bandwidth, compute units, L2 and board power divided evenly among them, as

@@ -217,7 +217,7 @@ def _speeds(
     unfit = 0
     untimed: list[tuple[str, UsageError]] = []  # GPUs that fit but cannot be timed, and why
     for gpu in targets:
-        refused = _fp8_refused(step, gpu, alone=alone)
+        refused = _refused(step, gpu, alone=alone)
         if refused is not None:
             untimed.append((gpu.name, refused))
             continue
@@ -264,7 +264,7 @@ def _speeds(
     return out, unfit, untimed
 
 
-def _fp8_refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
+def _refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
     """Why ``gpu`` cannot run the step's fp8, its paged optimizer or its ``torch.compile`` at
     all (None: it can, or the step has none of them); a GPU asked about ``alone`` raises it."""
     from whichgpu.estimate.compiled import compile_refusal

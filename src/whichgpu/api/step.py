@@ -599,18 +599,15 @@ def _quantized_weights(step: Step) -> QuantizedWeights | None:
     from whichgpu.estimate.engine_speed import COMPILED_WEIGHT_FORMATS
     from whichgpu.estimate.prediction import QuantizedWeights
     from whichgpu.estimate.serving import layer_shape, serving_dtype_bytes, text_config
-    from whichgpu.estimate.throughput import load_inference_parameters
 
     fmt = COMPILED_WEIGHT_FORMATS[step.quantization]
     _, hidden = layer_shape(step.model_config)
     vocab = int(text_config(step.model_config).get("vocab_size") or 0)
-    inference = load_inference_parameters()
     return QuantizedWeights(
+        quantization=step.quantization,
         weight_ratio=fmt.bytes_per_weight(hidden) / serving_dtype_bytes(step.run.precision),
         head_elements=hidden * vocab,
         label=fmt.label,
-        bandwidth_ratio=inference.weight_only_bandwidth_ratio[step.quantization],
-        source=inference.weight_only_source,
     )
 
 

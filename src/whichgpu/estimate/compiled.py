@@ -36,13 +36,10 @@ def compile_refusal(gpu: GpuSpec) -> str | None:
     """Why ``torch.compile`` cannot run on ``gpu`` (None: it can, as far as known): an NVIDIA
     GPU older than ``TRITON_MIN_CAPABILITY``."""
     device = gpu.one_device()
-    if device.vendor != Vendor.NVIDIA or not device.compute_capability:
+    capability = device.capability()
+    if device.vendor != Vendor.NVIDIA or capability is None:
         return None
-    try:
-        major, minor = (int(part) for part in device.compute_capability.split(".")[:2])
-    except ValueError:
-        return None
-    if (major, minor) >= TRITON_MIN_CAPABILITY:
+    if capability >= TRITON_MIN_CAPABILITY:
         return None
     return (
         f"{gpu.name} (compute capability {device.compute_capability}) cannot run torch.compile: "

@@ -304,7 +304,7 @@ def compiled_quantization_refusal(quantization: Quantization, gpu: GpuSpec) -> s
         )
     if quantization != "int4":
         return None
-    capability = _capability(gpu.compute_capability) if gpu.vendor == Vendor.NVIDIA else None
+    capability = gpu.capability() if gpu.vendor == Vendor.NVIDIA else None
     if capability is not None and capability >= TINYGEMM_MIN_CAPABILITY:
         return None
     what = (
@@ -375,15 +375,6 @@ class QuantizationRefused(UsageError):
     """An engine cannot run a quantization on a GPU; the message says why."""
 
 
-def _capability(value: str | None) -> tuple[int, int] | None:
-    """``"8.9"`` as ``(8, 9)``; None when absent or not of that form."""
-    try:
-        major, minor = (value or "").split(".")[:2]
-        return int(major), int(minor)
-    except ValueError:
-        return None
-
-
 def quantized_path(
     engine_id: str, engine_label: str, quantization: Quantization, gpu: GpuSpec
 ) -> QuantizedPath:
@@ -396,7 +387,7 @@ def quantized_path(
     rule = _SUPPORT.get((engine_id, quantization))
     if rule is None:
         raise QuantizationRefused(f"{name}: {fmt.label} is not modelled for this engine.")
-    found = _capability(gpu.compute_capability)
+    found = gpu.capability()
     capability = found if gpu.vendor == Vendor.NVIDIA else None
     nvidia = capability is not None
     fp8_cores = bool(gpu.one_device().fp8_tensor_tflops)
@@ -492,7 +483,7 @@ def kv_cache_fp8_source(engine_id: str, engine_label: str, gpu: GpuSpec) -> str:
     rule = _KV_FP8_SUPPORT.get(engine_id)
     if rule is None:
         raise KvCacheRefused(f"{name}: an fp8 KV cache is not modelled for this engine.")
-    found = _capability(gpu.compute_capability)
+    found = gpu.capability()
     if gpu.vendor == Vendor.NVIDIA and found is not None and found >= rule.nvidia_capability:
         return rule.source
     if gpu.vendor == Vendor.AMD and rule.amd:

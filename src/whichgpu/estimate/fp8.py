@@ -113,7 +113,7 @@ def fp8_refusal(gpu: GpuSpec) -> str | None:
             "--precision bf16"
         )
     if device.vendor == Vendor.NVIDIA:
-        cc = _capability(device.compute_capability)
+        cc = device.capability()
         if cc is not None and cc < MIN_NVIDIA_CAPABILITY:
             return (
                 f"{gpu.name} (compute capability {device.compute_capability}) has no fp8 "
@@ -127,16 +127,6 @@ def check_gpu(gpu: GpuSpec) -> None:
     reason = fp8_refusal(gpu)
     if reason is not None:
         raise Fp8Refused(f"--precision fp8 cannot train here: {reason}.")
-
-
-def _capability(value: str | None) -> tuple[int, int] | None:
-    if not value:
-        return None
-    try:
-        major, minor = value.split(".")
-        return int(major), int(minor)
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)

@@ -80,14 +80,12 @@ class QuantizedWeights:
     """Compiled decoding of quantized weights (``--compile --quantization``): what the weight
     products read of their 16-bit bytes, and which product is the 16-bit head."""
 
+    quantization: str
+    """The format (``int8``, ``int4``): its compiled product's share of a 16-bit product's
+    bandwidth is ``InferenceParameters.weight_only_bandwidth_ratio``'s."""
     weight_ratio: float
     """Bytes of one stored weight (its scales and zero points included) over the serving
     dtype's."""
-    bandwidth_ratio: float
-    """The bandwidth the format's compiled product reaches over a 16-bit product's
-    (``data/throughput.json``, ``inference.weight_only_bandwidth_ratio``)."""
-    source: str
-    """Where ``bandwidth_ratio`` comes from."""
     head_elements: int
     """The output head's K x N (hidden x vocabulary), left 16-bit."""
     label: str
@@ -286,12 +284,14 @@ class ThroughputPredictor:
                 notes += (COMPILED_DECODING_NOTE,)
             if self.quantized is not None:
                 q = self.quantized
+                streamed = self.inference.weight_only_bandwidth_ratio[q.quantization]
                 notes += (
                     f"weights stored as {q.label}: each weight product reads "
                     f"{q.weight_ratio:.3f} of its 16-bit bytes (scales and zero points "
                     "included), widened inside the kernel, which streams them at "
-                    f"{q.bandwidth_ratio:.0%} of the bandwidth a 16-bit product reaches "
-                    f"({q.source}); FLOPs at the 16-bit rate; the head stays 16-bit. "
+                    f"{streamed:.0%} of the bandwidth a 16-bit product reaches "
+                    f"({self.inference.weight_only_source}); FLOPs at the 16-bit rate; the "
+                    "head stays 16-bit. "
                     "tinygemm's int4 kernels are made for few tokens and run a long prefill "
                     "slower than 16-bit (not modelled)",
                 )
@@ -460,14 +460,10 @@ class ThroughputPredictor:
             prefill_part, decode_part = restrict(table, ("prefill",)), restrict(table, ("decode",))
             if self.quantized is not None:  # the weight products read the stored format
                 q, sequences = self.quantized, memory.batch_size
+                streamed = self.inference.weight_only_bandwidth_ratio[q.quantization]
                 prefill_part, decode_part = (
                     quantize_weights(
-                        part,
-                        tokens,
-                        q.weight_ratio,
-                        q.head_elements,
-                        sequences,
-                        q.bandwidth_ratio,
+                        part, tokens, q.weight_ratio, q.head_elements, sequences, streamed
                     )
                     for part, tokens in ((prefill_part, prefill_tokens), (decode_part, sequences))
                 )
