@@ -1632,6 +1632,9 @@ class ReferenceThroughputCase(_Frozen):
     prediction is the predictor's time of the step as if it did."""
     note: str = ""
     """What the comparison assumes, or why there is no prediction."""
+    publication: str = ""
+    """Where a reference gathers several publications (``serving``), the one the case is
+    from (its ``source_id`` in the reference's data README); else empty."""
 
 
 class MemoryValidation(_Frozen):

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 import whichgpu.api as wg
-from whichgpu.validate.serving import QUANTITIES, serving_rows, serving_throughput
+from whichgpu.schema import ReferenceThroughputCase
+from whichgpu.validate.serving import QUANTITIES, by_publication, serving_rows, serving_throughput
 from whichgpu.validate.summary import SOURCES
+from whichgpu.workloads import run_config
 
 
 def test_every_row_names_a_catalog_gpu_a_workload_and_a_known_quantity() -> None:
@@ -107,3 +109,45 @@ def test_a_compiled_decoding_row_is_predict_compile_of_the_request() -> None:
     assert case.quantity == "compiled decoding tokens/s"
     assert case.predicted == pytest.approx(estimate.throughput)
     assert case.error == pytest.approx(case.predicted / row.value - 1)
+
+
+def test_a_first_token_latency_row_is_one_prompt_prefilled_alone() -> None:
+    """TensorRT-LLM 0.9.0's low-latency table: batch 1, one output token, so the TTFT of a
+    run of one request is its prompt's prefill step and nothing else."""
+    (row,) = [
+        r
+        for r in serving_rows()
+        if r.source_id == "trtllm-performance-v0.9"
+        and r.gpu == "a100-sxm4-80gb"
+        and r.workload == "mistral-7b"
+        and r.input_tokens == 2048
+    ]
+    assert (row.concurrency, row.requests, row.output_tokens) == (1, 1, 1)
+    (case,) = serving_throughput([row])
+    (estimate,) = wg.predict(
+        "mistral-7b",
+        gpus=["a100-sxm4-80gb"],
+        serving="tensorrt-llm",
+        mode="inference",
+        precision="fp16",
+        concurrency=1,
+        context=2048,
+        new_tokens=1,
+    )
+    speed = estimate.serving_speed
+    assert speed is not None and case.predicted is not None
+    assert case.predicted == pytest.approx(speed.ttft_s * 1000, rel=1e-6)
+    assert case.publication == "trtllm-performance-v0.9"
+
+
+def test_the_summary_of_a_quantity_breaks_down_by_publication() -> None:
+    base = {"source": "serving", "workload": "gpt2", "gpu": "h100-sxm", "quantity": "TTFT ms"}
+    run = run_config(mode="inference")
+    cases = [
+        ReferenceThroughputCase(
+            **base, case=str(i), run=run, measured=1.0, predicted=1.0, error=e, publication=p
+        )
+        for i, (e, p) in enumerate([(0.1, "a"), (-0.3, "a"), (0.5, "b"), (0.2, "c")])
+    ]
+    assert by_publication(cases) == "a 2: 20.0%; b 1: 50.0%; c 1: 20.0%"
+    assert by_publication(cases[:2]) == ""  # one publication: the summary says it all

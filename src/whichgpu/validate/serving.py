@@ -130,6 +130,21 @@ class ServingRow:
         )
 
 
+def by_publication(cases: list[ReferenceThroughputCase]) -> str:
+    """The mean |error| of each publication among ``cases`` (one quantity's), where more
+    than one contributes: a summary over several sources can hide that one of them is far
+    off, e.g. ``nim-llm-benchmarking 6: 26.2 %; trtllm-performance-v0.9 16: 53.1 %``."""
+    groups: dict[str, list[float]] = {}
+    for case in cases:
+        if case.error is not None:
+            groups.setdefault(case.publication, []).append(abs(case.error))
+    if len(groups) < 2:
+        return ""
+    return "; ".join(
+        f"{name} {len(errors)}: {sum(errors) / len(errors):.1%}" for name, errors in groups.items()
+    )
+
+
 def _int(text: str) -> int:
     return int(text.replace("_", ""))
 
@@ -231,6 +246,7 @@ def serving_throughput(
             "run": row.run(1),
             "quantity": QUANTITIES[row.quantity],
             "measured": row.value,
+            "publication": row.source_id,
         }
         try:
             estimate = _asked(row, row.concurrency or 1)

@@ -527,7 +527,7 @@ def validate_throughput(
     from whichgpu.validate.measured import compare_throughputs, shipped_measurements, speed_ratios
     from whichgpu.validate.parallel import left_out_rows, parallel_throughput, split_ratios
     from whichgpu.validate.recipes import recipes_throughput
-    from whichgpu.validate.serving import QUANTITIES, serving_throughput
+    from whichgpu.validate.serving import QUANTITIES, by_publication, serving_throughput
 
     own = (
         compare_throughputs(
@@ -593,7 +593,7 @@ def validate_throughput(
             mine = [c for c in references if c.source == "serving" and c.quantity == quantity]
             if mine:
                 errors = [c.error for c in mine if c.error is not None]
-                by_source.append(error_summary("serving", quantity, errors))
+                by_source.append(error_summary("serving", quantity, errors, by_publication(mine)))
     return lambda_part.model_copy(
         update={
             "measured": tuple(own),
