@@ -22,7 +22,7 @@ def test_one_request_at_a_time_is_its_prefill_then_its_decode_steps() -> None:
     run = closed_loop(
         speed, requests=5, concurrency=1, context=1000, new_tokens=64, running_limit=256
     )
-    prefill = speed.step(1000, 1000 * 1000 / 2, 1000).seconds
+    prefill = speed.step(1000, 1000 * 1000 / 2, 1000, 1).seconds
     assert run.mean_ttft_s == pytest.approx(prefill)
     assert run.median_ttft_s == pytest.approx(prefill)
     # 63 decode steps after the first token, at lengths 1001 .. 1063
@@ -76,10 +76,10 @@ def test_a_request_sent_as_a_step_ends_joins_the_step_after_the_next_on_a_busy_e
     C, sent then, misses step 3 (the engine began it) and is prefilled in step 4, alone."""
     speed = _speed(chunk_tokens=1024)
     run = closed_loop(speed, requests=3, concurrency=2, context=1000, new_tokens=2, running_limit=8)
-    s1 = speed.step(1024, 1000 * 500 + 24 * 12, 1024).seconds
-    s2 = speed.step(1 + 976, 1001 + 976 * (24 + 488), 1001 + 1000).seconds
+    s1 = speed.step(1024, 1000 * 500 + 24 * 12, 1024, 1).seconds  # A's last token samples
+    s2 = speed.step(1 + 976, 1001 + 976 * (24 + 488), 1001 + 1000, 2).seconds
     s3 = speed.step(1, 1001, 1001).seconds  # B's second token, without C
-    s4 = speed.step(1000, 1000 * 500, 1000).seconds  # C's prompt, the engine otherwise idle
+    s4 = speed.step(1000, 1000 * 500, 1000, 1).seconds  # C's prompt, the engine otherwise idle
     ttft_a, ttft_b, ttft_c = s1, s1 + s2, s3 + s4
     assert run.mean_ttft_s == pytest.approx((ttft_a + ttft_b + ttft_c) / 3)
     assert run.settled_mean_ttft_s == pytest.approx(ttft_c)
@@ -95,8 +95,8 @@ def test_a_request_arriving_beside_decodes_waits_one_step_not_for_them_to_end() 
         speed, requests=3, concurrency=2, context=1000, new_tokens=64, running_limit=8
     )
     s66 = speed.step(1, 1062, 1062).seconds
-    s67 = speed.step(1 + 511, 1063 + 511 * 255.5, 1063 + 511).seconds
-    s68 = speed.step(489, 489 * (511 + 244.5), 1000).seconds
+    s67 = speed.step(1 + 511, 1063 + 511 * 255.5, 1063 + 511, 1).seconds
+    s68 = speed.step(489, 489 * (511 + 244.5), 1000, 1).seconds
     assert run.settled_mean_ttft_s == pytest.approx(s66 + s67 + s68)
 
 
@@ -190,8 +190,8 @@ def test_an_engine_without_chunked_prefill_runs_each_prompt_whole() -> None:
     ask = {"requests": 2, "concurrency": 2, "context": 1500, "new_tokens": 4, "running_limit": 8}
     one, two = closed_loop(whole, **ask), closed_loop(chunked, **ask)  # type: ignore[arg-type]
     assert one.steps == two.steps == 5  # the two prefill steps, then 3 decode steps
-    first = whole.step(1500, 1500 * 750, 1500).seconds
-    second = whole.step(1 + 1500, 1500 + 1 + 1500 * 750, 1500 + 1 + 1500).seconds
+    first = whole.step(1500, 1500 * 750, 1500, 1).seconds
+    second = whole.step(1 + 1500, 1500 + 1 + 1500 * 750, 1500 + 1 + 1500, 2).seconds
     assert one.mean_ttft_s == pytest.approx((first + (first + second)) / 2)
     assert two.mean_ttft_s != pytest.approx(
         one.mean_ttft_s
@@ -199,12 +199,12 @@ def test_an_engine_without_chunked_prefill_runs_each_prompt_whole() -> None:
     # a whole prompt's TTFT in the steady state is one step beside the decodes, where the
     # chunked engine splits it over the budget the decodes leave
     others = 999 * 1532  # the other sequences' decodes, at context + new tokens / 2
-    one_step = whole.step(999 + 1500, others + 1500 * 750, others + 1500).seconds
+    one_step = whole.step(999 + 1500, others + 1500 * 750, others + 1500, 1000).seconds
     assert whole.ttft(1000, 1500, 64) == pytest.approx(one_step)
     assert chunked.ttft(1000, 1500, 64) > whole.ttft(1000, 1500, 64)
     # a burst: as many whole prompts a step as the budget holds (one of 1,500 in 2,048)
     assert whole.burst(4, 1500, 16).ttft_s == pytest.approx(
-        4 * whole.step(1500, 1500 * 750, 1500).seconds
+        4 * whole.step(1500, 1500 * 750, 1500, 1).seconds
     )
     assert whole.prefill_tokens_per_step(4, 1500) == 1500
     assert chunked.prefill_tokens_per_step(4, 1500) == 2048

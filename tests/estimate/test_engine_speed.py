@@ -80,9 +80,12 @@ def test_the_steady_state_counts_the_prompts_work_and_never_beats_the_tensor_rat
     for concurrency in (64, 1024, 4000, 6000):
         p = speed.point(concurrency, 128, 128)
         assert p.requests_per_s is not None
-        tokens_per_s = p.output_tokens_per_s + p.requests_per_s * 128  # generated + prompt
-        flops_per_token = 2.0 * speed.shape.active_matmul_params()
-        assert tokens_per_s * flops_per_token <= rates.tensor_flops_per_s * 1.0001
+        # generated tokens run the whole model; prompt tokens all but the head (a prompt's
+        # last token samples the first generated one, counted with them)
+        body = 2.0 * (speed.shape.active_matmul_params() - speed.shape.head_params())
+        head = 2.0 * speed.shape.head_params()
+        flops_per_s = p.output_tokens_per_s * (body + head) + p.requests_per_s * 128 * body
+        assert flops_per_s <= rates.tensor_flops_per_s * 1.0001
     # past the budget the prompts set the pace: 8192 - 6000 prompt tokens a step, not 6000
     step, prompt = speed.steady_step(6000, 128, 128)
     assert prompt == 8192 - 6000
@@ -292,8 +295,8 @@ def test_fit_serving_profiles_the_gpus_token_budget() -> None:
 def test_a_burst_prefills_every_prompt_then_decodes_them_together() -> None:
     speed = EngineSpeed(_shape(), _rates(tensor=250e12), chunk_tokens=2048)
     burst = speed.burst(8, 1000, 128)  # 8,000 prompt tokens: three full steps and 1,856
-    full = speed.step(2048, 2048 * 1000 / 2, 2048).seconds
-    rest = speed.step(1856, 1856 * 1000 / 2, 1856).seconds
+    full = speed.step(2048, 2048 * 1000 / 2, 2048, 2.048).seconds  # prompts ending a step
+    rest = speed.step(1856, 1856 * 1000 / 2, 1856, 1.856).seconds
     assert burst.ttft_s == pytest.approx(3 * full + rest)
     assert burst.tpot_s == speed.decode(8, 1000, 128).seconds
     wall = burst.ttft_s + 127 * burst.tpot_s
@@ -326,3 +329,20 @@ def test_tensorrt_llm_runs_prompts_whole_and_says_what_a_longer_one_needs() -> N
     (vllm,) = wg.predict("llama-3.1-8b", serving="vllm", context=16000, **ask)  # type: ignore[arg-type]
     assert vllm.serving_speed is not None
     assert not any("whole" in a or "refuse" in a for a in vllm.serving_speed.assumptions)
+
+
+def test_only_the_tokens_a_step_samples_from_run_the_output_head() -> None:
+    """A prompt's tokens but its last produce no next token: the engines compute logits at
+    the positions they sample from, so a 1,000-token prompt runs the head once, not 1,000
+    times (for Llama 3.1 8B the head is 6.5 % of the matrix FLOPs of a token)."""
+    speed = EngineSpeed(_shape(), _rates(tensor=50e12), chunk_tokens=8192)
+    shape = speed.shape
+    every = speed.step(1000, 1000 * 500, 1000)
+    last = speed.step(1000, 1000 * 500, 1000, 1)
+    head_flops = 2.0 * shape.head_params() * 999
+    assert every.flops - last.flops == pytest.approx(head_flops)
+    assert last.seconds < every.seconds
+    # a decode step samples every token: the default
+    assert speed.step(8, 8000, 8000).flops == speed.step(8, 8000, 8000, 8).flops
+    # a whole prompt's TTFT is the step that samples its first token only
+    assert speed.ttft(1, 1000, 16) == pytest.approx(last.seconds)

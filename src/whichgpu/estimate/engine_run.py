@@ -95,7 +95,9 @@ def closed_loop(
             for req, size in chunks:
                 attended += size * (req.prefilled + size / 2)
                 kv_read += req.prefilled + size
-            now += speed.step(len(decoding) + sum(s for _, s in chunks), attended, kv_read).seconds
+            finishing = sum(req.prefilled + size == context for req, size in chunks)
+            tokens = len(decoding) + sum(s for _, s in chunks)
+            now += speed.step(tokens, attended, kv_read, len(decoding) + finishing).seconds
             steps += 1
             for req in decoding:
                 req.generated += 1

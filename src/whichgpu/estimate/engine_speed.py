@@ -129,10 +129,16 @@ class ModelShape:
         idle = self.experts - self.experts_per_token
         return self.matmul_params - self.layers * max(idle, 0) * self.expert_params
 
+    def head_params(self) -> int:
+        """Parameters of the output head (``vocab x hidden``): a step runs it only for the
+        tokens it samples from (``EngineSpeed.step``'s ``sampled``)."""
+        return self.vocab * self.hidden
+
     def activation_bytes_per_token(self) -> int:
         """Bytes one token's activations move through the matrix products of a forward pass:
         each product reads its input and writes its output once (QKV, attention output,
-        MLP projections per layer; the head's fp32 logits)."""
+        MLP projections per layer; the head's fp32 logits, for a token the step samples
+        from)."""
         mlp_out = (2 if self.gated_mlp else 1) * self.intermediate
         mlps = max(self.experts_per_token, 1)  # a token runs k experts' MLPs
         per_layer = (
@@ -569,9 +575,18 @@ class EngineSpeed:
         whole, in arrival order."""
         self._reduce_s = reduce_s
 
-    def step(self, tokens: float, attended_tokens: float, kv_read_tokens: float) -> StepCost:
+    def step(
+        self,
+        tokens: float,
+        attended_tokens: float,
+        kv_read_tokens: float,
+        sampled: float | None = None,
+    ) -> StepCost:
         """A step running ``tokens`` tokens that attend over ``attended_tokens`` in all
-        (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache.
+        (summed over tokens) and read ``kv_read_tokens`` tokens of KV cache, of which
+        ``sampled`` (default: all) produce a next token. Only those run the output head: a
+        prompt's last token does, its earlier ones do not (vLLM and TensorRT-LLM compute
+        logits at the positions they sample from), every decode token does.
 
         The step's kernels run one after another (a captured graph replays them in order), so
         its time is the sum of three kinds of kernel, each at its own roofline: the weight
@@ -580,11 +595,15 @@ class EngineSpeed:
         between them (norms, residual adds, the activation, rotary embedding: bytes only)."""
         shape, rates, n = self.shape, self.rates, self.rates.gpus
         bandwidth = rates.bandwidth_bytes_per_s
-        matmul_flops = 2.0 * shape.active_matmul_params() * tokens / n
+        sampled = tokens if sampled is None else min(sampled, tokens)
+        head, logit_bytes = shape.head_params(), shape.vocab * LOGIT_BYTES
+        body_params = shape.active_matmul_params() - head
+        matmul_flops = 2.0 * (body_params * tokens + head * sampled) / n
         attention_flops = 4.0 * shape.layers * shape.q_width * attended_tokens / n
-        matmul_bytes = (
-            shape.weights_read_bytes(tokens) / n + tokens * shape.activation_bytes_per_token() / n
+        activation_bytes = (
+            tokens * (shape.activation_bytes_per_token() - logit_bytes) + sampled * logit_bytes
         )
+        matmul_bytes = (shape.weights_read_bytes(tokens) + activation_bytes) / n
         kv_bytes = kv_read_tokens * shape.kv_bytes_per_token * rates.kv_share
         elementwise_bytes = tokens * shape.elementwise_bytes_per_token() / n
         matmul_compute_s = matmul_flops / (rates.matmul_flops_per_s or rates.tensor_flops_per_s)
@@ -621,7 +640,8 @@ class EngineSpeed:
         prompt = min(wanted, max(self.chunk_tokens - concurrency, 0))
         attended = concurrency * length + prompt * context / 2
         kv_read = concurrency * length + prompt
-        return self.step(concurrency + prompt, attended, kv_read), prompt
+        finished = prompt / max(context, 1)  # prompts whose last token this step samples
+        return self.step(concurrency + prompt, attended, kv_read, concurrency + finished), prompt
 
     def bandwidth_bound_s(self, concurrency: int, context: int, new_tokens: int) -> float:
         """The decode step's bytes at the full DRAM bandwidth (no compute, no exchange)."""
@@ -636,17 +656,18 @@ class EngineSpeed:
         others = concurrency - 1
         length = context + new_tokens / 2  # where the other sequences are, on average
         if self.whole_prompts:
-            return self._chunk_step(others, length, 0, context).seconds
+            return self._chunk_step(others, length, 0, context, last=True).seconds
         chunk = max(self.chunk_tokens - others, 1)
         done, seconds = 0, 0.0
         steps = math.ceil(context / chunk)
         if steps > 64:  # equal chunks: time a few and scale (attention grows linearly)
-            first = self._chunk_step(others, length, 0, chunk).seconds
-            last = self._chunk_step(others, length, (steps - 1) * chunk, chunk).seconds
-            return steps * (first + last) / 2
+            first = self._chunk_step(others, length, 0, chunk, last=False).seconds
+            final = self._chunk_step(others, length, (steps - 1) * chunk, chunk, last=True)
+            return steps * (first + final.seconds) / 2
         while done < context:
             size = min(chunk, context - done)
-            seconds += self._chunk_step(others, length, done, size).seconds
+            last = done + size >= context
+            seconds += self._chunk_step(others, length, done, size, last=last).seconds
             done += size
         return seconds
 
@@ -665,7 +686,7 @@ class EngineSpeed:
         prefill_s = 0.0
         for tokens, count in ((budget, full), (rest, 1 if rest else 0)):
             if count:  # each prompt token attends over half its prompt on average
-                step = self.step(tokens, tokens * context / 2, tokens)
+                step = self.step(tokens, tokens * context / 2, tokens, tokens / max(context, 1))
                 prefill_s += count * step.seconds
         tpot = self.decode(concurrency, context, new_tokens).seconds
         wall = prefill_s + max(new_tokens - 1, 0) * tpot
@@ -675,12 +696,15 @@ class EngineSpeed:
             output_tokens_per_s=concurrency * new_tokens / wall,
         )
 
-    def _chunk_step(self, others: int, length: float, done: int, size: int) -> StepCost:
+    def _chunk_step(
+        self, others: int, length: float, done: int, size: int, *, last: bool
+    ) -> StepCost:
         """A step of ``others`` decodes at ``length`` and a prompt chunk of ``size`` tokens
-        after ``done`` prompt tokens (which it reads from the cache)."""
+        after ``done`` prompt tokens (which it reads from the cache); the ``last`` chunk
+        samples the request's first token."""
         attended = others * length + size * (done + size / 2)
         kv_read = others * length + done + size  # the chunk writes its own keys and values
-        return self.step(others + size, attended, kv_read)
+        return self.step(others + size, attended, kv_read, others + (1 if last else 0))
 
     def point(self, concurrency: int, context: int, new_tokens: int) -> ServingSpeedPoint:
         """TTFT, TPOT and output tokens/s at ``concurrency`` in the steady state (of
