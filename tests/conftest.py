@@ -35,13 +35,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU, found none"))
 
 
+@pytest.fixture(scope="session")
+def _shared_trace_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One trace cache for the whole run, shared by the parallel workers (the cache writes its
+    files atomically): a profile is keyed by everything its trace depends on, whichgpu's own
+    code included, so a cached profile is the one a new trace would give, and tracing the
+    same model and run again in each test only costs time (most of the suite's, before)."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's folder sits in the run's
+        base = base.parent
+    return base / "trace-cache"
+
+
 @pytest.fixture(autouse=True)
-def _isolated_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def _isolated_config(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    _shared_trace_cache: Path,
+) -> Iterator[Path]:
     """Never read or write the real user's config, results or trace cache: point them at a temp
-    folder (a cache per test, so no test answers from another's trace)."""
+    folder. The trace cache is the run's shared one (``_shared_trace_cache``), except for a
+    test marked ``fresh_trace_cache``: one that checks what tracing or the cache itself does
+    gets a cache of its own, empty."""
     config = tmp_path / "config"
+    fresh = request.node.get_closest_marker("fresh_trace_cache") is not None
+    cache = tmp_path / "cache" if fresh else _shared_trace_cache
     monkeypatch.setenv("WHICHGPU_CONFIG_DIR", str(config))
-    monkeypatch.setenv("WHICHGPU_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("WHICHGPU_CACHE_DIR", str(cache))
     monkeypatch.delenv("WHICHGPU_NO_CACHE", raising=False)
     monkeypatch.setenv("WHICHGPU_STORE", str(tmp_path / "results.sqlite"))
     monkeypatch.delenv("WHICHGPU_PRICES", raising=False)

@@ -147,7 +147,7 @@ def test_cli_predict_requests_json_and_table() -> None:
 
     args = (
         "predict", "llama-3.1-8b", "--mode", "inference", "--serving", "vllm",
-        "--gpu", "h100-sxm", "--context", "1024", "--new-tokens", "64",
+        "--gpu", "h100-sxm", "--context", "1024", "--new-tokens", "128",
         "--concurrency", "16", "--requests", "64",
     )  # fmt: skip
     done = run_cli(*args, "--json")
@@ -156,7 +156,7 @@ def test_cli_predict_requests_json_and_table() -> None:
     run = doc[0]["serving_speed"]["benchmark"]
     assert run["requests"] == 64 and run["concurrency"] == 16
     assert run["mean_ttft_s"] > 0 and run["mean_tpot_s"] > 0
-    assert run["output_tokens_per_s"] == pytest.approx(64 * 64 / run["duration_s"])
+    assert run["output_tokens_per_s"] == pytest.approx(64 * 128 / run["duration_s"])
     shown = run_cli(*args)
     assert shown.returncode == 0, shown.stderr
     assert "A benchmark run: 64 requests, 16 in flight" in shown.stdout

@@ -316,7 +316,7 @@ def test_tensorrt_llm_runs_prompts_whole_and_says_what_a_longer_one_needs() -> N
     trt = get_serving_engine("tensorrt-llm")
     assert not trt.chunked_prefill
     assert trt.provenance["chunked_prefill"].source == "sw-trtllm-chunked-prefill"
-    ask = {"mode": "inference", "concurrency": 4, "new_tokens": 64, "gpus": ["h100-sxm"]}
+    ask = {"mode": "inference", "concurrency": 4, "new_tokens": 128, "gpus": ["h100-sxm"]}
     (short,) = wg.predict("llama-3.1-8b", serving="tensorrt-llm", context=2048, **ask)  # type: ignore[arg-type]
     (long,) = wg.predict("llama-3.1-8b", serving="tensorrt-llm", context=16000, **ask)  # type: ignore[arg-type]
     assert short.serving_speed is not None and long.serving_speed is not None

@@ -262,6 +262,7 @@ def test_cli_fit_table_and_errors() -> None:
     assert "gpt2 has 1,024 positions" in too_long.stderr and "--seq-len 1024" in too_long.stderr
 
 
+@pytest.mark.fresh_trace_cache  # it checks the trace is made
 def test_cli_fit_traces_a_users_config() -> None:
     result = run_cli(
         "fit",

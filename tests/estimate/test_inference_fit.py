@@ -75,6 +75,7 @@ def test_cli_inference_fit_concurrency_falls_with_context() -> None:
         previous = concurrency
 
 
+@pytest.mark.fresh_trace_cache  # it checks the trace is made
 def test_cli_inference_fit_traces_a_config() -> None:
     (doc,) = _cli_fit(
         "--config", str(TINY_LLAMA), "--mode", "inference", "--context", "64",

@@ -27,7 +27,7 @@ from whichgpu.estimate.serving import kv_bytes_per_token
 from whichgpu.workloads.hf import read_config
 
 LLAMA_8B = read_config("llama-3.1-8b")
-SERVE: dict[str, Any] = {"mode": "inference", "context": 4096, "new_tokens": 256}
+SERVE: dict[str, Any] = {"mode": "inference", "context": 4096, "new_tokens": 128}
 
 
 def _gpu(name: str) -> Any:
@@ -111,7 +111,7 @@ def test_predict_serving_reads_half_the_kv() -> None:
     a, f = auto.serving_speed, fp8.serving_speed
     assert a is not None and f is not None
     assert a.decode_bytes is not None and f.decode_bytes is not None
-    kv_part = 64 * (4096 + 128) * kv_bytes_per_token(LLAMA_8B, 2)
+    kv_part = 64 * (4096 + 64) * kv_bytes_per_token(LLAMA_8B, 2)
     assert a.decode_bytes - f.decode_bytes == pytest.approx(kv_part / 2, rel=1e-6)
     assert a.decode_flops == f.decode_flops
     assert a.tpot_s is not None and f.tpot_s is not None and f.tpot_s < a.tpot_s

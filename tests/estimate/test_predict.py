@@ -242,7 +242,7 @@ def test_cli_validate_throughput_reports_held_out_errors_and_baselines() -> None
     assert len(ratios) == 3 and any(r.startswith("fp8 over bf16") for r in ratios)
     assert any("measured 1.194x, predicted 1.1" in r for r in ratios)
     assert sum("compiled over eager" in r and "predicted 1." in r for r in ratios) == 2
-    text = run_cli("validate", "throughput", *own).stdout
+    text = run_cli("validate", "throughput", "--source", "own").stdout  # the rendering
     assert "own GPU measurements (out of sample)" in text and "Speed ratios: " in text
 
 
@@ -313,7 +313,7 @@ def test_compiled_decoding_streams_without_the_dispatch_floor() -> None:
     """--compile with inference: the decode steps replay a CUDA graph (transformers' generate on
     a static cache), so at one sequence they stream the weights at the bandwidth share alone,
     while the prefill stays eager."""
-    asked = {"mode": "inference", "context": 512, "new_tokens": 64, "concurrency": 1}
+    asked = {"mode": "inference", "context": 512, "new_tokens": 128, "concurrency": 1}
     eager, compiled = (
         {
             gpu: wg.predict("llama-3.1-8b", gpus=[gpu], compile=c, **asked)[0]  # type: ignore[arg-type]

@@ -285,7 +285,7 @@ def test_compiled_decoding_reads_quantized_weights() -> None:
     from whichgpu.estimate.engine_speed import COMPILED_WEIGHT_FORMATS, model_shape
     from whichgpu.estimate.throughput import load_inference_parameters
 
-    ask = {"mode": "inference", "compile": True, "concurrency": 1, "context": 64, "new_tokens": 32}
+    ask = {"mode": "inference", "compile": True, "concurrency": 1, "context": 64, "new_tokens": 128}
     step = {
         q: wg.predict("llama-3.1-8b", gpus=["h100-sxm"], quantization=q, **ask)[0]  # type: ignore[arg-type]
         for q in (None, "int8", "int4")

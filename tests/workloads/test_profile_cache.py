@@ -29,6 +29,8 @@ from whichgpu.workloads.profile_cache import (
     source_digest,
 )
 
+pytestmark = pytest.mark.fresh_trace_cache  # what the cache itself does, from empty
+
 FIXTURES = Path(__file__).parents[1] / "fixtures"
 TINY = FIXTURES / "tiny-llama.json"
 
