@@ -63,7 +63,7 @@ format: install
 
 # the tests run on every core (pytest-xdist): traces dominate the suite and each runs alone
 test: install lint
-	$(BIN)/python -m pytest -n auto
+	$(BIN)/python -m pytest -n auto --dist worksteal
 	$(MAKE) test-oldest
 
 # After a change of pyproject.toml's dependencies: add what is new to the lock, keeping every

@@ -342,7 +342,7 @@ def test_compiled_inference_of_a_model_that_does_not_generate_is_refused() -> No
 
 def test_compile_leaves_out_gpus_too_old_for_triton() -> None:
     """inductor's Triton kernels need compute capability 7.0: a Pascal card cannot compile."""
-    asked = {"mode": "inference", "context": 256, "new_tokens": 16, "concurrency": 1}
+    asked = {"mode": "inference", "context": 256, "new_tokens": 128, "concurrency": 1}
     both = wg.predict("llama-3.2-1b", gpus=["tesla-p40", "rtx-3090"], compile=True, **asked)  # type: ignore[arg-type]
     assert [e.gpu for e in both] == ["rtx-3090"]
     why = "Tesla P40 (compute capability 6.1) cannot run torch.compile"
