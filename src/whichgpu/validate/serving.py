@@ -133,7 +133,7 @@ class ServingRow:
 def by_publication(cases: list[ReferenceThroughputCase]) -> str:
     """The mean |error| of each publication among ``cases`` (one quantity's), where more
     than one contributes: a summary over several sources can hide that one of them is far
-    off, e.g. ``nim-llm-benchmarking 6: 26.2 %; trtllm-performance-v0.9 16: 53.1 %``."""
+    off, e.g. ``nim-llm-benchmarking 6: 27.1%; trtllm-performance-v0.9 16: 53.7%``."""
     groups: dict[str, list[float]] = {}
     for case in cases:
         if case.error is not None:
