@@ -542,7 +542,9 @@ def _decoding_assumptions(
             else f"TTFT: the prompt prefilled in chunks of the {engine.prefill_chunk_tokens}-"
             "token step budget less the other sequences' decode tokens (steady state, no "
             "queueing)"
-        ),
+        )
+        + "; the output head runs for the prompt's last token only; the engine's GPU steps "
+        "only: a client's TTFT adds the HTTP round trip and tokenizing the prompt",
         "TPOT: a step of the steady state, every sequence's decode token and beside them "
         "the prompts of the requests that replace the finished ones (each prompt prefilled "
         f"once over its {new} decode steps: concurrency x {context} / {new} prompt tokens a "

@@ -999,7 +999,9 @@ def engine_rates(
         )
         notes += (
             f"weight matrix products at {params.tensor_efficiency:.0%} of the catalog's fp8 "
-            "tensor peak (the 16-bit efficiency, taken to hold for fp8); attention at the "
+            "tensor peak (the 16-bit efficiency, taken to hold for fp8; published fp8 "
+            "prefills of one prompt on H100 and H200 ran about 20 % slower than this gives: "
+            "docs/serving.md); attention at the "
             f"{precision} rate",
         )
     return out, notes
