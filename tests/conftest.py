@@ -23,6 +23,14 @@ def _cuda_device_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "fresh_trace_cache: gets an empty trace cache of its own, not the run's shared one "
+        "(tests of tracing and of the cache)",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     needs_gpu = [i for i in items if "gpu" in i.keywords or "multigpu" in i.keywords]
     if not needs_gpu:
