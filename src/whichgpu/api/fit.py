@@ -143,7 +143,7 @@ def answer_fit(
                 check_gpu(gpu)
             refused.append(f"{gpu.name} is left out: {why}.")
             continue
-        why = paged_refusal(step.run, gpu) or (compile_refusal(gpu) if step.run.compile else None)
+        why = paged_refusal(step.run, gpu) or compile_refusal(step.run, gpu)
         if why is not None:
             if len(asked.targets) == 1:
                 raise UsageError(f"{why}.")

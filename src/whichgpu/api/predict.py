@@ -271,7 +271,7 @@ def _refused(step: Step, gpu: GpuSpec, *, alone: bool) -> UsageError | None:
     from whichgpu.estimate.fp8 import Fp8Refused, check_gpu, fp8_refusal
     from whichgpu.estimate.paged import paged_refusal
 
-    why = paged_refusal(step.run, gpu) or (compile_refusal(gpu) if step.run.compile else None)
+    why = paged_refusal(step.run, gpu) or compile_refusal(step.run, gpu)
     if why is not None:
         if alone:
             raise UsageError(f"{why}.")

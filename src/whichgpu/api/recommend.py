@@ -436,10 +436,10 @@ def _option(
         from whichgpu.estimate.paged import paged_refusal
 
         refused = paged_refusal(step.run, gpu)
-    if refused is None and step.run.compile:
+    if refused is None:
         from whichgpu.estimate.compiled import compile_refusal
 
-        refused = compile_refusal(gpu)
+        refused = compile_refusal(step.run, gpu)
     if engine is not None and refused is None:
         try:
             memory, path = engine_quantization(step, engine, gpu, memory, software, quantization)

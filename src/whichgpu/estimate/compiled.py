@@ -23,7 +23,7 @@ import numpy as np
 import numpy.typing as npt
 
 from whichgpu.estimate.throughput import FUSED_PHASES, OpTable, SerialWork, select_rows
-from whichgpu.schema import GpuSpec, Vendor
+from whichgpu.schema import GpuSpec, RunConfig, Vendor
 from whichgpu.units import GB
 
 TRITON_MIN_CAPABILITY = (7, 0)
@@ -32,9 +32,11 @@ TRITON_MIN_CAPABILITY = (7, 0)
 ``torch/_inductor/exc.py``) on an older one."""
 
 
-def compile_refusal(gpu: GpuSpec) -> str | None:
-    """Why ``torch.compile`` cannot run on ``gpu`` (None: it can, as far as known): an NVIDIA
-    GPU older than ``TRITON_MIN_CAPABILITY``."""
+def compile_refusal(run: RunConfig, gpu: GpuSpec) -> str | None:
+    """Why ``run``'s ``torch.compile`` cannot run on ``gpu`` (None: the run is not compiled, or
+    it can, as far as known): an NVIDIA GPU older than ``TRITON_MIN_CAPABILITY``."""
+    if not run.compile:
+        return None
     device = gpu.one_device()
     capability = device.capability()
     if device.vendor != Vendor.NVIDIA or capability is None:
