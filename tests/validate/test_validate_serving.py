@@ -8,7 +8,15 @@ import pytest
 
 import whichgpu.api as wg
 from whichgpu.schema import ReferenceThroughputCase
-from whichgpu.validate.serving import QUANTITIES, by_publication, serving_rows, serving_throughput
+from whichgpu.validate.serving import (
+    DECODE_QUANTITIES,
+    QUANTITIES,
+    by_publication,
+    decode_rows,
+    fit_share,
+    serving_rows,
+    serving_throughput,
+)
 from whichgpu.validate.summary import SOURCES
 from whichgpu.workloads import run_config
 
@@ -156,3 +164,39 @@ def test_the_summary_of_a_quantity_breaks_down_by_publication() -> None:
     ]
     assert by_publication(cases) == "a 2: 20.0%; b 1: 50.0%; c 1: 20.0%"
     assert by_publication(cases[:2]) == ""  # one publication: the summary says it all
+
+
+def _cases(errors: list[tuple[float, str]]) -> list[ReferenceThroughputCase]:
+    base = {"source": "serving", "workload": "gpt2", "gpu": "h100-sxm", "quantity": "TPOT ms"}
+    run = run_config(mode="inference")
+    return [
+        ReferenceThroughputCase(
+            **base, case=str(i), run=run, measured=1.0, predicted=1.0, error=e, publication=p
+        )
+        for i, (e, p) in enumerate(errors)
+    ]
+
+
+def test_the_decode_share_fit_keeps_the_least_log_error_and_leaves_each_source_out() -> None:
+    # publication a fits 0.6 best, b fits 0.7; together 0.6 (a has more rows)
+    by_share = {
+        0.5: _cases([(-0.2, "a"), (-0.2, "a"), (-0.3, "b")]),
+        0.6: _cases([(0.0, "a"), (0.02, "a"), (-0.1, "b")]),
+        0.7: _cases([(0.15, "a"), (0.15, "a"), (0.01, "b")]),
+    }
+    fit = fit_share(by_share)
+    assert fit.share == 0.6 and fit.rows == 3
+    assert fit.in_sample == pytest.approx({"a": 0.01, "b": 0.1})
+    # each publication is predicted at the share fitted to the other alone
+    assert fit.held_out_share == {"a": 0.7, "b": 0.6}
+    assert fit.held_out == pytest.approx({"a": 0.15, "b": 0.1})
+    assert fit.held_out_all == pytest.approx((0.15 + 0.15 + 0.1) / 3)
+
+
+def test_the_decode_share_is_fitted_to_the_rows_a_decode_step_sets_not_to_ttft() -> None:
+    rows = decode_rows()
+    assert rows and all(r.quantity in DECODE_QUANTITIES for r in rows)
+    assert "ttft_ms" not in DECODE_QUANTITIES
+    assert len(rows) == sum(1 for r in serving_rows() if r.quantity != "ttft_ms")
+    with pytest.raises(ValueError, match="no shares"):
+        fit_share({})
