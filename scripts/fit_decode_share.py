@@ -72,13 +72,10 @@ def main() -> int:
     doc = json.loads(OUT.read_text(encoding="utf-8"))
     doc["inference"]["decode_memory_efficiency"] = fit.share
     doc["inference"]["source"] = (
-        f"fitted {dt.date.today().isoformat()} by scripts/fit_decode_share.py to the {fit.rows} "
-        "published decode measurements of validate --source serving (serving engines' output "
-        "tokens/s and TPOT, compiled decoding's tokens/s; their sources in "
-        "validate/data/serving/README.md): the least mean squared log error; each "
-        "publication's rows predicted at the share fitted without them: mean |error| "
-        f"{fit.held_out_all:.1%} (shares "
-        f"{min(fit.held_out_share.values()):.2f}-{max(fit.held_out_share.values()):.2f})"
+        f"fitted {dt.date.today().isoformat()} to {fit.rows} published decode measurements "
+        "(serving engines' output tokens/s and TPOT, compiled decoding's tokens/s: validate "
+        "--source serving; scripts/fit_decode_share.py); each publication predicted from the "
+        f"others' fit: mean |error| {fit.held_out_all:.1%}"
     )
     doc["inference"]["fit"] = {
         "about": "scripts/fit_decode_share.py: mean |error| by publication, in sample and "
