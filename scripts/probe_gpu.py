@@ -16,11 +16,16 @@ it finishes (a run cut short keeps what finished):
 - ``gemm``: bf16/fp32 matrix products at the shapes of the measured models and elementwise /
   normalisation passes at their sizes, timed with CUDA events: the efficiencies the speed
   model assumes, measured.
+- ``infer``: a request batch as ``whichgpu bench --mode inference`` serves it eagerly (a static
+  KV cache, the prefill, then one greedy decode step per new token): the prefill and the
+  decode steps timed apart, and the device time of every operator and kernel of one request,
+  the prefill's and the decode steps' apart (``torch.profiler`` with ``record_function``).
 
 The steps are whichgpu's own (the workload's model and loss, ``recipe.training``'s
-optimizer), random weights and synthetic data. Run from the repository root::
+optimizer; ``recipe.generation``'s static cache and generation step), random weights and
+synthetic data. Run from the repository root::
 
-    python scripts/probe_gpu.py --out DIR [--parts alloc,kernels,gemm] [--device cuda]
+    python scripts/probe_gpu.py --out DIR [--parts alloc,kernels,gemm,infer] [--device cuda]
 
 ``--device cpu`` runs the same code on tiny sizes (no allocator history: a CPU has no caching
 allocator) to check the script before a GPU is at hand.
@@ -29,6 +34,7 @@ allocator) to check the script before a GPU is at hand.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import gzip
 import json
@@ -44,6 +50,12 @@ from typing import Any
 
 import torch
 
+from whichgpu.recipe.generation import (
+    generation_arguments,
+    prompt_ids,
+    serving_sizes,
+    static_cache,
+)
 from whichgpu.recipe.training import make_optimizer, step_loss
 from whichgpu.workloads import get_workload, run_config
 from whichgpu.workloads.finetune import apply_method
@@ -86,8 +98,23 @@ KERNEL_CASES = (
 """The H200 step-time cases, the two largest misses first (Llama 1B too slow, ResNet-50 too
 fast)."""
 
+INFERENCE_CASES = (
+    Case(
+        "llama-3.2-1b", {"precision": "bf16", "concurrency": 16, "context": 2048, "new_tokens": 32}
+    ),
+    Case(
+        "llama-3.2-1b", {"precision": "bf16", "concurrency": 64, "context": 2048, "new_tokens": 32}
+    ),
+)
+"""whichgpu's own eager inference measurements on the H200 (``bench --mode inference``,
+2026-11-27: 1,024 and 1,390 generated tokens/s), which ``predict`` gives 39 and 67 % faster,
+the time going to work that grows with the sequences: the prefill or the decode steps."""
+
 CPU_SIZES = {"batch_size": 1, "seq_len": 32}
 """What ``--device cpu`` shrinks every case to."""
+
+CPU_INFERENCE_SIZES = {"concurrency": 2, "context": 16, "new_tokens": 2}
+"""What ``--device cpu`` shrinks every inference case to."""
 
 
 def environment(device: str) -> dict[str, Any]:
@@ -302,6 +329,104 @@ def probe_kernels(case: Case, device: str, timed_steps: int) -> dict[str, Any]:
     return record
 
 
+def probe_inference(case: Case, device: str, repeats: int) -> dict[str, Any]:
+    """The prefill and the decode steps of one eager request batch, as ``whichgpu bench --mode
+    inference`` serves it (bf16 autocast, ``inference_mode``, a fresh static cache per
+    request), timed apart over ``repeats`` requests after two warm-up ones (synchronised wall
+    times; medians), and the operators and kernels of one profiled request, the prefill's and
+    the decode steps' apart."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    release(device)
+    options = dict(case.options)
+    if device == "cpu":
+        options.update(CPU_INFERENCE_SIZES)
+    run = run_config(mode="inference", **options)
+    workload = get_workload(case.workload)
+    with torch.device(device):
+        built = workload.build(run)
+        model = built.model.to(device).eval()
+    serving = serving_sizes(workload.info, built, run)
+    if serving is None:
+        raise ValueError(f"{case.workload} does not generate with a KV cache")
+    ids = prompt_ids(model, serving)
+    amp = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(run.precision)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+
+    def request(marks: bool = False) -> tuple[float, float]:
+        """One request batch: its prefill's seconds and its decode steps' mean seconds."""
+        with (
+            torch.inference_mode(),
+            torch.autocast(device_type=kind, dtype=amp or torch.float32, enabled=amp is not None),
+        ):
+            step = generation_arguments(model, static_cache(model, serving))
+            synchronize(device)
+            start = time.perf_counter()
+            with record_function("prefill") if marks else contextlib.nullcontext():
+                token = model(input_ids=ids, **step).logits[:, -1:].argmax(dim=-1)
+                synchronize(device)
+            prefilled = time.perf_counter()
+            with record_function("decode") if marks else contextlib.nullcontext():
+                for _ in range(serving.new_tokens):
+                    token = model(input_ids=token, **step).logits[:, -1:].argmax(dim=-1)
+                synchronize(device)
+            end = time.perf_counter()
+        return prefilled - start, (end - prefilled) / serving.new_tokens
+
+    for _ in range(2):
+        request()
+    times = sorted(request() for _ in range(repeats))
+    prefill_s = sorted(t[0] for t in times)[len(times) // 2]
+    decode_s = sorted(t[1] for t in times)[len(times) // 2]
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities, record_shapes=True) as prof:
+        request(marks=True)
+    phases = {
+        e.key: {"device_us": e.device_time_total, "cpu_us": e.cpu_time_total}
+        for e in prof.key_averages()
+        if e.key in ("prefill", "decode")
+    }
+    ops = [
+        {
+            "name": e.key,
+            "shapes": str(e.input_shapes),
+            "count": e.count,
+            "device_us": e.device_time_total,
+            "self_device_us": e.self_device_time_total,
+            "cpu_us": e.cpu_time_total,
+        }
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key.startswith("aten::")
+    ]
+    kernels = [
+        {"name": e.key, "count": e.count, "device_us": e.self_device_time_total}
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0 and not e.key.startswith("aten::")
+    ]
+    record: dict[str, Any] = {"case": case.label, "workload": case.workload, **options}
+    record.update(
+        sequences=serving.sequences,
+        context_tokens=serving.context_tokens,
+        new_tokens=serving.new_tokens,
+        requests_timed=repeats,
+        prefill_s=prefill_s,
+        decode_step_s=decode_s,
+        request_s=prefill_s + serving.new_tokens * decode_s,
+        generated_tokens_per_s=serving.sequences
+        * serving.new_tokens
+        / (prefill_s + serving.new_tokens * decode_s),
+        phases=phases,
+        kernel_us_total=sum(k["device_us"] for k in kernels),
+        ops=ops,
+        kernels=kernels,
+    )
+    del prof
+    release(device)
+    return record
+
+
 def _timed_ms(fn: Callable[[], Any], device: str, repeats: int) -> float:
     """Median milliseconds of ``fn`` after two warm-ups (CUDA events on a GPU)."""
     for _ in range(2):
@@ -465,7 +590,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="folder for the records")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--parts", default="alloc,kernels,gemm")
+    parser.add_argument("--parts", default="alloc,kernels,gemm,infer")
     parser.add_argument("--only", nargs="*", default=[], help="workloads to probe")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -482,6 +607,11 @@ def main(argv: list[str]) -> int:
     jobs.extend(
         (f"kernels_{case.label}", lambda c=case: probe_kernels(c, args.device, steps))
         for case in (KERNEL_CASES if "kernels" in parts else ())
+        if not args.only or case.workload in args.only
+    )
+    jobs.extend(
+        (f"infer_{case.label}", lambda c=case: probe_inference(c, args.device, 2 if on_cpu else 5))
+        for case in (INFERENCE_CASES if "infer" in parts else ())
         if not args.only or case.workload in args.only
     )
     if "gemm" in parts:
