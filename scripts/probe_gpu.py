@@ -39,6 +39,7 @@ import gc
 import gzip
 import json
 import platform
+import statistics
 import sys
 import time
 import traceback
@@ -276,6 +277,29 @@ def probe_alloc(case: Case, device: str, steps: int) -> dict[str, Any]:
     return record
 
 
+def profiled_tables(prof: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """A ``torch.profiler`` run's ATen operators (by input shapes: count, device and CPU
+    times) and its kernels (count, device time)."""
+    ops = [
+        {
+            "name": e.key,
+            "shapes": str(e.input_shapes),
+            "count": e.count,
+            "device_us": e.device_time_total,
+            "self_device_us": e.self_device_time_total,
+            "cpu_us": e.cpu_time_total,
+        }
+        for e in prof.key_averages(group_by_input_shape=True)
+        if e.key.startswith("aten::")
+    ]
+    kernels = [
+        {"name": e.key, "count": e.count, "device_us": e.self_device_time_total}
+        for e in prof.key_averages()
+        if e.self_device_time_total > 0 and not e.key.startswith("aten::")
+    ]
+    return ops, kernels
+
+
 def probe_kernels(case: Case, device: str, timed_steps: int) -> dict[str, Any]:
     """Operator and kernel device times of two profiled steps; wall time of unprofiled ones."""
     from torch.profiler import ProfilerActivity, profile
@@ -297,23 +321,7 @@ def probe_kernels(case: Case, device: str, timed_steps: int) -> dict[str, Any]:
         for _ in range(2):
             step.run_step()
         synchronize(device)
-    ops = [
-        {
-            "name": e.key,
-            "shapes": str(e.input_shapes),
-            "count": e.count,
-            "device_us": e.device_time_total,
-            "self_device_us": e.self_device_time_total,
-            "cpu_us": e.cpu_time_total,
-        }
-        for e in prof.key_averages(group_by_input_shape=True)
-        if e.key.startswith("aten::")
-    ]
-    kernels = [
-        {"name": e.key, "count": e.count, "device_us": e.self_device_time_total}
-        for e in prof.key_averages()
-        if e.self_device_time_total > 0 and not e.key.startswith("aten::")
-    ]
+    ops, kernels = profiled_tables(prof)
     record: dict[str, Any] = {"case": case.label, "workload": case.workload, **case.options}
     record.update(
         wall_s_per_step=wall_s,
@@ -375,9 +383,9 @@ def probe_inference(case: Case, device: str, repeats: int) -> dict[str, Any]:
 
     for _ in range(2):
         request()
-    times = sorted(request() for _ in range(repeats))
-    prefill_s = sorted(t[0] for t in times)[len(times) // 2]
-    decode_s = sorted(t[1] for t in times)[len(times) // 2]
+    times = [request() for _ in range(repeats)]
+    prefill_s = statistics.median(t[0] for t in times)
+    decode_s = statistics.median(t[1] for t in times)
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
@@ -388,23 +396,7 @@ def probe_inference(case: Case, device: str, repeats: int) -> dict[str, Any]:
         for e in prof.key_averages()
         if e.key in ("prefill", "decode")
     }
-    ops = [
-        {
-            "name": e.key,
-            "shapes": str(e.input_shapes),
-            "count": e.count,
-            "device_us": e.device_time_total,
-            "self_device_us": e.self_device_time_total,
-            "cpu_us": e.cpu_time_total,
-        }
-        for e in prof.key_averages(group_by_input_shape=True)
-        if e.key.startswith("aten::")
-    ]
-    kernels = [
-        {"name": e.key, "count": e.count, "device_us": e.self_device_time_total}
-        for e in prof.key_averages()
-        if e.self_device_time_total > 0 and not e.key.startswith("aten::")
-    ]
+    ops, kernels = profiled_tables(prof)
     record: dict[str, Any] = {"case": case.label, "workload": case.workload, **options}
     record.update(
         sequences=serving.sequences,
