@@ -1,21 +1,23 @@
-"""Fit the decode bandwidth share to published decode measurements and write it to the package data.
+"""Fit the serving constants to published serving measurements and write them to the package data.
 
 Run from the repository root:
 
     python scripts/fit_decode_share.py [--quick]
 
-``inference.decode_memory_efficiency`` of ``src/whichgpu/estimate/data/throughput.json`` is the
-share of the DRAM bandwidth a decode step's bytes stream at, in ``predict --serving`` (the
-engine's step model) and in compiled and eager decoding. This predicts every row of
-``validate --source serving`` that a decode step sets (``validate.serving.DECODE_QUANTITIES``:
-serving engines' output tokens/s and TPOT, compiled decoding's tokens/s) at a grid of shares,
-0.40 to 0.95 by 0.05 and then by 0.01 around the best, and keeps the share of the least mean
-squared ``log(predicted / measured)`` (``validate.serving.fit_share``). Each publication is then
-left out in turn: its rows predicted at the share that fits the others. TTFT rows are not
-fitted (a prompt's prefill is mostly matrix work); they stay a check. Writes the share, how it
-was fitted and its out-of-sample error to the data file (other keys kept) unless ``--quick``.
-Takes a few minutes (each share predicts every row; the first run traces the compiled rows'
-steps).
+Two constants of ``inference`` in ``src/whichgpu/estimate/data/throughput.json``:
+``decode_memory_efficiency``, the share of the DRAM bandwidth a decode step's bytes stream at
+(``predict --serving``'s engine model, compiled and eager decoding), and
+``fp8_tensor_efficiency``, the share of the catalog's fp8 tensor peak a serving engine's fp8
+weight matrix products (W8A8) reach. This predicts every row of ``validate --source serving``
+of the quantities ``validate.serving.FITTED_QUANTITIES`` names (engines' output tokens/s and
+TPOT, compiled decoding's tokens/s) at points of the two constants: each in turn over 0.40 to
+0.95 by 0.05, then by 0.01 around the best, twice; the point of the least mean squared
+``log(predicted / measured)`` is kept (``validate.serving.fit_serving``). Each publication is
+then left out in turn: its rows predicted at the evaluated point that fits the others best.
+TTFT rows are not fitted; they stay an independent check. Writes the constants, how they were
+fitted and their out-of-sample error to the data file (other keys kept) unless ``--quick``.
+Takes several minutes (each point predicts every row; the first run traces the compiled
+rows' steps).
 """
 
 from __future__ import annotations
@@ -29,61 +31,91 @@ from unittest import mock
 
 from whichgpu.estimate import throughput
 from whichgpu.schema import ReferenceThroughputCase
-from whichgpu.validate.serving import decode_rows, fit_share, serving_throughput
+from whichgpu.validate.serving import (
+    Point,
+    best_point,
+    fit_serving,
+    fitted_rows,
+    serving_throughput,
+)
 
 OUT = Path("src/whichgpu/estimate/data/throughput.json")
 
+COARSE = [round(0.40 + 0.05 * i, 2) for i in range(12)]
+"""Each constant's coarse grid."""
 
-def predicted_at(share: float) -> list[ReferenceThroughputCase]:
-    """The decode rows predicted with the decode share set to ``share`` (the shipped data
-    otherwise)."""
+
+def predicted_at(point: Point) -> list[ReferenceThroughputCase]:
+    """The fitted rows predicted with the constants set to ``point`` (decode bandwidth share,
+    fp8 efficiency), the shipped data otherwise."""
     doc = copy.deepcopy(throughput._shipped_document())
-    doc["inference"]["decode_memory_efficiency"] = share
+    doc["inference"]["decode_memory_efficiency"], doc["inference"]["fp8_tensor_efficiency"] = point
     with mock.patch.object(throughput, "_shipped_document", lambda: doc):
-        return serving_throughput(decode_rows())
+        return serving_throughput(fitted_rows())
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="print the fit, write nothing")
     args = parser.parse_args()
-    by_share: dict[float, list[ReferenceThroughputCase]] = {}
+    by_point: dict[Point, list[ReferenceThroughputCase]] = {}
 
-    def evaluate(shares: list[float]) -> None:
-        for share in shares:
-            if share not in by_share:
-                by_share[share] = predicted_at(share)
-                print(f"share {share:.2f}: evaluated", flush=True)
+    def along(axis: int, point: Point, values: list[float]) -> Point:
+        """Evaluate ``point`` with its ``axis`` constant at each of ``values``; the best."""
+        tried = []
+        for value in values:
+            moved = (value, point[1]) if axis == 0 else (point[0], value)
+            if moved not in by_point:
+                by_point[moved] = predicted_at(moved)
+                print(f"share {moved[0]:.2f}, fp8 efficiency {moved[1]:.2f}: evaluated", flush=True)
+            tried.append(moved)
+        return best_point({p: by_point[p] for p in tried})
 
-    evaluate([round(0.40 + 0.05 * i, 2) for i in range(12)])
-    coarse = fit_share(by_share).share
-    evaluate([round(coarse + 0.01 * i, 2) for i in range(-4, 5)])
-    fit = fit_share(by_share)
-    print(f"decode bandwidth share {fit.share:.2f} over {fit.rows} rows")
-    print(f"{'publication':30s} {'in sample':>9s} {'left out':>9s} {'share without':>13s}")
+    inference = throughput.load_inference_parameters()
+    point = (
+        round(inference.decode_memory_efficiency, 2),
+        round(inference.fp8_tensor_efficiency, 2),
+    )
+    for axis in (0, 1):
+        point = along(axis, point, COARSE)
+    for width in (4, 2):
+        for axis in (0, 1):
+            near = [round(point[axis] + 0.01 * i, 2) for i in range(-width, width + 1)]
+            point = along(axis, point, near)
+    fit = fit_serving(by_point)
+    share, fp8 = fit.point
+    print(f"decode bandwidth share {share:.2f}, fp8 efficiency {fp8:.2f} over {fit.rows} rows")
+    print(f"{'publication':30s} {'in sample':>9s} {'left out':>9s} {'point without':>13s}")
     for name in fit.in_sample:
+        without = fit.held_out_point[name]
         print(
             f"{name:30s} {fit.in_sample[name]:9.1%} {fit.held_out[name]:9.1%} "
-            f"{fit.held_out_share[name]:13.2f}"
+            f"{without[0]:6.2f} {without[1]:6.2f}"
         )
     print(f"all rows, each publication left out: mean |error| {fit.held_out_all:.1%}")
     if args.quick:
         return 0
     doc = json.loads(OUT.read_text(encoding="utf-8"))
-    doc["inference"]["decode_memory_efficiency"] = fit.share
-    doc["inference"]["source"] = (
-        f"fitted {dt.date.today().isoformat()} to {fit.rows} published decode measurements "
-        "(serving engines' output tokens/s and TPOT, compiled decoding's tokens/s: validate "
-        "--source serving; scripts/fit_decode_share.py); each publication predicted from the "
-        f"others' fit: mean |error| {fit.held_out_all:.1%}"
+    fitted = (
+        f"fitted {dt.date.today().isoformat()} to {fit.rows} published serving measurements "
+        "(engines' output tokens/s and TPOT, compiled decoding's tokens/s: validate --source "
+        "serving; scripts/fit_decode_share.py); each publication predicted from the others' "
+        f"fit: mean |error| {fit.held_out_all:.1%}"
     )
-    doc["inference"]["fit"] = {
-        "about": "scripts/fit_decode_share.py: mean |error| by publication, in sample and "
-        "fitted without it",
-        "in_sample": fit.in_sample,
-        "held_out": fit.held_out,
-        "held_out_share": fit.held_out_share,
-    }
+    doc["inference"].update(
+        decode_memory_efficiency=share,
+        source=fitted,
+        fp8_tensor_efficiency=fp8,
+        fp8_source=f"{fitted}; the 16-bit efficiency is the throughput fit's",
+        fit={
+            "about": "scripts/fit_decode_share.py: mean |error| by publication, in sample and "
+            "fitted without it, and the constants fitted without it (decode bandwidth share, "
+            "fp8 efficiency)",
+            "in_sample": fit.in_sample,
+            "held_out": fit.held_out,
+            "held_out_point": {k: list(v) for k, v in fit.held_out_point.items()},
+        },
+    )
     OUT.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
     print(f"wrote {OUT}")
     return 0

@@ -25,7 +25,7 @@ from whichgpu.estimate.engine_speed import (
     quantized_path,
 )
 from whichgpu.estimate.serving import kv_bytes_per_token
-from whichgpu.estimate.throughput import gpu_rates, load_parameters
+from whichgpu.estimate.throughput import gpu_rates, load_inference_parameters, load_parameters
 from whichgpu.units import GB
 from whichgpu.workloads.hf import read_config
 
@@ -131,9 +131,10 @@ def test_w8a8_multiplies_at_the_fp8_tensor_rate() -> None:
     fp8, notes = engine_rates(gpu, gpu_rates(gpu), "bf16", path=path)
     assert plain.matmul_flops_per_s is None
     assert gpu.fp8_tensor_tflops is not None
-    efficiency = load_parameters().tensor_efficiency
+    efficiency = load_inference_parameters().fp8_tensor_efficiency  # fitted, not the 16-bit one
+    assert 0 < efficiency < 1 and efficiency != load_parameters().tensor_efficiency
     assert fp8.matmul_flops_per_s == pytest.approx(gpu.fp8_tensor_tflops * 1e12 * efficiency)
-    assert any("fp8 tensor peak" in n for n in notes)
+    assert any(f"{efficiency:.0%} of the catalog's fp8 tensor peak" in n for n in notes)
     # a compute-bound prefill chunk is faster; a batch-1 decode only by the bytes
     kv = kv_bytes_per_token(LLAMA_8B, 2)
     shape = model_shape(LLAMA_8B, 16 * GB, kv, 2, WEIGHT_FORMATS["fp8"])

@@ -9,11 +9,11 @@ import pytest
 import whichgpu.api as wg
 from whichgpu.schema import ReferenceThroughputCase
 from whichgpu.validate.serving import (
-    DECODE_QUANTITIES,
+    FITTED_QUANTITIES,
     QUANTITIES,
     by_publication,
-    decode_rows,
-    fit_share,
+    fit_serving,
+    fitted_rows,
     serving_rows,
     serving_throughput,
 )
@@ -177,26 +177,27 @@ def _cases(errors: list[tuple[float, str]]) -> list[ReferenceThroughputCase]:
     ]
 
 
-def test_the_decode_share_fit_keeps_the_least_log_error_and_leaves_each_source_out() -> None:
-    # publication a fits 0.6 best, b fits 0.7; together 0.6 (a has more rows)
-    by_share = {
-        0.5: _cases([(-0.2, "a"), (-0.2, "a"), (-0.3, "b")]),
-        0.6: _cases([(0.0, "a"), (0.02, "a"), (-0.1, "b")]),
-        0.7: _cases([(0.15, "a"), (0.15, "a"), (0.01, "b")]),
+def test_the_serving_fit_keeps_the_least_log_error_and_leaves_each_source_out() -> None:
+    # publication a fits (0.6, 0.7) best, b fits (0.7, 0.7); together (0.6, 0.7): a has more rows
+    by_point = {
+        (0.5, 0.7): _cases([(-0.2, "a"), (-0.2, "a"), (-0.3, "b")]),
+        (0.6, 0.7): _cases([(0.0, "a"), (0.02, "a"), (-0.1, "b")]),
+        (0.7, 0.7): _cases([(0.15, "a"), (0.15, "a"), (0.01, "b")]),
+        (0.6, 0.5): _cases([(-0.1, "a"), (-0.1, "a"), (-0.2, "b")]),
     }
-    fit = fit_share(by_share)
-    assert fit.share == 0.6 and fit.rows == 3
+    fit = fit_serving(by_point)
+    assert fit.point == (0.6, 0.7) and fit.rows == 3
     assert fit.in_sample == pytest.approx({"a": 0.01, "b": 0.1})
-    # each publication is predicted at the share fitted to the other alone
-    assert fit.held_out_share == {"a": 0.7, "b": 0.6}
+    # each publication is predicted at the point fitted to the other alone
+    assert fit.held_out_point == {"a": (0.7, 0.7), "b": (0.6, 0.7)}
     assert fit.held_out == pytest.approx({"a": 0.15, "b": 0.1})
     assert fit.held_out_all == pytest.approx((0.15 + 0.15 + 0.1) / 3)
 
 
-def test_the_decode_share_is_fitted_to_the_rows_a_decode_step_sets_not_to_ttft() -> None:
-    rows = decode_rows()
-    assert rows and all(r.quantity in DECODE_QUANTITIES for r in rows)
-    assert "ttft_ms" not in DECODE_QUANTITIES
+def test_the_serving_constants_are_fitted_to_throughput_and_tpot_rows_not_ttft() -> None:
+    rows = fitted_rows()
+    assert rows and all(r.quantity in FITTED_QUANTITIES for r in rows)
+    assert "ttft_ms" not in FITTED_QUANTITIES
     assert len(rows) == sum(1 for r in serving_rows() if r.quantity != "ttft_ms")
-    with pytest.raises(ValueError, match="no shares"):
-        fit_share({})
+    with pytest.raises(ValueError, match="no points"):
+        fit_serving({})

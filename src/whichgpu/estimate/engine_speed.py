@@ -12,22 +12,23 @@ FLOPs / achievable tensor rate)`` (the weight matrix products: the weights once 
 inputs and outputs; attention: every running sequence's KV cache up to its current length;
 the elementwise kernels between them: bytes only). Prompts are prefilled in chunks of the
 engine's token budget beside the other sequences' decodes. The achievable shares are the
-throughput model's own constants (``data/throughput.json``: the decode bandwidth share, the
-fitted tensor efficiency); the model's shape comes from its ``config.json``; tensor parallel
-adds two all-reduces per layer and step (``estimate.data_parallel``). Pure Python; no fitted
-factor of its own.
+throughput model's constants (``data/throughput.json``: the tensor efficiency; the decode
+bandwidth share and the fp8 efficiency, fitted to published serving runs by
+``scripts/fit_decode_share.py``); the model's shape comes from its ``config.json``; tensor
+parallel adds two all-reduces per layer and step (``estimate.data_parallel``). Pure Python.
 
 Quantized weights (``--quantization int8|int4|fp8``) are modelled from their bytes: the
 linear layers' weights in the quantized format, scales and zero points included
 (``WeightFormat``), the embeddings, head, norms and routers in the serving dtype; fp8 weights
-with fp8 activations (W8A8) run their matrix products at the catalog's fp8 tensor rate where
-the engine has that path on the GPU (``quantized_path``, which refuses a GPU or engine without
-one, with the reason). A mixture-of-experts model's decode step reads the experts its tokens
-are routed to: ``E x (1 - (1 - k/E) ** tokens)`` of the ``E`` experts of a layer when each token
-picks ``k`` uniformly (``ModelShape.distinct_experts``); its FLOPs are of the active parameters.
-An fp8 KV cache (``--kv-cache-dtype fp8``) is modelled from its bytes too: one byte per key and
-value element, so the decode step reads half the 16-bit cache's bytes; attention's FLOPs stay
-(``kv_cache_fp8_source`` says where the engine has the path, and refuses where it has none).
+with fp8 activations (W8A8) run their matrix products at the catalog's fp8 tensor peak x the
+fitted fp8 efficiency where the engine has that path on the GPU (``quantized_path``, which
+refuses a GPU or engine without one, with the reason). A mixture-of-experts model's decode
+step reads the experts its tokens are routed to: ``E x (1 - (1 - k/E) ** tokens)`` of the ``E``
+experts of a layer when each token picks ``k`` uniformly (``ModelShape.distinct_experts``);
+its FLOPs are of the active parameters. An fp8 KV cache (``--kv-cache-dtype fp8``) is
+modelled from its bytes too: one byte per key and value element, so the decode step reads half
+the 16-bit cache's bytes; attention's FLOPs stay (``kv_cache_fp8_source`` says where the engine
+has the path, and refuses where it has none).
 """
 
 from __future__ import annotations
@@ -525,7 +526,7 @@ class EngineRates:
     """The GPUs' link (tensor parallel), None on one GPU."""
     matmul_flops_per_s: float | None = None
     """Achievable rate of the weight matrix products where it is not ``tensor_flops_per_s``
-    (fp8 W8A8: the fp8 peak x the same efficiency); attention stays at the 16-bit rate."""
+    (fp8 W8A8: the fp8 peak x the fitted fp8 efficiency); attention stays at the 16-bit rate."""
 
 
 @dataclass(frozen=True)
@@ -959,7 +960,7 @@ def engine_rates(
     """The achievable rates of ``gpus`` x ``gpu`` under an engine, and where they come from:
     the decode bandwidth share and the fitted tensor efficiency of ``data/throughput.json``;
     with an fp8 W8A8 ``path``, the weight matrix products at the catalog's fp8 tensor peak x
-    that efficiency."""
+    the fitted fp8 efficiency (``inference.fp8_tensor_efficiency``)."""
     params = load_parameters()
     inference = load_inference_parameters()
     peak = peak_flops_per_s(rates, precision)
@@ -994,14 +995,11 @@ def engine_rates(
         out = replace(
             out,
             matmul_flops_per_s=tflops_to_flops(fp8_tflops)
-            * params.tensor_efficiency
+            * inference.fp8_tensor_efficiency
             * rates.tensor_power_share,
         )
         notes += (
-            f"weight matrix products at {params.tensor_efficiency:.0%} of the catalog's fp8 "
-            "tensor peak (the 16-bit efficiency, taken to hold for fp8; published fp8 "
-            "prefills of one prompt on H100 and H200 ran about 20 % slower than this gives: "
-            "docs/serving.md); attention at the "
-            f"{precision} rate",
+            f"weight matrix products at {inference.fp8_tensor_efficiency:.0%} of the catalog's "
+            f"fp8 tensor peak ({inference.fp8_source}); attention at the {precision} rate",
         )
     return out, notes

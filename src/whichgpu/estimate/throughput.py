@@ -310,6 +310,11 @@ class InferenceParameters:
     """Fraction of DRAM bandwidth a decode step's streaming operators reach."""
     source: str
     """Where it comes from."""
+    fp8_tensor_efficiency: float
+    """Fraction of the catalog's fp8 tensor peak a serving engine's fp8 weight matrix products
+    (W8A8) reach."""
+    fp8_source: str
+    """Where that comes from."""
     weight_only_bandwidth_ratio: Mapping[str, float]
     """By weight-only format (``int8``, ``int4``): the bandwidth its compiled products reach
     over a 16-bit product's (they widen the weights inside the kernel)."""
@@ -324,6 +329,8 @@ def load_inference_parameters() -> InferenceParameters:
     return InferenceParameters(
         decode_memory_efficiency=float(doc["decode_memory_efficiency"]),
         source=str(doc["source"]),
+        fp8_tensor_efficiency=float(doc["fp8_tensor_efficiency"]),
+        fp8_source=str(doc["fp8_source"]),
         weight_only_bandwidth_ratio={k: float(v) for k, v in ratios.items() if k != "source"},
         weight_only_source=str(ratios["source"]),
     )

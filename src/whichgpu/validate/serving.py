@@ -4,9 +4,9 @@ against ``predict --compile``): each row of
 lengths, a concurrency, and what was measured: output tokens/s, TPOT or TTFT) is asked of
 ``predict`` with the same settings, and the error is computed as for the training references
 (positive: predicted faster). The data's sources and what each row assumes are in the folder's
-README. ``fit_share`` picks the decode bandwidth share that fits the rows a decode step sets
-(``scripts/fit_decode_share.py`` evaluates them at each share), with each publication's error
-when fitted without it.
+README. ``fit_serving`` picks the serving constants (the decode bandwidth share, the fp8
+efficiency) that fit the throughput and TPOT rows best (``scripts/fit_decode_share.py``
+evaluates them at each point), with each publication's error when fitted without it.
 """
 
 from __future__ import annotations
@@ -283,35 +283,41 @@ def serving_throughput(
     return out
 
 
-DECODE_QUANTITIES = ("output_tokens_per_s", "tpot_ms", "compiled_tokens_per_s")
-"""The quantities a decode step sets (an engine's output tokens/s and TPOT, compiled decoding's
-tokens/s): ``scripts/fit_decode_share.py`` fits the decode bandwidth share to the rows that
-give them. TTFT is not among them: a prompt's prefill is mostly matrix work."""
+FITTED_QUANTITIES = ("output_tokens_per_s", "tpot_ms", "compiled_tokens_per_s")
+"""The quantities ``scripts/fit_decode_share.py`` fits the serving constants to: engines'
+output tokens/s (decode steps and, at many requests, batched prefills) and TPOT, compiled
+decoding's tokens/s. TTFT is not among them: it stays an independent check."""
 
 
-def decode_rows(rows: list[ServingRow] | None = None) -> list[ServingRow]:
-    """The rows (default: the shipped table's) of a quantity the decode step sets."""
+def fitted_rows(rows: list[ServingRow] | None = None) -> list[ServingRow]:
+    """The rows (default: the shipped table's) of a quantity the serving constants are fitted
+    to."""
     rows = serving_rows() if rows is None else rows
-    return [r for r in rows if r.quantity in DECODE_QUANTITIES]
+    return [r for r in rows if r.quantity in FITTED_QUANTITIES]
+
+
+Point = tuple[float, float]
+"""Serving constants a fit tries: the decode bandwidth share and the fp8 tensor efficiency."""
 
 
 @dataclass(frozen=True)
-class ShareFit:
-    """The decode bandwidth share that fits published decode measurements best, and how well
-    it predicts each publication's rows when fitted without them."""
+class ServingFit:
+    """The serving constants that fit published measurements best, and how well they predict
+    each publication's rows when fitted without them."""
 
-    share: float
-    """The share of the least mean squared ``log(predicted / measured)`` over all rows."""
+    point: Point
+    """The constants (decode bandwidth share, fp8 efficiency) of the least mean squared
+    ``log(predicted / measured)`` over all rows."""
     rows: int
     """Rows fitted (those with a prediction)."""
     in_sample: dict[str, float]
-    """Mean |error| of each publication's rows at ``share``."""
+    """Mean |error| of each publication's rows at ``point``."""
     held_out: dict[str, float]
-    """Mean |error| of each publication's rows at the share fitted without that publication."""
-    held_out_share: dict[str, float]
-    """That share, by publication left out."""
+    """Mean |error| of each publication's rows at the point fitted without that publication."""
+    held_out_point: dict[str, Point]
+    """That point, by publication left out."""
     held_out_all: float
-    """Mean |error| over all rows, each at the share fitted without its publication."""
+    """Mean |error| over all rows, each at the point fitted without its publication."""
 
 
 def _squared_log_error(cases: list[ReferenceThroughputCase], leave_out: str | None) -> float:
@@ -326,32 +332,34 @@ def _mean_abs(cases: list[ReferenceThroughputCase]) -> float:
     return sum(errors) / len(errors) if errors else math.nan
 
 
-def fit_share(by_share: dict[float, list[ReferenceThroughputCase]]) -> ShareFit:
-    """The share among ``by_share``'s (each share's cases: the decode rows predicted at it)
-    with the least mean squared log error, and, leaving each publication out in turn, the
-    share that fits the others and its error on the one left out."""
-    if not by_share:
-        raise ValueError("no shares evaluated")
-    shares = sorted(by_share)
+def best_point(
+    by_point: dict[Point, list[ReferenceThroughputCase]], leave_out: str | None = None
+) -> Point:
+    """The point among ``by_point``'s (each point's cases: the rows predicted at it) with the
+    least mean squared log error, without ``leave_out``'s rows where given."""
+    if not by_point:
+        raise ValueError("no points evaluated")
+    return min(by_point, key=lambda p: (_squared_log_error(by_point[p], leave_out), p))
 
-    def best(leave_out: str | None) -> float:
-        return min(shares, key=lambda s: (_squared_log_error(by_share[s], leave_out), s))
 
-    share = best(None)
-    publications = sorted({c.publication for c in by_share[share] if c.error is not None})
-    in_sample, held_out, held_share = {}, {}, {}
+def fit_serving(by_point: dict[Point, list[ReferenceThroughputCase]]) -> ServingFit:
+    """The best of the evaluated points, and, leaving each publication out in turn, the best
+    point for the others (among the same evaluated points) and its error on the one left out."""
+    point = best_point(by_point)
+    publications = sorted({c.publication for c in by_point[point] if c.error is not None})
+    in_sample, held_out, held_point = {}, {}, {}
     pooled: list[ReferenceThroughputCase] = []
     for name in publications:
-        held_share[name] = best(name)
-        own = [c for c in by_share[held_share[name]] if c.publication == name]
+        held_point[name] = best_point(by_point, name)
+        own = [c for c in by_point[held_point[name]] if c.publication == name]
         pooled += own
         held_out[name] = _mean_abs(own)
-        in_sample[name] = _mean_abs([c for c in by_share[share] if c.publication == name])
-    return ShareFit(
-        share=share,
-        rows=sum(1 for c in by_share[share] if c.error is not None),
+        in_sample[name] = _mean_abs([c for c in by_point[point] if c.publication == name])
+    return ServingFit(
+        point=point,
+        rows=sum(1 for c in by_point[point] if c.error is not None),
         in_sample=in_sample,
         held_out=held_out,
-        held_out_share=held_share,
+        held_out_point=held_point,
         held_out_all=_mean_abs(pooled),
     )
