@@ -14,7 +14,7 @@ the elementwise kernels between them: bytes only). Prompts are prefilled in chun
 engine's token budget beside the other sequences' decodes. The achievable shares are the
 throughput model's constants (``data/throughput.json``: the tensor efficiency; the decode
 bandwidth share and the fp8 efficiency, fitted to published serving runs by
-``scripts/fit_decode_share.py``); the model's shape comes from its ``config.json``; tensor
+``scripts/fit_serving.py``); the model's shape comes from its ``config.json``; tensor
 parallel adds two all-reduces per layer and step (``estimate.data_parallel``). Pure Python.
 
 Quantized weights (``--quantization int8|int4|fp8``) are modelled from their bytes: the

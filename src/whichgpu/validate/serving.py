@@ -5,7 +5,7 @@ lengths, a concurrency, and what was measured: output tokens/s, TPOT or TTFT) is
 ``predict`` with the same settings, and the error is computed as for the training references
 (positive: predicted faster). The data's sources and what each row assumes are in the folder's
 README. ``fit_serving`` picks the serving constants (the decode bandwidth share, the fp8
-efficiency) that fit the throughput and TPOT rows best (``scripts/fit_decode_share.py``
+efficiency) that fit the throughput and TPOT rows best (``scripts/fit_serving.py``
 evaluates them at each point), with each publication's error when fitted without it.
 """
 
@@ -284,7 +284,7 @@ def serving_throughput(
 
 
 FITTED_QUANTITIES = ("output_tokens_per_s", "tpot_ms", "compiled_tokens_per_s")
-"""The quantities ``scripts/fit_decode_share.py`` fits the serving constants to: engines'
+"""The quantities ``scripts/fit_serving.py`` fits the serving constants to: engines'
 output tokens/s (decode steps and, at many requests, batched prefills) and TPOT, compiled
 decoding's tokens/s. TTFT is not among them: it stays an independent check."""
 

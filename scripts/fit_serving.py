@@ -1,8 +1,8 @@
-"""Fit the serving constants to published serving measurements and write them to the package data.
+"""Fit the serving constants to published serving runs and write them to the package data.
 
 Run from the repository root:
 
-    python scripts/fit_decode_share.py [--quick]
+    python scripts/fit_serving.py [--quick]
 
 Two constants of ``inference`` in ``src/whichgpu/estimate/data/throughput.json``:
 ``decode_memory_efficiency``, the share of the DRAM bandwidth a decode step's bytes stream at
@@ -99,7 +99,7 @@ def main() -> int:
     fitted = (
         f"fitted {dt.date.today().isoformat()} to {fit.rows} published serving measurements "
         "(engines' output tokens/s and TPOT, compiled decoding's tokens/s: validate --source "
-        "serving; scripts/fit_decode_share.py); each publication predicted from the others' "
+        "serving; scripts/fit_serving.py); each publication predicted from the others' "
         f"fit: mean |error| {fit.held_out_all:.1%}"
     )
     doc["inference"].update(
@@ -108,7 +108,7 @@ def main() -> int:
         fp8_tensor_efficiency=fp8,
         fp8_source=f"{fitted}; the 16-bit efficiency is the throughput fit's",
         fit={
-            "about": "scripts/fit_decode_share.py: mean |error| by publication, in sample and "
+            "about": "scripts/fit_serving.py: mean |error| by publication, in sample and "
             "fitted without it, and the constants fitted without it (decode bandwidth share, "
             "fp8 efficiency)",
             "in_sample": fit.in_sample,
