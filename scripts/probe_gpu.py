@@ -397,6 +397,7 @@ def probe_inference(case: Case, device: str, repeats: int) -> dict[str, Any]:
         if e.key in ("prefill", "decode")
     }
     ops, kernels = profiled_tables(prof)
+    request_s = prefill_s + serving.new_tokens * decode_s
     record: dict[str, Any] = {"case": case.label, "workload": case.workload, **options}
     record.update(
         sequences=serving.sequences,
@@ -405,10 +406,8 @@ def probe_inference(case: Case, device: str, repeats: int) -> dict[str, Any]:
         requests_timed=repeats,
         prefill_s=prefill_s,
         decode_step_s=decode_s,
-        request_s=prefill_s + serving.new_tokens * decode_s,
-        generated_tokens_per_s=serving.sequences
-        * serving.new_tokens
-        / (prefill_s + serving.new_tokens * decode_s),
+        request_s=request_s,
+        generated_tokens_per_s=serving.sequences * serving.new_tokens / request_s,
         phases=phases,
         kernel_us_total=sum(k["device_us"] for k in kernels),
         ops=ops,
