@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from importlib import resources
 
 import pytest
 
@@ -201,3 +202,12 @@ def test_the_serving_constants_are_fitted_to_throughput_and_tpot_rows_not_ttft()
     assert len(rows) == sum(1 for r in serving_rows() if r.quantity != "ttft_ms")
     with pytest.raises(ValueError, match="no points"):
         fit_serving({})
+
+
+def test_every_publication_of_the_table_is_described_in_its_readme() -> None:
+    """A row's source, version and settings live in the README beside the table: each
+    ``source_id`` has its entry there."""
+    readme = resources.files("whichgpu.validate").joinpath("data", "serving", "README.md")
+    text = readme.read_text(encoding="utf-8")
+    for source_id in sorted({r.source_id for r in serving_rows()}):
+        assert f"- `{source_id}`:" in text, source_id
