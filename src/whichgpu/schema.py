@@ -1003,6 +1003,56 @@ class SoftwareStack(_Frozen):
     """Where each value comes from."""
 
 
+class EngineMemoryTier(_Frozen):
+    """An engine's defaults for GPUs of a range of memory (SGLang's ``ServerArgs`` picks its
+    token budget and CUDA-graph batch cap by the GPU's memory)."""
+
+    below_gib: float | None
+    """The tier holds GPUs of less than this many GiB (and of at least the previous tier's);
+    None: every larger GPU (the last tier)."""
+    token_budget: int
+    """Tokens one scheduler step holds on these GPUs (SGLang's ``chunked_prefill_size``)."""
+    graph_batch: int
+    """Largest decode batch replayed as a CUDA graph (``cuda_graph_max_bs``) with fewer
+    tensor-parallel GPUs than ``StaticReserve.large_tp_from``."""
+    graph_batch_large_tp: int
+    """The same with ``StaticReserve.large_tp_from`` GPUs or more."""
+
+
+class StaticReserve(_Frozen):
+    """How an engine whose memory fraction covers the weights and the KV cache only
+    (``memory_fraction_of: static``, SGLang's ``mem_fraction_static``) derives that fraction
+    from what it keeps back for activations and CUDA graphs, in MiB:
+    ``reserved = base + max(token budget, min_budget_tokens) x per_budget_token +
+    graph batch x per_graph_batch + GPUs x per_gpu``, at least ``floor`` on GPUs of more
+    than ``floor_above_gib``; the fraction is ``round((capacity - reserved) / capacity, 3)``."""
+
+    base_mib: float
+    per_budget_token_mib: float
+    min_budget_tokens: int
+    per_graph_batch_mib: float
+    per_gpu_mib: float
+    floor_mib: float
+    floor_above_gib: float
+    large_tp_from: int
+    """Tensor-parallel GPUs from which the tiers' ``graph_batch_large_tp`` applies."""
+
+    def fraction(
+        self, capacity_gib: float, token_budget: int, graph_batch: int, gpus: int
+    ) -> float:
+        """The engine's memory fraction on a GPU of ``capacity_gib`` (one of ``gpus``)."""
+        capacity_mib = capacity_gib * 1024
+        reserved = (
+            self.base_mib
+            + max(token_budget, self.min_budget_tokens) * self.per_budget_token_mib
+            + graph_batch * self.per_graph_batch_mib
+            + gpus * self.per_gpu_mib
+        )
+        if capacity_gib > self.floor_above_gib:
+            reserved = max(reserved, self.floor_mib)
+        return round((capacity_mib - reserved) / capacity_mib, 3)
+
+
 class ServingEngine(_Frozen):
     """A serving engine's memory policy (``data/v1/stacks``): how it sizes its paged KV cache."""
 
@@ -1020,9 +1070,11 @@ class ServingEngine(_Frozen):
     prefill_chunk_tokens: int
     """Tokens one scheduler step holds (vLLM's ``max_num_batched_tokens``, TensorRT-LLM's
     ``max_num_tokens``): the running sequences' decode tokens first, then prompt chunks."""
-    memory_fraction_of: Literal["total", "free"] = "total"
-    """What ``gpu_memory_utilization`` is a fraction of: the card's total (vLLM) or what is
-    free after the weights and activations (TensorRT-LLM's ``free_gpu_memory_fraction``)."""
+    memory_fraction_of: Literal["total", "free", "static"] = "total"
+    """What ``gpu_memory_utilization`` is a fraction of: the card's total (vLLM), what is
+    free after the weights and activations (TensorRT-LLM's ``free_gpu_memory_fraction``), or
+    the memory free before the weights load, to hold the weights and the KV cache only, the
+    rest kept for activations and CUDA graphs (SGLang's ``mem_fraction_static``)."""
     max_sequences: int = 1024
     """Sequences the scheduler runs at once at most (vLLM's ``max_num_seqs``, TensorRT-LLM's
     ``max_batch_size``) on a GPU of ``large_gpu_gib`` or more."""
@@ -1042,8 +1094,32 @@ class ServingEngine(_Frozen):
     """Whether the engine splits a prompt over steps by default (chunked prefill). False: a
     prompt runs whole in one step, beside the decodes, when the step's token budget holds it,
     and one longer than the budget is refused unless chunked prefill is switched on."""
+    memory_tiers: tuple[EngineMemoryTier, ...] = ()
+    """Defaults by the GPU's memory (SGLang); empty: ``large_gpu_gib`` and the small-GPU
+    fields decide."""
+    static_reserve: StaticReserve | None = None
+    """How the memory fraction follows from the GPU (``memory_fraction_of: static``); None:
+    ``gpu_memory_utilization`` on every GPU."""
+    cuda_graph_max_batch: int | None = None
+    """Largest decode batch replayed as a CUDA graph on this GPU (set by ``on_gpu`` from the
+    tiers); None: every decode batch, as far as the engine's notes say."""
     provenance: dict[str, Provenance] = Field(default_factory=dict)
     """Where each value comes from."""
+
+    @model_validator(mode="after")
+    def _tiers_cover_every_gpu(self) -> ServingEngine:
+        bounds = [t.below_gib for t in self.memory_tiers]
+        if bounds and (
+            bounds[-1] is not None
+            or None in bounds[:-1]
+            or bounds[:-1] != sorted(b for b in bounds[:-1] if b is not None)
+        ):
+            raise ValueError(
+                "memory_tiers must rise by below_gib and end with one of below_gib null"
+            )
+        if self.memory_fraction_of == "static" and self.static_reserve is None:
+            raise ValueError("memory_fraction_of static needs a static_reserve")
+        return self
 
     def runs_prompts_whole(self, context: int) -> bool:
         """Whether the engine, at its defaults, runs a prompt of ``context`` tokens whole in
@@ -1057,10 +1133,29 @@ class ServingEngine(_Frozen):
         named = any(part in gpu_name.lower() for part in self.small_gpu_names)
         return capacity_gib < self.large_gpu_gib or named
 
-    def on_gpu(self, capacity_gib: float, gpu_name: str) -> ServingEngine:
-        """The engine as it runs on a GPU of ``capacity_gib`` named ``gpu_name``: its token
-        budget (profiling pass and step) and its cap on running sequences are that GPU's
-        defaults. Resolving again for the same GPU changes nothing."""
+    def on_gpu(self, capacity_gib: float, gpu_name: str, gpus: int = 1) -> ServingEngine:
+        """The engine as it runs on a GPU of ``capacity_gib`` named ``gpu_name``, one of
+        ``gpus`` tensor-parallel ones: its token budget (profiling pass and step) and its cap
+        on running sequences are that GPU's defaults; an engine with memory tiers (SGLang)
+        also takes its CUDA-graph batch cap and, with a static reserve, its memory fraction
+        from them. Resolving again for the same GPU changes nothing."""
+        if self.memory_tiers:
+            tier = next(
+                t for t in self.memory_tiers if t.below_gib is None or capacity_gib < t.below_gib
+            )
+            reserve = self.static_reserve
+            large_tp = reserve is not None and gpus >= reserve.large_tp_from
+            graph = tier.graph_batch_large_tp if large_tp else tier.graph_batch
+            tiered: dict[str, Any] = {
+                "profile_tokens": tier.token_budget,
+                "prefill_chunk_tokens": tier.token_budget,
+                "cuda_graph_max_batch": graph,
+            }
+            if reserve is not None:
+                tiered["gpu_memory_utilization"] = reserve.fraction(
+                    capacity_gib, tier.token_budget, graph, gpus
+                )
+            return self.model_copy(update=tiered)
         if not self.is_small_gpu(capacity_gib, gpu_name):
             return self
         budget = self.token_budget_small_gpu
@@ -1075,8 +1170,10 @@ class ServingEstimate(_Frozen):
     on ``gpus`` tensor-parallel ones; every byte figure is then one GPU's share).
 
     ``kv_cache_budget_bytes = gpu_memory_utilization x capacity - weights - activation peak -
-    non-torch``; the budget is cut into blocks of ``block_size_tokens`` tokens and every
-    sequence of ``tokens_per_sequence`` holds whole blocks.
+    non-torch`` (vLLM; TensorRT-LLM's fraction is of what the rest leaves free, SGLang's of
+    the memory free before the weights load, for the weights and the KV cache:
+    ``memory_fraction_of``); the budget is cut into blocks of ``block_size_tokens`` tokens and
+    every sequence of ``tokens_per_sequence`` holds whole blocks.
     """
 
     engine: str
@@ -1084,9 +1181,12 @@ class ServingEstimate(_Frozen):
     engine_label: str
     """The engine and the version its defaults come from."""
     gpu_memory_utilization: float
-    """Fraction of ``capacity_bytes`` the engine takes."""
+    """The engine's memory fraction on this GPU (of what: ``memory_fraction_of``)."""
+    memory_fraction_of: Literal["total", "free", "static"] = "total"
+    """What the fraction is of (``ServingEngine.memory_fraction_of``)."""
     engine_budget_bytes: int
-    """``gpu_memory_utilization x capacity_bytes``."""
+    """What the engine takes: weights, activations, non-torch memory and the KV cache
+    (SGLang's: the weights and the KV cache)."""
     weights_bytes: int
     """Parameters and buffers in the serving dtype (from the profile), on one GPU."""
     activation_peak_bytes: int

@@ -391,7 +391,8 @@ def answer_bench_engine(
     if request.engine not in ENGINES:
         raise UsageError(
             f"{option('serving')} {request.engine}: bench measures through "
-            f"{', '.join(ENGINES)} only (predict --serving also predicts tensorrt-llm)."
+            f"{', '.join(ENGINES)} only (predict --serving also predicts tensorrt-llm and "
+            "sglang)."
         )
     if request.run.mode != "inference":
         raise UsageError(

@@ -55,10 +55,10 @@ def fit(
     at once, ``concurrency=`` or ``batch_size=``), the length the ``context`` (prompt tokens;
     default the workload's sequence length), and every sequence's static KV cache holds
     ``new_tokens`` more (default ``DEFAULT_NEW_TOKENS``); the headline is the largest
-    concurrency. ``serving="vllm"`` (or ``"tensorrt-llm"``) adds that engine's paged-KV-cache
-    answer to each estimate and makes it the verdict: ``fits`` and ``max_batch_size`` are then
-    the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``), the
-    memory figures plain PyTorch generation's, for comparison. ``quantization="int4"``
+    concurrency. ``serving="vllm"`` (or ``"tensorrt-llm"``, ``"sglang"``) adds that engine's
+    paged-KV-cache answer to each estimate and makes it the verdict: ``fits`` and ``max_batch_size``
+    are then the engine's (its KV cache holds the sequences; ``estimate.serving.engine_verdict``),
+    the memory figures plain PyTorch generation's, for comparison. ``quantization="int4"``
     (``"int8"``, ``"fp8"``; with ``serving``) sizes the engine's KV budget for quantized
     weights (``api.serving.engine_quantization``); a GPU the engine cannot run them on is left
     out, with why in the list's ``notes``. ``kv_cache_dtype="fp8"`` (with ``serving``) keeps the

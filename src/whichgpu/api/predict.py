@@ -92,8 +92,8 @@ def predict(
     prediction (``whichgpu.estimate.calibration``); the band becomes that correction's
     validated error.
 
-    ``serving="vllm"`` (or ``"tensorrt-llm"``; inference of a language model): each answer
-    also carries ``serving_speed``, the engine's speed (``whichgpu.estimate.engine_speed``:
+    ``serving="vllm"`` (or ``"tensorrt-llm"``, ``"sglang"``; inference of a language model): each
+    answer also carries ``serving_speed``, the engine's speed (``whichgpu.estimate.engine_speed``:
     CUDA-graph decode near the roofline, chunked prefill): TTFT, TPOT, output tokens/s and
     their growth with the concurrency, the cost per million output tokens where the catalog
     rents the GPU, and with ``tpot_ms`` / ``ttft_ms`` the largest concurrency within those

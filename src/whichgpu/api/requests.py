@@ -121,8 +121,8 @@ class FitRequest:
     stack: str | None = None
     """The software stack whose memory outside the allocator is added (None: the default)."""
     serving: str | None = None
-    """A serving engine (``vllm``, ``tensorrt-llm``) whose paged KV cache decides what fits
-    (inference of a language model); None: plain PyTorch generation."""
+    """A serving engine (``vllm``, ``tensorrt-llm``, ``sglang``) whose paged KV cache decides
+    what fits (inference of a language model); None: plain PyTorch generation."""
     quantization: str | None = None
     """With ``serving``: how the engine stores the weights (``int4``, ``int8``, ``fp8``);
     without, compiled decoding's weight-only format (``int8``, ``int4``; inference with
@@ -219,7 +219,7 @@ class RecommendRequest:
     sort: str | None = None
     """What ranks them: ``cost``, ``perf-per-dollar``, ``time`` or ``throughput``."""
     serving: str | None = None
-    """Rank as served by an engine (``vllm``, ``tensorrt-llm``; inference of a language
+    """Rank as served by an engine (``vllm``, ``tensorrt-llm``, ``sglang``; inference of a language
     model): a candidate fits when the engine's KV cache holds the asked concurrency at
     context + new tokens (``fit --serving``), and its speed and cost are the engine's
     (``predict --serving``); stored measurements (plain PyTorch) neither rank nor correct it."""

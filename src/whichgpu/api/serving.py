@@ -266,9 +266,9 @@ def serving_speed_on_gpu(
     from whichgpu.estimate.engine_speed import prefill_only_speed
 
     # the engine's defaults on this GPU (its token budget), as its memory answer took them
-    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, gpu.name)
     run = step.run
     n = run.gpus
+    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, gpu.name, n)
     context = estimate.seq_len or run.context or 1
     new = 1 if run.new_tokens is None else run.new_tokens
     limit = estimate.serving.max_concurrency if estimate.serving is not None else None
@@ -523,8 +523,15 @@ def _decoding_assumptions(
             f"are read: slow side); {shape.distinct_experts(concurrency):.2f} at concurrency "
             f"{concurrency}; FLOPs of the {shape.experts_per_token} active experts per token",
         )
+    graphs = engine.cuda_graph_max_batch
+    beyond = (
+        f" up to {graphs} sequences (cuda_graph_max_bs on this GPU; a larger decode batch runs "
+        "without one, which is not modelled: the answer errs fast there)"
+        if graphs is not None and concurrency > graphs
+        else ""
+    )
     return (
-        f"{engine.label}: decode steps replay a captured CUDA graph (no per-operator "
+        f"{engine.label}: decode steps replay a captured CUDA graph{beyond} (no per-operator "
         "launch floor); step time = the sum of its kernels, run one after another, each at "
         "its roofline: the weight matrix products max(weights and activations / achievable "
         "bandwidth, FLOPs / achievable tensor rate), attention max(KV cache / bandwidth, "

@@ -94,6 +94,8 @@ _ENGINE_FIELDS = (
     "small_gpu_names",
     "token_budget_small_gpu",
 )
+_OPTIONAL_ENGINE_FIELDS = ("memory_tiers", "static_reserve")
+"""Fields only an engine whose defaults follow the GPU's memory in tiers has (SGLang)."""
 
 
 def parse_serving_engine(
@@ -101,7 +103,7 @@ def parse_serving_engine(
 ) -> ServingEngine:
     """Validate one serving-engine record (``serving_engines:`` of a stacks file)."""
     where = f"{path}: serving engine '{record.get('id', '?')}'"
-    unknown = set(record) - {"id", "label"} - set(_ENGINE_FIELDS)
+    unknown = set(record) - {"id", "label"} - set(_ENGINE_FIELDS) - set(_OPTIONAL_ENGINE_FIELDS)
     if unknown:
         raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
     fields: dict[str, Any] = {k: record[k] for k in ("id", "label") if k in record}
@@ -112,6 +114,11 @@ def parse_serving_engine(
         value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
         fields[name] = value
         provenance[name] = prov
+    for name in _OPTIONAL_ENGINE_FIELDS:
+        if name in record:
+            value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
+            fields[name] = value
+            provenance[name] = prov
     try:
         return ServingEngine(**fields, provenance=provenance)
     except ValidationError as exc:

@@ -547,7 +547,8 @@ RankServingOption = Annotated[
     Optional[str],  # noqa: UP045
     typer.Option(
         "--serving",
-        help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm): a "
+        help="With --mode inference: rank as served by an engine (vllm, tensorrt-llm, "
+        "sglang): a "
         "GPU fits when the engine's KV cache holds --concurrency sequences of --context + "
         "--new-tokens, and ranks by its output tokens/s and $ per million output tokens. "
         "Default: plain PyTorch generation.",

@@ -74,7 +74,7 @@ def predict(
         typer.Option(
             "--serving",
             help="With --mode inference: also predict a serving engine's speed (vllm, "
-            "tensorrt-llm): CUDA-graph decode near the memory-bandwidth limit, chunked "
+            "tensorrt-llm, sglang): CUDA-graph decode near the memory-bandwidth limit, chunked "
             "prefill; TTFT, TPOT, output tokens/s, their growth with concurrency and $ per "
             "million output tokens. Without --concurrency: the most its KV cache holds.",
             show_default=False,

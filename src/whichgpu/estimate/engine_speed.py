@@ -393,7 +393,11 @@ def quantized_path(
     name = engine_label.split(",")[0]
     rule = _SUPPORT.get((engine_id, quantization))
     if rule is None:
-        raise QuantizationRefused(f"{name}: {fmt.label} is not modelled for this engine.")
+        others = sorted({engine for engine, q in _SUPPORT if q == quantization})
+        raise QuantizationRefused(
+            f"{name}: {fmt.label} are not modelled for this engine; {option('serving')} "
+            f"{' or '.join(others)} models them."
+        )
     found = gpu.capability()
     capability = found if gpu.vendor == Vendor.NVIDIA else None
     nvidia = capability is not None
@@ -489,7 +493,10 @@ def kv_cache_fp8_source(engine_id: str, engine_label: str, gpu: GpuSpec) -> str:
     name = engine_label.split(",")[0]
     rule = _KV_FP8_SUPPORT.get(engine_id)
     if rule is None:
-        raise KvCacheRefused(f"{name}: an fp8 KV cache is not modelled for this engine.")
+        raise KvCacheRefused(
+            f"{name}: an fp8 KV cache is not modelled for this engine; {option('serving')} "
+            f"{' or '.join(sorted(_KV_FP8_SUPPORT))} models it."
+        )
     found = gpu.capability()
     if gpu.vendor == Vendor.NVIDIA and found is not None and found >= rule.nvidia_capability:
         return rule.source

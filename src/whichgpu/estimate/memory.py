@@ -977,7 +977,7 @@ def _serving(
     sequence holds ``context + new_tokens`` tokens of KV (the run's new tokens; None: the
     profile's): prefill-only requests (``new_tokens`` 0) their prompt's alone."""
     profile = memory.profile
-    engine = engine.on_gpu(capacity_bytes / 2**30, gpu_name)  # that GPU's token budget
+    engine = engine.on_gpu(capacity_bytes / 2**30, gpu_name, gpus)  # that GPU's defaults
     tokens = engine.profile_tokens
     weights = weights_bytes(profile)
     pass_peak = memory.replay(1, tokens, workspaces).peak_allocated_bytes

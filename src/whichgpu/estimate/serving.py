@@ -172,6 +172,9 @@ def serving_estimate(
         kv_budget = math.floor(engine.gpu_memory_utilization * max(free, 0))
         kv_budget = kv_budget if free > 0 else free
         engine_budget = weights_bytes + activation_peak_bytes + non_torch + kv_budget
+    elif engine.memory_fraction_of == "static":  # weights and KV cache; the rest is kept back
+        engine_budget = math.floor(engine.gpu_memory_utilization * (capacity_bytes - non_torch))
+        kv_budget = engine_budget - weights_bytes
     else:
         engine_budget = math.floor(engine.gpu_memory_utilization * capacity_bytes)
         kv_budget = engine_budget - weights_bytes - activation_peak_bytes - non_torch
@@ -192,6 +195,7 @@ def serving_estimate(
         engine=engine.id,
         engine_label=engine.label,
         gpu_memory_utilization=engine.gpu_memory_utilization,
+        memory_fraction_of=engine.memory_fraction_of,
         engine_budget_bytes=engine_budget,
         weights_bytes=weights_bytes,
         activation_peak_bytes=activation_peak_bytes,
@@ -206,16 +210,19 @@ def serving_estimate(
         max_concurrency=min(held, cap),
         gpus=gpus,
         assumptions=(
-            f"{engine.label}: gpu_memory_utilization {engine.gpu_memory_utilization:g} of the "
-            + (
-                "memory the weights, activations and context leave free"
-                if engine.memory_fraction_of == "free"
-                else "CUDA total"
-            )
-            + f", KV blocks of {engine.block_size_tokens} tokens",
-            f"activation peak = the traced prefill of one sequence of {engine.profile_tokens} "
-            "tokens (the engine's profiling pass of max_num_batched_tokens), less its weights "
-            "and KV cache; it includes the cuBLAS workspaces",
+            f"{engine.label}: "
+            + _fraction_note(engine)
+            + f", KV blocks of {engine.block_size_tokens} "
+            + ("token" if engine.block_size_tokens == 1 else "tokens"),
+            (
+                "activations and CUDA graphs: the memory the fraction leaves out, as the engine "
+                "reserves it (not traced)"
+                if engine.memory_fraction_of == "static"
+                else f"activation peak = the traced prefill of one sequence of "
+                f"{engine.profile_tokens} tokens (the engine's profiling pass of "
+                "max_num_batched_tokens), less its weights and KV cache; it includes the cuBLAS "
+                "workspaces"
+            ),
             f"non-torch memory = the CUDA context of the stack ({stack.label})"
             + (" and its NCCL buffers" if gpus > 1 else ""),
             *(
@@ -233,10 +240,42 @@ def serving_estimate(
             f"running sequences: at most what the KV blocks hold and the scheduler's cap of "
             f"{cap} on this GPU",
             *capped,
-            "CUDA graphs, the sampler's logits of many sequences and prefix caching are not "
-            "modelled",
+            (
+                "the sampler's logits of many sequences and prefix caching are not modelled"
+                if engine.memory_fraction_of == "static"
+                else "CUDA graphs, the sampler's logits of many sequences and prefix caching "
+                "are not modelled"
+            ),
         ),
     )
+
+
+def _fraction_note(engine: ServingEngine) -> str:
+    """What the engine's memory fraction is of, in words."""
+    share = f"{engine.gpu_memory_utilization:g}"
+    if engine.memory_fraction_of == "free":
+        return (
+            f"gpu_memory_utilization {share} of the memory the weights, activations and "
+            "context leave free"
+        )
+    if engine.memory_fraction_of == "static":
+        reserve = engine.static_reserve
+        graphs = (
+            f", CUDA graphs up to {engine.cuda_graph_max_batch} sequences"
+            if engine.cuda_graph_max_batch is not None
+            else ""
+        )
+        derived = (
+            f" (this GPU's default: {engine.prefill_chunk_tokens}-token steps{graphs}; the rest "
+            "of the memory kept back for activations and CUDA graphs)"
+            if reserve is not None
+            else ""
+        )
+        return (
+            f"mem_fraction_static {share} of the memory free before the weights load holds the "
+            f"weights and the KV cache{derived}"
+        )
+    return f"gpu_memory_utilization {share} of the CUDA total"
 
 
 def with_engine_storage(
@@ -260,7 +299,7 @@ def with_engine_storage(
     if served is None:
         return estimate
     gpus = max(served.gpus, 1)
-    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, estimate.gpu_name)
+    engine = engine.on_gpu(estimate.capacity_bytes / 2**30, estimate.gpu_name, gpus)
     again = serving_estimate(
         engine,
         stack,

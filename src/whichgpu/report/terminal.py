@@ -486,14 +486,29 @@ def _inference_levers(first: MemoryEstimate) -> list[str]:
     return levers
 
 
+_KV_BUDGET = {
+    "total": "{f} x capacity - weights - activation peak - non-torch",
+    "free": "{f} x (capacity - weights - activation peak - non-torch)",
+    "static": "{f} x (capacity - non-torch) - weights (the rest kept for activations and "
+    "CUDA graphs)",
+}
+"""The KV budget of each kind of memory fraction, in words (``{f}``: the fraction)."""
+
+
 def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     """``fit --serving``: the engine's KV-cache budget, term by term, per GPU."""
     first = next(e.serving for e in estimates if e.serving is not None)
+    fractions = {e.serving.gpu_memory_utilization for e in estimates if e.serving is not None}
+    fraction = (
+        f"{first.gpu_memory_utilization:g}" if len(fractions) == 1 else "fraction (each GPU's)"
+    )
     table = Table(
         title=(
             f"Serving engine: {first.engine_label}: KV budget = "
-            f"{first.gpu_memory_utilization:g} x capacity - weights - activation peak "
-            f"- non-torch; blocks of {first.block_size_tokens} tokens, "
+            + _KV_BUDGET[first.memory_fraction_of].format(f=fraction)
+            + f"; blocks of {first.block_size_tokens} "
+            + ("token" if first.block_size_tokens == 1 else "tokens")
+            + ", "
             f"{first.tokens_per_sequence} tokens per sequence"
             + (f"; per GPU of {first.gpus}, tensor parallel" if first.gpus > 1 else "")
         ),
@@ -502,6 +517,7 @@ def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
     )
     for col in (
         "GPU",
+        "fraction",
         "engine GiB",
         "weights GiB",
         "activation GiB",
@@ -517,9 +533,10 @@ def _serving_table(estimates: Sequence[MemoryEstimate]) -> RenderableType:
             continue
         table.add_row(
             e.gpu_name,
+            f"{v.gpu_memory_utilization:g}",
             _gib(v.engine_budget_bytes),
             _gib(v.weights_bytes),
-            _gib(v.activation_peak_bytes),
+            "—" if v.memory_fraction_of == "static" else _gib(v.activation_peak_bytes),
             _gib(v.non_torch_bytes),
             _gib(v.kv_cache_budget_bytes),
             f"{v.kv_blocks:,}",
