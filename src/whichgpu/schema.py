@@ -1028,12 +1028,19 @@ class StaticReserve(_Frozen):
     than ``floor_above_gib``; the fraction is ``round((capacity - reserved) / capacity, 3)``."""
 
     base_mib: float
+    """Kept back on every GPU (the attention backend's metadata)."""
     per_budget_token_mib: float
+    """Kept back per token of the step budget (a large prefill's activations)."""
     min_budget_tokens: int
+    """The step budget counted at least this many tokens."""
     per_graph_batch_mib: float
+    """Kept back per sequence of the largest CUDA-graph batch."""
     per_gpu_mib: float
+    """Kept back per tensor-parallel GPU."""
     floor_mib: float
+    """The least kept back on a GPU of more than ``floor_above_gib``."""
     floor_above_gib: float
+    """Where the floor starts."""
     large_tp_from: int
     """Tensor-parallel GPUs from which the tiers' ``graph_batch_large_tp`` applies."""
 
