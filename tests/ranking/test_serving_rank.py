@@ -53,7 +53,7 @@ def test_recommend_serving_needs_inference_of_a_language_model() -> None:
     with pytest.raises(UsageError, match="serving"):
         wg.recommend("gpt2", serving="vllm", gpus=["h100-sxm"])
     with pytest.raises(UsageError, match="unknown serving engine"):
-        wg.recommend("gpt2", mode="inference", serving="sglang", gpus=["h100-sxm"])
+        wg.recommend("gpt2", mode="inference", serving="lmdeploy", gpus=["h100-sxm"])
     with pytest.raises(UsageError, match="language models that generate"):
         wg.recommend("bert-base", mode="inference", serving="vllm", gpus=["h100-sxm"])
 
