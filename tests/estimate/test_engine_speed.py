@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from whichgpu.api import predict
 from whichgpu.catalog import load_catalog
 from whichgpu.catalog.stacks import get_serving_engine, get_stack, read_serving_engines
 from whichgpu.estimate.engine_speed import (
@@ -346,3 +347,24 @@ def test_only_the_tokens_a_step_samples_from_run_the_output_head() -> None:
     assert speed.step(8, 8000, 8000).flops == speed.step(8, 8000, 8000, 8).flops
     # a whole prompt's TTFT is the step that samples its first token only
     assert speed.ttft(1, 1000, 16) == pytest.approx(last.seconds)
+
+
+def test_more_sequences_than_the_engine_holds_are_said_to_queue() -> None:
+    """Asked past the KV limit, the answer is of all of them running, and says the engine
+    does not run them so."""
+
+    def notes(concurrency: int) -> tuple[int | None, str]:
+        (estimate,) = predict(
+            "llama-3.1-8b", gpus=["rtx-4090"], mode="inference", serving="vllm",
+            context=1024, concurrency=concurrency,
+        )  # fmt: skip
+        speed = estimate.serving_speed
+        assert speed is not None
+        return speed.max_concurrency, " ".join(speed.assumptions)
+
+    limit, _ = notes(1)
+    assert limit is not None and limit > 1
+    _, within = notes(limit)
+    _, over = notes(limit + 3)
+    assert "queues the rest" not in within
+    assert f"asked {limit + 3} sequences, the engine runs at most {limit} at once" in over

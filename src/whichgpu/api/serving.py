@@ -476,7 +476,20 @@ def _decoding_speed(
             rate_notes=rate_notes,
             burst=burst,
         )
-        + (() if benchmark is None else (_benchmark_note(benchmark, engine, context),)),
+        + (() if benchmark is None else (_benchmark_note(benchmark, engine, context),))
+        + _over_limit_note(concurrency, limit),
+    )
+
+
+def _over_limit_note(concurrency: int, limit: int | None) -> tuple[str, ...]:
+    """Where the asked concurrency is more than the engine runs at once, that it is, in words."""
+    if limit is None or concurrency <= limit:
+        return ()
+    return (
+        f"asked {concurrency} sequences, the engine runs at most {limit} at once (its KV cache "
+        "or its scheduler's cap): the figures are of all of them running, which the engine "
+        "does not do; it queues the rest, so their TTFT is longer (--requests N simulates the "
+        f"queue; --concurrency {limit} or fewer is the steady state it reaches)",
     )
 
 
