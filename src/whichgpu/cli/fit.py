@@ -27,7 +27,8 @@ def fit(
         Optional[str],  # noqa: UP045
         typer.Option(
             "--serving",
-            help="With --mode inference: also size a serving engine's paged KV cache (vllm): "
+            help="With --mode inference: also size a serving engine's KV cache (vllm, "
+            "tensorrt-llm, sglang): "
             "the sequences of --context + --new-tokens it holds at once. Default: plain PyTorch "
             "generation with a static KV cache, as traced.",
             show_default=False,
