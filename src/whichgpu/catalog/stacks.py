@@ -108,13 +108,10 @@ def parse_serving_engine(
         raise CatalogError(f"{where}: unknown fields {sorted(unknown)}.")
     fields: dict[str, Any] = {k: record[k] for k in ("id", "label") if k in record}
     provenance: dict[str, Provenance] = {}
-    for name in _ENGINE_FIELDS:
-        if name not in record:
-            raise CatalogError(f"{where}: field '{name}' is missing.")
-        value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
-        fields[name] = value
-        provenance[name] = prov
-    for name in _OPTIONAL_ENGINE_FIELDS:
+    missing = [name for name in _ENGINE_FIELDS if name not in record]
+    if missing:
+        raise CatalogError(f"{where}: field '{missing[0]}' is missing.")
+    for name in (*_ENGINE_FIELDS, *_OPTIONAL_ENGINE_FIELDS):
         if name in record:
             value, prov = _split_value(record[name], None, sources, f"{where}, field '{name}'")
             fields[name] = value

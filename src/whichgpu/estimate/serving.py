@@ -258,22 +258,16 @@ def _fraction_note(engine: ServingEngine) -> str:
             f"gpu_memory_utilization {share} of the memory the weights, activations and "
             "context leave free"
         )
-    if engine.memory_fraction_of == "static":
-        reserve = engine.static_reserve
+    if engine.memory_fraction_of == "static":  # the fraction follows from its reserve
         graphs = (
             f", CUDA graphs up to {engine.cuda_graph_max_batch} sequences"
             if engine.cuda_graph_max_batch is not None
             else ""
         )
-        derived = (
-            f" (this GPU's default: {engine.prefill_chunk_tokens}-token steps{graphs}; the rest "
-            "of the memory kept back for activations and CUDA graphs)"
-            if reserve is not None
-            else ""
-        )
         return (
             f"mem_fraction_static {share} of the memory free before the weights load holds the "
-            f"weights and the KV cache{derived}"
+            f"weights and the KV cache (this GPU's default: {engine.prefill_chunk_tokens}-token "
+            f"steps{graphs}; the rest of the memory kept back for activations and CUDA graphs)"
         )
     return f"gpu_memory_utilization {share} of the CUDA total"
 
